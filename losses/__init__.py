@@ -1,0 +1,1 @@
+"""jaxrl.losses: pure, jit-able RL post-training objectives."""
