@@ -1,0 +1,60 @@
+"""The `jaxrl` command line: parse arguments and hand over to one subcommand module.
+
+Each subcommand lives in `jaxrl/commands/<name>.py` and exposes `add_arguments(parser)` and `run(args) -> int`.
+Modules are imported only when their subcommand runs, so `jaxrl --help` stays fast and a subcommand's heavy
+dependencies (torch for export checks, gcloud for launch) are never touched by another.
+
+User errors raise `jaxrl.errors.UserError`; they are printed as one line on stderr and exit with code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+from jaxrl.errors import UserError
+
+# name -> (module, one-line help). Explicit and greppable; no registry.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "train": ("jaxrl.commands.train", "RL post-training from a YAML config"),
+    "sample": ("jaxrl.commands.sample", "sample completions from a checkpoint or HF directory"),
+    "import-hf": ("jaxrl.commands.import_hf", "convert a Hugging Face directory to a jaxrl checkpoint"),
+    "export-hf": ("jaxrl.commands.export_hf", "convert a jaxrl checkpoint to a Hugging Face directory"),
+    "plot": ("jaxrl.commands.plot", "plot metrics of one or more run directories"),
+    "plan": ("jaxrl.commands.plan", "per-device memory plan of a config on a device mesh"),
+    "launch": ("jaxrl.commands.launch", "launch a config on a Cloud TPU pod"),
+    "train-rm": ("jaxrl.commands.train_rm", "train a Bradley-Terry reward model (optionally DIR-debiased)"),
+    "eval-rm": ("jaxrl.commands.eval_rm", "evaluate a reward model: accuracy and bias statistics"),
+}
+
+
+def _set_offline_defaults() -> None:
+    # Fail fast instead of hanging on hub retries; users who want the hub unset these explicitly.
+    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        os.environ.setdefault(var, "1")
+
+
+def main(argv: list[str] | None = None) -> int:
+    _set_offline_defaults()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(prog="jaxrl")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    chosen = argv[0] if argv else None
+    for name, (module_name, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(_module=module_name)
+        if name == chosen:
+            importlib.import_module(module_name).add_arguments(p)
+    args = parser.parse_args(argv)
+    try:
+        return int(importlib.import_module(args._module).run(args) or 0)
+    except UserError as e:
+        print(f"jaxrl {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Subcommands of the `jaxrl` CLI: each module exposes `add_arguments(parser)` and `run(args) -> int`."""
