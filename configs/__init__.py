@@ -1,0 +1,1 @@
+"""Ready-made YAML configs, installed as package data of `jaxrl.configs` (the embedded default is quickstart.yaml)."""
