@@ -6,8 +6,8 @@ Three mesh axes, always in this order (outermost first, so `tensor` lands on the
 * `fsdp`   — fully-sharded data parallelism: batch split *and* parameters/optimizer state split (ZeRO-3).
 * `tensor` — tensor (Megatron) parallelism: heads / MLP hidden / vocab split (only with the `fsdp_tp` rules).
 
-Multi-slice (several TPU slices joined over the data-centre network): `dcn_data` / `dcn_fsdp` say how many of the
-`data` / `fsdp` ways cross slices; the rest stay inside one slice (ICI). The mesh is then built with
+Multi-slice (several TPU slices joined over the data-centre network): `dcn_data` / `dcn_fsdp` say how many
+of the `data` / `fsdp` ways cross slices; the rest stay inside one slice (ICI). The mesh is then built with
 `mesh_utils.create_hybrid_device_mesh`, so only the outer factor of an axis ever talks over DCN.
 
 Deviation from MaxText: one set of sizes (`data`, `fsdp`, `tensor` are *total* axis sizes) plus DCN factors,
@@ -55,18 +55,25 @@ class MeshConfig:
         sizes = {"data": self.data, "fsdp": self.fsdp, "tensor": self.tensor}
         for name, size in sizes.items():
             if size != -1 and size < 1:
-                raise ConfigError(f"mesh.{name}={size}: a mesh axis size must be a positive integer or -1 (the rest)")
+                raise ConfigError(
+                    f"mesh.{name}={size}: a mesh axis size must be a positive integer or -1 (the rest)"
+                )
         wild = [n for n, s in sizes.items() if s == -1]
         if len(wild) > 1:
-            raise ConfigError(f"mesh: at most one axis may be -1 (the rest), got {', '.join('mesh.' + n for n in wild)}")
+            got = ", ".join("mesh." + n for n in wild)
+            raise ConfigError(f"mesh: at most one axis may be -1 (the rest), got {got}")
         for name in ("dcn_data", "dcn_fsdp"):
             if getattr(self, name) < 1:
-                raise ConfigError(f"mesh.{name}={getattr(self, name)}: must be a positive integer (1 = one slice)")
+                raise ConfigError(
+                    f"mesh.{name}={getattr(self, name)}: must be a positive integer (1 = one slice)"
+                )
         if self.rules not in RULE_SETS:
-            raise ConfigError(f"mesh.rules={self.rules!r}: allowed values are {', '.join(map(repr, RULE_SETS))}")
+            allowed = ", ".join(map(repr, RULE_SETS))
+            raise ConfigError(f"mesh.rules={self.rules!r}: allowed values are {allowed}")
         if self.rules == "fsdp" and self.tensor not in (1, -1):
             raise ConfigError(
-                f"mesh.tensor={self.tensor} but mesh.rules='fsdp' never uses the tensor axis; set mesh.rules='fsdp_tp'"
+                f"mesh.tensor={self.tensor} but mesh.rules='fsdp' never uses the tensor axis; "
+                "set mesh.rules='fsdp_tp'"
             )
 
     @property

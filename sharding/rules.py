@@ -1,10 +1,13 @@
 """Logical-axis rule tables: which mesh axes split each logical tensor dimension. Plain data, one place.
 
-Logical names (the only ones jaxrl uses): `batch, length, embed, mlp, heads, kv_heads, head_dim, vocab, layers`.
+Logical names (the only ones jaxrl uses):
+`batch, length, embed, mlp, heads, kv_heads, head_dim, vocab, layers`.
 Mesh axes: `data, fsdp, tensor` (see `jaxrl.sharding.mesh`).
 
-* `FSDP`: ZeRO-3. Parameters are split along `embed` over `fsdp`; activations along `batch` over `data` and `fsdp`.
-* `FSDP_TP`: the same plus Megatron tensor parallelism: `heads`, `kv_heads`, `mlp` and `vocab` over `tensor`.
+* `FSDP`: ZeRO-3. Parameters are split along `embed` over `fsdp`; activations along `batch` over `data` and
+  `fsdp`.
+* `FSDP_TP`: the same plus Megatron tensor parallelism: `heads`, `kv_heads`, `mlp` and `vocab` over
+  `tensor`.
 
 `logical_to_spec` never uses one mesh axis twice in a spec: a later dimension whose axes are already taken is
 left unsplit. So the activation `("batch", "length", "embed")` is split along batch only (batch already holds

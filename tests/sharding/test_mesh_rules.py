@@ -8,7 +8,9 @@ import pytest
 from jax.sharding import AxisType, Mesh, PartitionSpec as P
 
 from jaxrl.errors import ConfigError
-from jaxrl.sharding import FSDP, FSDP_TP, LOGICAL_NAMES, MeshConfig, check_divisible, logical_to_spec, make_mesh
+from jaxrl.sharding import (
+    FSDP, FSDP_TP, LOGICAL_NAMES, MeshConfig, check_divisible, logical_to_spec, make_mesh,
+)
 from jaxrl.sharding.mesh import device_grid
 
 
@@ -60,7 +62,9 @@ def test_dcn_factor_must_divide_axis():
 def test_hybrid_grid_puts_slices_on_the_outer_factor():
     # Fake devices of two 4-chip slices; mesh_utils groups them by `slice_index`.
     devs = [
-        types.SimpleNamespace(id=i, slice_index=i // 4, process_index=i // 4, platform="cpu", device_kind="cpu")
+        types.SimpleNamespace(
+            id=i, slice_index=i // 4, process_index=i // 4, platform="cpu", device_kind="cpu"
+        )
         for i in range(8)
     ]
     grid = device_grid(MeshConfig(data=2, fsdp=4, dcn_data=2), devs)
@@ -115,8 +119,8 @@ def test_divisibility_error_names_tensor_dimension_size_and_axis():
     with pytest.raises(ConfigError) as e:
         check_divisible((6, 32), P("tensor", "fsdp"), mesh, what="layers.self_attn.k_proj")
     assert str(e.value).startswith(
-        "layers.self_attn.k_proj: dimension 0 of shape (6, 32) has size 6, which is not divisible by mesh axis "
-        "tensor=4 (4 ways)"
+        "layers.self_attn.k_proj: dimension 0 of shape (6, 32) has size 6, which is not divisible by "
+        "mesh axis tensor=4 (4 ways)"
     )
     with pytest.raises(ConfigError, match=r"size 6, which is not divisible by mesh axis data=1 x fsdp=2 x"):
         check_divisible((6,), P(("data", "fsdp", "tensor")), mesh, what="x")
