@@ -1,0 +1,377 @@
+"""Typed experiment configuration: one frozen dataclass per component, composed into `ExperimentConfig`.
+
+YAML files in `configs/` map 1:1 onto these dataclasses (levanter/draccus style). `load_config(path, overrides)`
+reads the YAML with `yaml.safe_load`, applies dotted `--set a.b=c` overrides (values parsed with `yaml.safe_load`),
+and builds the dataclasses; every unknown key, wrong type or invalid value raises `jaxrl.errors.ConfigError` with
+one message naming the full dotted key (and, for a misspelt key, the closest valid one). `dump_config` writes
+the resolved YAML, which loads back to an equal config.
+
+Only `jaxrl/cli.py` and the trainer read `ExperimentConfig`; everything below them takes small configs or
+plain arguments (STYLE.md principle 13). The generic YAML <-> dataclass machinery lives in `jaxrl/_config_io.py`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import importlib.resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from jaxrl._config_io import from_dict, to_dict, apply_override
+from jaxrl.errors import ConfigError
+from jaxrl.sharding.mesh import MeshConfig
+
+DTYPES = ("float32", "bfloat16")
+NORMS = ("pre", "post", "siamese")
+REMATS = ("none", "full", "dots")
+AGG_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm")
+KL_KINDS = ("k1", "k2", "k3")
+SCHEDULES = ("cosine", "constant")
+
+
+class Algo(str, enum.Enum):
+    """RL algorithms selectable with `algorithm.name` (see shared spec/algorithms.md)."""
+
+    GRPO = "grpo"
+    DR_GRPO = "dr_grpo"
+    DAPO = "dapo"
+    RLOO = "rloo"
+    GDPO = "gdpo"
+    GD2PO = "gd2po"
+    ETR = "etr"
+    CLIPO = "clipo"
+    SFT_AUX = "sft_aux"
+
+
+def _check(ok: bool, key: str, value: Any, allowed: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}={value!r}: {allowed}")
+
+
+def _check_choice(key: str, value: Any, choices: tuple) -> None:
+    _check(value in choices, key, value, f"allowed values are {', '.join(map(repr, choices))}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Which model to train: a preset of `jaxrl.models.TransformerConfig`, an HF directory, or a jaxrl checkpoint.
+
+    `overrides` replaces fields of the preset (e.g. `{num_layers: 2}`); `norm`/`remat`/`dtype` are applied last.
+    """
+
+    preset: str | None = "tiny_siamese"
+    hf_path: str | None = None
+    checkpoint: str | None = None
+    overrides: dict[str, Any] = dataclasses.field(default_factory=dict)
+    dtype: str = "float32"
+    norm: str | None = None
+    remat: str = "none"
+
+    def __post_init__(self):
+        sources = [n for n in ("preset", "hf_path", "checkpoint") if getattr(self, n) is not None]
+        _check(len(sources) == 1, "model", sources, "set exactly one of model.preset, model.hf_path, model.checkpoint")
+        _check_choice("model.dtype", self.dtype, DTYPES)
+        if self.norm is not None:
+            _check_choice("model.norm", self.norm, NORMS)
+        _check_choice("model.remat", self.remat, REMATS)
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenizerConfig:
+    """`builtin` is the tiny character tokenizer of `jaxrl.tokenizer`; `path` an HF tokenizer directory."""
+
+    kind: str = "builtin"
+    path: str | None = None
+
+    def __post_init__(self):
+        _check_choice("tokenizer.kind", self.kind, ("builtin", "hf"))
+        _check((self.path is not None) == (self.kind == "hf"), "tokenizer.path", self.path,
+               "tokenizer.path is required when tokenizer.kind='hf' and must be unset for 'builtin'")
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """Prompt source: `arithmetic` / `countdown` (built-in), `reasoning_gym:<task>`, or a .jsonl/.parquet path."""
+
+    source: str = "arithmetic"
+    prompt_field: str = "prompt"
+    answer_field: str = "answer"
+    prompts_per_step: int = 8
+    train_size: int = 20000
+    eval_size: int = 64
+    system_prompt: str | None = None
+    params: dict[str, Any] = dataclasses.field(default_factory=dict)
+    seed: int = 0
+
+    def __post_init__(self):
+        _check(bool(self.source), "data.source", self.source, "must name a generator or a file")
+        for name in ("prompts_per_step", "train_size"):
+            _check(getattr(self, name) >= 1, f"data.{name}", getattr(self, name), "must be >= 1")
+        _check(self.eval_size >= 0, "data.eval_size", self.eval_size, "must be >= 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+    """Sampling of `group_size` completions per prompt; lengths are padded up to the nearest bucket."""
+
+    group_size: int = 8
+    max_new_tokens: int = 32
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    prompt_buckets: tuple[int, ...] = (32, 64, 128, 256, 512)
+    gen_buckets: tuple[int, ...] = ()
+    logprobs_from_sampler: bool = False
+
+    def __post_init__(self):
+        _check(self.group_size >= 1, "rollout.group_size", self.group_size, "must be >= 1")
+        _check(self.max_new_tokens >= 1, "rollout.max_new_tokens", self.max_new_tokens, "must be >= 1")
+        _check(self.temperature > 0, "rollout.temperature", self.temperature, "must be > 0")
+        if self.top_k is not None:
+            _check(self.top_k >= 1, "rollout.top_k", self.top_k, "must be >= 1 or null")
+        if self.top_p is not None:
+            _check(0 < self.top_p <= 1, "rollout.top_p", self.top_p, "must be in (0, 1] or null")
+        for name in ("prompt_buckets", "gen_buckets"):
+            b = getattr(self, name)
+            _check(all(x >= 1 for x in b) and list(b) == sorted(set(b)), f"rollout.{name}", list(b),
+                   "must be strictly increasing positive integers")
+
+
+@dataclasses.dataclass(frozen=True)
+class AlgorithmConfig:
+    """Advantage estimator, policy objective, aggregation and their hyper-parameters (spec/algorithms.md).
+
+    clip_low/clip_high: ε_low/ε_high of the clipped ratio (DAPO clip-higher: 0.2/0.28); dual_clip: c of
+    dual-clip (None = off); kl_beta: β of the reference KL (0 keeps no reference model); kl_in: 'loss' or
+    'reward'; etr_*: the ETR [READING] elasticities; gd2po_*: conflict filter; clipo_*: contrastive head;
+    sft_lambda: λ_SFT of AFRL; dynamic_sampling_max_tries: DAPO resampling rounds (0 = off).
+    """
+
+    name: Algo = Algo.GRPO
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    dual_clip: float | None = None
+    agg_mode: str = "token_mean"
+    adv_eps: float = 1e-6
+    kl_beta: float = 0.0
+    kl_kind: str = "k3"
+    kl_in: str = "loss"
+    entropy_coef: float = 0.0
+    ppo_epochs: int = 1
+    mini_batches: int = 1
+    grad_accum: int = 1
+    etr_alpha: float = 0.0
+    etr_beta: float = 0.0
+    etr_adv_max: float = 3.0
+    gd2po_mode: str = "hard"
+    gd2po_tau: float = 0.2
+    clipo_tau: float = 0.05
+    clipo_lambda: float = 0.2
+    clipo_head_dim: int = 64
+    clipo_lr: float = 1e-3
+    clipo_warmup_steps: int = 0
+    sft_lambda: float = 0.1
+    dynamic_sampling_max_tries: int = 0
+
+    def __post_init__(self):
+        _check(0 <= self.clip_low < 1, "algorithm.clip_low", self.clip_low, "must be in [0, 1)")
+        _check(self.clip_high >= 0, "algorithm.clip_high", self.clip_high, "must be >= 0")
+        if self.dual_clip is not None:
+            _check(self.dual_clip > 1, "algorithm.dual_clip", self.dual_clip, "must be > 1 or null")
+        _check_choice("algorithm.agg_mode", self.agg_mode, AGG_MODES)
+        _check(self.adv_eps > 0, "algorithm.adv_eps", self.adv_eps, "must be > 0")
+        _check(self.kl_beta >= 0, "algorithm.kl_beta", self.kl_beta, "must be >= 0")
+        _check_choice("algorithm.kl_kind", self.kl_kind, KL_KINDS)
+        _check_choice("algorithm.kl_in", self.kl_in, ("loss", "reward"))
+        for name in ("ppo_epochs", "mini_batches", "grad_accum", "clipo_head_dim"):
+            _check(getattr(self, name) >= 1, f"algorithm.{name}", getattr(self, name), "must be >= 1")
+        for name in ("etr_alpha", "etr_beta", "etr_adv_max", "clipo_lambda", "sft_lambda",
+                     "clipo_warmup_steps", "dynamic_sampling_max_tries"):
+            _check(getattr(self, name) >= 0, f"algorithm.{name}", getattr(self, name), "must be >= 0")
+        _check_choice("algorithm.gd2po_mode", self.gd2po_mode, ("hard", "snr"))
+        _check(0 <= self.gd2po_tau <= 1, "algorithm.gd2po_tau", self.gd2po_tau, "must be in [0, 1]")
+        _check(self.clipo_tau > 0 and self.clipo_lr > 0, "algorithm.clipo_tau/clipo_lr",
+               (self.clipo_tau, self.clipo_lr), "must be > 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardSpec:
+    """One reward: a built-in `type` (see `jaxrl.rewards.BUILTINS`) or `type: function` with `function:
+    "module:function"`. `on_error`: 'zero' scores a failing call 0, 'skip' scores it NaN (excluded)."""
+
+    name: str
+    type: str = "function"
+    weight: float = 1.0
+    function: str | None = None
+    params: dict[str, Any] = dataclasses.field(default_factory=dict)
+    on_error: str = "zero"
+
+    def __post_init__(self):
+        _check(bool(self.name) and "/" not in self.name, "rewards.name", self.name,
+               "a reward needs a non-empty name without '/'")
+        _check_choice(f"rewards[{self.name}].on_error", self.on_error, ("zero", "skip"))
+        if self.type == "function":
+            f = self.function or ""
+            _check(f.count(":") == 1 and all(f.split(":")), f"rewards[{self.name}].function", self.function,
+                   "type 'function' needs function: 'package.module:function_name'")
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+    """optax AdamW with linear warm-up then cosine decay (to `lr * final_lr_frac`) or constant; global-norm clip."""
+
+    lr: float = 1e-5
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    schedule: str = "constant"
+    final_lr_frac: float = 0.1
+    clip_norm: float | None = 1.0
+    max_nonfinite_steps: int = 5
+
+    def __post_init__(self):
+        _check(self.lr > 0, "optimizer.lr", self.lr, "must be > 0")
+        for name in ("b1", "b2"):
+            _check(0 <= getattr(self, name) < 1, f"optimizer.{name}", getattr(self, name), "must be in [0, 1)")
+        _check(self.weight_decay >= 0, "optimizer.weight_decay", self.weight_decay, "must be >= 0")
+        _check(self.warmup_steps >= 0, "optimizer.warmup_steps", self.warmup_steps, "must be >= 0")
+        _check_choice("optimizer.schedule", self.schedule, SCHEDULES)
+        _check(0 <= self.final_lr_frac <= 1, "optimizer.final_lr_frac", self.final_lr_frac, "must be in [0, 1]")
+        if self.clip_norm is not None:
+            _check(self.clip_norm > 0, "optimizer.clip_norm", self.clip_norm, "must be > 0 or null")
+        _check(self.max_nonfinite_steps >= 1, "optimizer.max_nonfinite_steps", self.max_nonfinite_steps,
+               "must be >= 1")
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+    """Orbax checkpoints under RUN/checkpoints: every `every` steps, keep the last `keep`; `resume` from the latest."""
+
+    every: int = 50
+    keep: int = 2
+    async_save: bool = True
+    resume: bool = True
+
+    def __post_init__(self):
+        _check(self.every >= 1, "checkpoint.every", self.every, "must be >= 1")
+        _check(self.keep >= 1, "checkpoint.keep", self.keep, "must be >= 1")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoggingConfig:
+    every: int = 1
+    sample_every: int = 10
+    num_samples: int = 4
+    tensorboard: bool = True
+    progress_bar: bool = True
+
+    def __post_init__(self):
+        for name in ("every", "sample_every"):
+            _check(getattr(self, name) >= 1, f"logging.{name}", getattr(self, name), "must be >= 1")
+        _check(self.num_samples >= 0, "logging.num_samples", self.num_samples, "must be >= 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTWarmupConfig:
+    """Supervised warm start on the data's reference answers before RL (0 steps = off)."""
+
+    steps: int = 0
+    lr: float = 1e-3
+    batch_size: int = 16
+
+    def __post_init__(self):
+        _check(self.steps >= 0, "sft_warmup.steps", self.steps, "must be >= 0")
+        _check(self.lr > 0, "sft_warmup.lr", self.lr, "must be > 0")
+        _check(self.batch_size >= 1, "sft_warmup.batch_size", self.batch_size, "must be >= 1")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 100
+    seed: int = 0
+    eval_every: int = 20
+
+    def __post_init__(self):
+        _check(self.steps >= 0, "train.steps", self.steps, "must be >= 0")
+        _check(self.eval_every >= 0, "train.eval_every", self.eval_every, "must be >= 0 (0 = never)")
+
+
+@dataclasses.dataclass(frozen=True)
+class ExperimentConfig:
+    model: ModelConfig = ModelConfig()
+    tokenizer: TokenizerConfig = TokenizerConfig()
+    data: DataConfig = DataConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    algorithm: AlgorithmConfig = AlgorithmConfig()
+    rewards: tuple[RewardSpec, ...] = ()
+    optimizer: OptimizerConfig = OptimizerConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    logging: LoggingConfig = LoggingConfig()
+    mesh: MeshConfig = MeshConfig()
+    sft_warmup: SFTWarmupConfig = SFTWarmupConfig()
+    train: TrainConfig = TrainConfig()
+
+    def __post_init__(self):
+        names = [r.name for r in self.rewards]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        _check(not dup, "rewards", dup, "reward names must be unique")
+        multi = (Algo.GDPO, Algo.GD2PO)
+        if self.algorithm.name in multi:
+            _check(len(self.rewards) >= 2, "algorithm.name", self.algorithm.name.value,
+                   "gdpo/gd2po normalise each reward separately and need at least 2 rewards")
+        if self.algorithm.name in (Algo.GRPO, Algo.DR_GRPO, Algo.DAPO, Algo.RLOO, Algo.ETR, Algo.GDPO,
+                                   Algo.GD2PO, Algo.CLIPO) and self.rollout.group_size < 2:
+            _check(False, "rollout.group_size", self.rollout.group_size,
+                   "group-relative algorithms need group_size >= 2")
+
+
+DEFAULT_CONFIG = "quickstart.yaml"
+
+
+def default_config_text() -> str:
+    """The embedded default `configs/quickstart.yaml` (package data of `jaxrl.configs`)."""
+    return importlib.resources.files("jaxrl.configs").joinpath(DEFAULT_CONFIG).read_text()
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> ExperimentConfig:
+    """Reads a YAML config (or the embedded default when `path` is None) and applies `a.b=c` overrides.
+
+    Raises:
+      ConfigError: unreadable file, YAML error, unknown key (with the closest valid key), wrong type or
+        invalid value; the message names the full dotted key.
+    """
+    if path is None:
+        text, where = default_config_text(), f"<embedded {DEFAULT_CONFIG}>"
+    else:
+        try:
+            text, where = Path(path).read_text(), str(path)
+        except OSError as e:
+            raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{where}: invalid YAML: {str(e).splitlines()[0]}") from None
+    raw = {} if raw is None else raw
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: the top level must be a mapping of sections, got {type(raw).__name__}")
+    for item in overrides:
+        raw = apply_override(ExperimentConfig, raw, item)
+    return from_dict(ExperimentConfig, raw, "")
+
+
+def dump_config(cfg: ExperimentConfig) -> str:
+    """The resolved config as YAML; `load_config` of it gives back an equal `ExperimentConfig`."""
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False, default_flow_style=False, width=110)
+
+
+def save_config(cfg: ExperimentConfig, run_dir: str | Path) -> Path:
+    """Writes the resolved `config.yaml` into the run directory."""
+    path = Path(run_dir) / "config.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(dump_config(cfg))
+    return path
