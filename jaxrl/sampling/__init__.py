@@ -1,0 +1,122 @@
+"""jaxrl.sampling: the rollout engine (jitted prefill + KV-cached decode loop, group sampling).
+
+Public API:
+  generate(model, prompts, ...)                      -> Generation   (splits the NNX model, then calls the next)
+  generate_from_state(graphdef, state, prompts, ...) -> Generation   (the trainer keeps (graphdef, state))
+  Generation, compile_count(), DEFAULT_PROMPT_BUCKETS, DEFAULT_GEN_BUCKETS
+
+Dimension letters: P prompts, G samples per prompt, B = P·G rows, L padded prompt width, T completion tokens,
+V vocabulary, E stop tokens.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxrl.sampling.batching import (
+    DEFAULT_GEN_BUCKETS,
+    DEFAULT_PROMPT_BUCKETS,
+    Generation,
+    bucket,
+    check_prompts,
+    check_settings,
+    left_pad,
+)
+from jaxrl.sampling.engine import compile_count, rollout
+
+__all__ = [
+    "DEFAULT_GEN_BUCKETS",
+    "DEFAULT_PROMPT_BUCKETS",
+    "Generation",
+    "compile_count",
+    "generate",
+    "generate_from_state",
+]
+
+
+def generate(model: nnx.Module, prompts: Sequence[Sequence[int]], **kwargs) -> Generation:
+    """Samples `num_samples` completions per prompt from an NNX `Transformer`; see `generate_from_state`."""
+    graphdef, state = nnx.split(model)
+    return generate_from_state(graphdef, state, prompts, **kwargs)
+
+
+def generate_from_state(
+    graphdef: nnx.GraphDef,
+    state: nnx.State,
+    prompts: Sequence[Sequence[int]],
+    *,
+    max_new_tokens: int,
+    num_samples: int = 1,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    eos_ids: Sequence[int] = (),
+    seed: int | jax.Array = 0,
+    pad_id: int = 0,
+    prompt_buckets: Sequence[int] | None = DEFAULT_PROMPT_BUCKETS,
+    gen_buckets: Sequence[int] | None = DEFAULT_GEN_BUCKETS,
+    batch_sharding: jax.sharding.Sharding | None = None,
+) -> Generation:
+    """Samples completions with a KV cache: each prompt is prefilled once and shared by its G samples.
+
+    Token choice follows HF `generate`: logits / τ, then top-k, then top-p (nucleus, arXiv:1904.09751);
+    τ = 0 is greedy. Rows r = p·G + g; row r at decode step t draws with fold_in(fold_in(key(seed), t), r), so
+    tokens do not depend on how rows are spread over devices. Returned logprobs are log-softmax of the raw
+    (τ = 1, unfiltered) logits at the chosen token; see `jaxrl.sampling.engine` for what that means at τ ≠ 1.
+
+    Args:
+      graphdef, state: `nnx.split(model)` of a `jaxrl.models.Transformer`; state may already be sharded.
+      prompts: P non-empty lists of token ids (different lengths allowed; they are left-padded).
+      max_new_tokens: completion length T >= 1 (rows stop earlier at an EOS token).
+      num_samples: group size G >= 1.
+      temperature: τ >= 0.
+      top_k: keep the k most likely tokens (None: all).
+      top_p: nucleus mass in (0, 1] (None: no nucleus filter).
+      eos_ids: stop tokens; the EOS token is included in the completion and in `lengths`.
+      seed: int or PRNG key.
+      pad_id: token written after the end of each row (and used to pad prompts).
+      prompt_buckets, gen_buckets: allowed padded prompt widths / decode buffer widths (None: exact sizes).
+        One compiled program per (P, G, prompt bucket, gen bucket, sampling mode).
+      batch_sharding: optional sharding of the [P, L] prompt arrays (e.g. rows over a data axis of a mesh).
+
+    Returns:
+      Generation with tokens/logprobs [P·G, T], lengths/finished/prompt_index [P·G].
+    """
+    vocab = int(graphdef_config(graphdef, state).vocab_size)
+    prompt_ids = check_prompts(prompts, vocab)
+    eos = check_settings(
+        max_new_tokens=max_new_tokens, num_samples=num_samples, temperature=temperature, top_k=top_k,
+        top_p=top_p, eos_ids=eos_ids, pad_id=pad_id, vocab_size=vocab,
+    )
+    width = bucket(max(len(p) for p in prompt_ids), prompt_buckets, "prompt")
+    gen_width = bucket(int(max_new_tokens), gen_buckets, "completion")
+    tokens_PL, mask_PL = left_pad(prompt_ids, width, pad_id)
+    if batch_sharding is not None:
+        tokens_PL, mask_PL = jax.device_put((tokens_PL, mask_PL), batch_sharding)
+    key = jax.random.key(seed) if isinstance(seed, int) else seed
+    eos_E = np.asarray(eos or (-1,), np.int32)
+    tokens_BT, logp_BT, length_B, finished_B = rollout(
+        graphdef, state, tokens_PL, mask_PL, key,
+        jnp.float32(temperature), jnp.float32(1.0 if top_p is None else top_p),
+        jnp.int32(max_new_tokens), eos_E, jnp.int32(pad_id),
+        num_samples=int(num_samples), gen_width=gen_width, greedy=float(temperature) == 0.0,
+        top_k=None if top_k is None else int(top_k), use_top_p=top_p is not None,
+    )
+    prompt_index = np.repeat(np.arange(len(prompt_ids), dtype=np.int32), int(num_samples))
+    return Generation(
+        tokens=tokens_BT[:, :max_new_tokens],
+        lengths=length_B,
+        logprobs=logp_BT[:, :max_new_tokens],
+        finished=finished_B,
+        prompt_index=jnp.asarray(prompt_index),
+    )
+
+
+def graphdef_config(graphdef: nnx.GraphDef, state: nnx.State):
+    """The `TransformerConfig` of a split model (merged abstractly; no arrays are copied)."""
+    return nnx.merge(graphdef, state).cfg

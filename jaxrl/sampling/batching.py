@@ -1,0 +1,109 @@
+"""Host-side preparation for `generate`: input checks, shape buckets, left padding, and the `Generation` type.
+
+Bucketing keeps the number of compiled shapes small in a training run: the prompt batch is left-padded to the
+smallest prompt bucket that holds the longest prompt, and the decode buffer to the smallest generation bucket that
+holds `max_new_tokens`. The number of prompts P and the group size G are not bucketed (a training run keeps them
+fixed).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence
+
+import jax
+import numpy as np
+
+# Powers of two: at most one compiled shape per doubling of the prompt / completion length.
+DEFAULT_PROMPT_BUCKETS: tuple[int, ...] = tuple(2**i for i in range(4, 16))
+DEFAULT_GEN_BUCKETS: tuple[int, ...] = tuple(2**i for i in range(4, 16))
+
+
+class Generation(NamedTuple):
+    """Sampled completions; row r = p * G + g is sample g of prompt p (rows of one prompt are contiguous).
+
+    Attributes:
+      tokens: [P*G, T] int32 completion tokens, `pad_id` after the end (T = max_new_tokens).
+      lengths: [P*G] int32 number of completion tokens, counting the EOS token when there is one.
+      logprobs: [P*G, T] float32 log π(token | prefix) under the *unscaled, unfiltered* model distribution
+        (log-softmax of the raw logits), 0 after the end.
+      finished: [P*G] bool, True when the row emitted an EOS token (False when it ran out of length).
+      prompt_index: [P*G] int32 index p of the prompt the row continues.
+    """
+
+    tokens: jax.Array
+    lengths: jax.Array
+    logprobs: jax.Array
+    finished: jax.Array
+    prompt_index: jax.Array
+
+
+def bucket(n: int, buckets: Sequence[int] | None, what: str) -> int:
+    """Smallest bucket >= n (n itself when `buckets` is None); ValueError when n exceeds every bucket."""
+    if buckets is None:
+        return n
+    fitting = [b for b in sorted(buckets) if b >= n]
+    if not fitting:
+        raise ValueError(
+            f"{what} of {n} tokens exceeds the largest {what} bucket ({max(buckets)}), which bounds the KV "
+            f"cache capacity; pass larger buckets or a shorter input"
+        )
+    return fitting[0]
+
+
+def check_prompts(prompts: Sequence[Sequence[int]], vocab_size: int) -> list[list[int]]:
+    """Validates a batch of token-id prompts and returns it as lists of Python ints."""
+    if isinstance(prompts, (str, bytes)) or len(prompts) == 0:
+        raise ValueError("prompts must be a non-empty list of token-id lists; got an empty or string input")
+    out = []
+    for p, prompt in enumerate(prompts):
+        ids = [int(t) for t in np.asarray(prompt).reshape(-1)] if len(prompt) else []
+        if not ids:
+            raise ValueError(f"prompt {p} is empty; every prompt needs at least one token")
+        bad = [t for t in ids if not 0 <= t < vocab_size]
+        if bad:
+            raise ValueError(f"prompt {p} has token ids {bad[:5]} outside the vocabulary [0, {vocab_size})")
+        out.append(ids)
+    return out
+
+
+def check_settings(
+    *,
+    max_new_tokens: int,
+    num_samples: int,
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
+    eos_ids: Sequence[int],
+    pad_id: int,
+    vocab_size: int,
+) -> tuple[int, ...]:
+    """Validates the sampling settings; returns `eos_ids` as a tuple of ints."""
+    if int(max_new_tokens) < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if int(num_samples) < 1:
+        raise ValueError(f"num_samples must be >= 1, got {num_samples}")
+    if not float(temperature) >= 0.0:
+        raise ValueError(f"temperature must be >= 0 (0 means greedy), got {temperature}")
+    if top_k is not None and int(top_k) < 1:
+        raise ValueError(f"top_k must be None or >= 1, got {top_k}")
+    if top_p is not None and not 0.0 < float(top_p) <= 1.0:
+        raise ValueError(f"top_p must be None or in (0, 1], got {top_p}")
+    eos = tuple(int(e) for e in eos_ids)
+    bad = [e for e in eos if not 0 <= e < vocab_size]
+    if bad:
+        raise ValueError(f"eos_ids {bad} are outside the vocabulary [0, {vocab_size})")
+    if not 0 <= int(pad_id) < vocab_size:
+        raise ValueError(f"pad_id {pad_id} is outside the vocabulary [0, {vocab_size})")
+    return eos
+
+
+def left_pad(prompts: Sequence[Sequence[int]], width: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Left-pads prompts to `width`: returns tokens_PL int32 and mask_PL bool (True = real token)."""
+    tokens_PL = np.full((len(prompts), width), pad_id, dtype=np.int32)
+    mask_PL = np.zeros((len(prompts), width), dtype=bool)
+    for p, ids in enumerate(prompts):
+        if len(ids) > width:
+            raise ValueError(f"prompt {p} has {len(ids)} tokens, more than the padded width {width}")
+        tokens_PL[p, width - len(ids):] = ids
+        mask_PL[p, width - len(ids):] = True
+    return tokens_PL, mask_PL

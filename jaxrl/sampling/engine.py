@@ -1,0 +1,131 @@
+"""The compiled rollout: prefill once per prompt, share the KV cache with the G samples, decode in a while_loop.
+
+    cache, z_P = prefill(prompts_PL)                       # one forward over the left-padded prompts
+    cache, z_B = cache.repeat(G), repeat(z_P, G)           # B = P·G rows, rows of one prompt contiguous
+    for t < max_new_tokens while some row is unfinished:   # lax.while_loop
+        y_B  ~ filter(z_B / τ)   (argmax when τ = 0)
+        ℓ_B  = log_softmax(z_B)[y_B]                       # raw logits: see below
+        z_B, cache = forward(y_B, position = len_B + t, cache)
+
+Everything above is one `jax.jit` of a pure function of `(graphdef, state, arrays)`; shapes are the static
+bucketed widths, while temperature, top-p and max_new_tokens are traced values (changing them never recompiles).
+
+Notes:
+* Logprobs are log-softmax of the *raw* logits (temperature 1, no top-k/top-p) at the sampled token. At
+  temperature 1 without filtering this is exactly the sampling distribution, i.e. the "old logprob" an on-policy
+  trainer needs. At other temperatures or with filtering it is the log-probability under the unmodified policy
+  π_θ, *not* under the distribution the token was drawn from; a trainer that needs the behaviour probability must
+  then recompute it (importance weights against the raw policy are what PPO/GRPO use at τ ≠ 1 anyway).
+* Prefill computes logits only for the last prompt column (`hidden[:, -1] @ unembedding`) instead of
+  [P, L, V]; left padding makes that column the last real token of every row.
+* The final decode step runs one forward whose logits are never used (it keeps the loop body branch-free).
+* `compile_count()` counts traces of the compiled function: the only mutable module state here.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxrl.sampling import filters
+
+_trace_count = 0
+
+
+def compile_count() -> int:
+    """Number of times the rollout function has been traced (≈ compiled) in this process."""
+    return _trace_count
+
+
+def _last_logits(model, hidden_BD: jax.Array) -> jax.Array:
+    w_DV = model.unembedding()
+    return jnp.einsum("BD,DV->BV", hidden_BD, w_DV, preferred_element_type=jnp.float32)
+
+
+@functools.partial(
+    jax.jit, static_argnames=("graphdef", "num_samples", "gen_width", "greedy", "top_k", "use_top_p")
+)
+def rollout(
+    graphdef: nnx.GraphDef,
+    state: nnx.State,
+    tokens_PL: jax.Array,
+    mask_PL: jax.Array,
+    key: jax.Array,
+    temperature: jax.Array,
+    top_p: jax.Array,
+    max_new_tokens: jax.Array,
+    eos_E: jax.Array,
+    pad_id: jax.Array,
+    *,
+    num_samples: int,
+    gen_width: int,
+    greedy: bool,
+    top_k: int | None,
+    use_top_p: bool,
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """Prefill + decode loop. Returns (tokens_BT, logprobs_BT, lengths_B, finished_B) with T = gen_width.
+
+    Args:
+      graphdef, state: `nnx.split(model)`; state may be sharded.
+      tokens_PL, mask_PL: [P, L] left-padded int32 prompts and bool mask (True = real token).
+      key: PRNG key; row r at step t draws from fold_in(fold_in(key, t), r).
+      temperature, top_p: float32 scalars (top_p ignored unless `use_top_p`).
+      max_new_tokens: int32 scalar <= gen_width.
+      eos_E: [E] int32 stop tokens (-1 entries never match).
+      pad_id: int32 scalar written after the end of each row.
+      num_samples: G; gen_width: decode buffer width; greedy/top_k/use_top_p: static sampling mode.
+    """
+    global _trace_count
+    _trace_count += 1
+    from jaxrl.models import KVCache  # TEMP until models land
+
+    model = nnx.merge(graphdef, state)
+    num_prompts, width = tokens_PL.shape
+    rows = num_prompts * num_samples
+
+    # Prefill the P prompts once.
+    cache = KVCache.init(model.cfg, num_prompts, width + gen_width, model.cfg.dtype)
+    positions_PL = jnp.maximum(jnp.cumsum(mask_PL.astype(jnp.int32), axis=-1) - 1, 0)
+    out = model.forward(tokens_PL, positions_PL, mask_PL, cache=cache, return_hidden=True, return_logits=False)
+    logits_BV = jnp.repeat(_last_logits(model, out.hidden[:, -1]), num_samples, axis=0)
+    cache = out.cache.repeat(num_samples)
+    next_pos_B = jnp.repeat(jnp.sum(mask_PL, axis=-1, dtype=jnp.int32), num_samples)
+    rows_B = jnp.arange(rows, dtype=jnp.int32)
+    top_p_arg = top_p if use_top_p else None
+
+    def cond(carry):
+        t, _, _, _, _, done_B, _ = carry
+        return (t < max_new_tokens) & ~jnp.all(done_B)
+
+    def body(carry):
+        t, logits_BV, cache, tokens_BT, logp_BT, done_B, length_B = carry
+        keys_B = None if greedy else filters.row_keys(key, t, rows_B)
+        tok_B = filters.choose_tokens(
+            logits_BV, keys_B, temperature, greedy=greedy, top_k=top_k, top_p=top_p_arg
+        )
+        logp_B = jnp.take_along_axis(jax.nn.log_softmax(logits_BV, axis=-1), tok_B[:, None], axis=-1)[:, 0]
+        active_B = ~done_B
+        tok_B = jnp.where(active_B, tok_B, pad_id)
+        tokens_BT = jax.lax.dynamic_update_slice(tokens_BT, tok_B[:, None], (0, t))
+        logp_BT = jax.lax.dynamic_update_slice(logp_BT, jnp.where(active_B, logp_B, 0.0)[:, None], (0, t))
+        length_B = length_B + active_B.astype(jnp.int32)
+        done_B = done_B | (active_B & jnp.any(tok_B[:, None] == eos_E[None, :], axis=-1))
+        step = model.forward(
+            tok_B[:, None], (next_pos_B + t)[:, None], jnp.ones((rows, 1), bool), cache=cache
+        )
+        return t + 1, step.logits[:, -1].astype(jnp.float32), step.cache, tokens_BT, logp_BT, done_B, length_B
+
+    init = (
+        jnp.int32(0),
+        logits_BV,
+        cache,
+        jnp.full((rows, gen_width), pad_id, jnp.int32),
+        jnp.zeros((rows, gen_width), jnp.float32),
+        jnp.zeros((rows,), bool),
+        jnp.zeros((rows,), jnp.int32),
+    )
+    _, _, _, tokens_BT, logp_BT, done_B, length_B = jax.lax.while_loop(cond, body, init)
+    return tokens_BT, logp_BT, length_B, done_B

@@ -1,0 +1,126 @@
+"""Per-step token choice: temperature, top-k / top-p (nucleus) filtering, and per-row random draws.
+
+The order of operations follows Hugging Face `generate` (temperature, then top-k, then top-p), so that the same
+settings mean the same distribution on both sides:
+
+    p(v) ∝ exp(z_v / τ) · 1[v ∈ top-k(z)] · 1[v ∈ nucleus_p(softmax(z/τ) restricted to top-k)]
+
+where the nucleus is the smallest prefix of the tokens sorted by probability whose mass reaches `top_p`
+(Holtzman et al. 2019, "The Curious Case of Neural Text Degeneration", arXiv:1904.09751). The token that crosses
+`top_p` is kept, so at least one token always survives.
+
+Deviations / choices:
+* Ties at the top-k threshold: `lax.top_k` keeps exactly k tokens (the lowest ids among equals), whereas HF keeps
+  every token whose logit equals the k-th one. This only matters for exactly tied float logits.
+* Randomness is drawn per row from `fold_in(fold_in(key, step), row)`, so a row's tokens depend only on
+  (seed, step, global row index) and not on how the batch is split across devices.
+"""
+
+from __future__ import annotations
+
+import chex
+import jax
+import jax.numpy as jnp
+
+_NEG_INF = -jnp.inf
+
+
+def apply_top_k(logits_BV: jax.Array, top_k: int) -> jax.Array:
+    """Sets every logit outside the row's `top_k` largest to -inf.
+
+    Args:
+      logits_BV: [B, V] float logits.
+      top_k: static int, 1 <= top_k; values >= V leave the logits unchanged.
+
+    Returns:
+      [B, V] logits, -inf outside the top k.
+    """
+    chex.assert_rank(logits_BV, 2)
+    vocab = logits_BV.shape[-1]
+    if top_k >= vocab:
+        return logits_BV
+    kth_B1 = jax.lax.top_k(logits_BV, top_k)[0][:, -1:]
+    return jnp.where(logits_BV < kth_B1, _NEG_INF, logits_BV)
+
+
+def apply_top_p(logits_BV: jax.Array, top_p: float | jax.Array) -> jax.Array:
+    """Nucleus filter: keeps the smallest set of most likely tokens whose probability mass reaches `top_p`.
+
+        keep(v) = [Σ_{u ranked before v} softmax(z)_u < top_p]
+
+    Args:
+      logits_BV: [B, V] float logits (already temperature-scaled and top-k filtered, -inf allowed).
+      top_p: scalar in (0, 1]; may be traced.
+
+    Returns:
+      [B, V] logits, -inf outside the nucleus.
+    """
+    chex.assert_rank(logits_BV, 2)
+    order_BV = jnp.argsort(-logits_BV, axis=-1, stable=True)
+    sorted_BV = jnp.take_along_axis(logits_BV, order_BV, axis=-1)
+    probs_BV = jax.nn.softmax(sorted_BV, axis=-1)
+    mass_before_BV = jnp.cumsum(probs_BV, axis=-1) - probs_BV
+    keep_sorted_BV = mass_before_BV < top_p
+    keep_sorted_BV = keep_sorted_BV.at[:, 0].set(True)
+    # Scatter the keep mask back to vocabulary order.
+    rows_B1 = jnp.arange(logits_BV.shape[0])[:, None]
+    keep_BV = jnp.zeros_like(keep_sorted_BV).at[rows_B1, order_BV].set(keep_sorted_BV)
+    return jnp.where(keep_BV, logits_BV, _NEG_INF)
+
+
+def filtered_logits(
+    logits_BV: jax.Array, temperature: jax.Array, *, top_k: int | None, top_p: jax.Array | None
+) -> jax.Array:
+    """Temperature-scaled, top-k then top-p filtered logits: the log-weights tokens are sampled from.
+
+    Args:
+      logits_BV: [B, V] raw model logits.
+      temperature: scalar > 0 (may be traced).
+      top_k: static int or None (no top-k).
+      top_p: scalar or None (no top-p); may be traced.
+
+    Returns:
+      [B, V] float32 logits with -inf for excluded tokens.
+    """
+    chex.assert_rank(logits_BV, 2)
+    z_BV = logits_BV.astype(jnp.float32) / temperature
+    if top_k is not None:
+        z_BV = apply_top_k(z_BV, top_k)
+    if top_p is not None:
+        z_BV = apply_top_p(z_BV, top_p)
+    return z_BV
+
+
+def row_keys(key: jax.Array, step: jax.Array, rows_B: jax.Array) -> jax.Array:
+    """One PRNG key per row: fold_in(fold_in(key, step), row). rows_B are global row indices [B] int32."""
+    step_key = jax.random.fold_in(key, step)
+    return jax.vmap(lambda r: jax.random.fold_in(step_key, r))(rows_B)
+
+
+def choose_tokens(
+    logits_BV: jax.Array,
+    keys_B: jax.Array | None,
+    temperature: jax.Array,
+    *,
+    greedy: bool,
+    top_k: int | None,
+    top_p: jax.Array | None,
+) -> jax.Array:
+    """Next token per row: argmax when `greedy`, else a draw from `filtered_logits` (Gumbel-max per row).
+
+    Args:
+      logits_BV: [B, V] raw model logits.
+      keys_B: [B] PRNG keys (unused when greedy).
+      temperature: scalar > 0 (ignored when greedy).
+      greedy: static; temperature 0 means greedy.
+      top_k, top_p: see `filtered_logits`.
+
+    Returns:
+      [B] int32 token ids.
+    """
+    chex.assert_rank(logits_BV, 2)
+    if greedy:
+        return jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
+    z_BV = filtered_logits(logits_BV, temperature, top_k=top_k, top_p=top_p)
+    draw = jax.vmap(lambda k, z: jax.random.categorical(k, z))
+    return draw(keys_B, z_BV).astype(jnp.int32)
