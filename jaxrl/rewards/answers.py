@@ -1,0 +1,144 @@
+"""Answer extraction and comparison for verifiable-answer rewards (exact answer and math answer).
+
+`extract_answer` looks, in order, for the last `<answer>...</answer>`, the last `\\boxed{...}`, the text after the
+last `####` (GSM8K style), and finally the last number in the text. `math_equal` compares numerically when both
+sides parse as numbers (integers, decimals, `a/b`, `\\frac{a}{b}`, thousands separators), and otherwise asks
+`math-verify` (when installed, and only on the main thread: it uses `signal.alarm`, see shared ENV.md 3d) before
+falling back to normalised string equality.
+
+Deviation from TRL/verl reward helpers: math-verify is tried only when the cheap numeric comparison cannot decide,
+because it costs ~60 ms per pair on CPU and arithmetic answers never need it.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from fractions import Fraction
+
+_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?|-?\.\d+")
+_FRAC = re.compile(r"^(-?)\\[dt]?frac\{(-?\d+)\}\{(-?\d+)\}$")
+_THOUSANDS = re.compile(r"^-?\d{1,3}(,\d{3})+(\.\d+)?$")
+
+
+def _last_boxed(text: str) -> str | None:
+    start = max(text.rfind("\\boxed{"), text.rfind("\\fbox{"))
+    if start < 0:
+        return None
+    i = text.index("{", start) + 1
+    depth = 1
+    for j in range(i, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        if depth == 0:
+            return text[i:j]
+    return None  # unbalanced braces: no answer rather than a guess
+
+
+def extract_answer(text: str) -> str | None:
+    """The final answer written in `text`, or None when there is none (see module docstring for the order)."""
+    tags = _ANSWER_TAG.findall(text)
+    if tags:
+        inner = tags[-1].strip()
+        boxed = _last_boxed(inner)
+        return boxed.strip() if boxed is not None else inner
+    boxed = _last_boxed(text)
+    if boxed is not None:
+        return boxed.strip()
+    if "####" in text:
+        tail = text.rsplit("####", 1)[1].strip()
+        return tail.splitlines()[0].strip() if tail else None
+    numbers = _NUMBER.findall(text)
+    return numbers[-1] if numbers else None
+
+
+def normalize(answer: str) -> str:
+    """Canonical string form: no `$`, `\\text{}`, `\\left`/`\\right`, spacing, trailing period; lower case."""
+    s = answer.strip().strip("$").strip()
+    s = re.sub(r"\\text\{([^}]*)\}", r"\1", s)
+    s = re.sub(r"\\(left|right|!|,|;|quad)", "", s)
+    s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
+    s = re.sub(r"\s+", "", s).rstrip(".").lower()
+    return s
+
+
+def parse_number(answer: str) -> Fraction | None:
+    """Exact rational value of a numeric answer (`-12`, `1,000`, `0.25`, `3/4`, `\\frac{3}{4}`, `50%`), else None."""
+    s = normalize(answer)
+    if s.endswith("%"):
+        value = parse_number(s[:-1])
+        return None if value is None else value / 100
+    if _THOUSANDS.match(s):
+        s = s.replace(",", "")
+    m = _FRAC.match(s)
+    if m:
+        sign, num, den = m.groups()
+        return None if int(den) == 0 else Fraction(int(num), int(den)) * (-1 if sign else 1)
+    try:
+        if "/" in s:
+            num, den = s.split("/", 1)
+            return None if Fraction(den) == 0 else Fraction(num) / Fraction(den)
+        return Fraction(s)
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def _math_verify_equal(gold: str, pred: str) -> bool | None:
+    """math-verify's verdict, or None when it is not installed, not on the main thread, or fails."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    try:
+        import math_verify
+    except ImportError:
+        return None
+    try:
+        gold_parsed = math_verify.parse(gold if "$" in gold else f"${gold}$")
+        pred_parsed = math_verify.parse(pred if "$" in pred else f"${pred}$")
+        if not gold_parsed or not pred_parsed:
+            return None
+        return bool(math_verify.verify(gold_parsed, pred_parsed))
+    except Exception:  # noqa: BLE001 -- math-verify raises many parser errors; undecided, fall back
+        return None
+
+
+def math_equal(gold: str, pred: str, *, use_math_verify: bool = True) -> bool:
+    """Whether answer `pred` equals reference `gold` mathematically (both already extracted)."""
+    a, b = parse_number(gold), parse_number(pred)
+    if a is not None and b is not None:
+        return a == b
+    if normalize(gold) == normalize(pred):
+        return True
+    if use_math_verify:
+        verdict = _math_verify_equal(gold, pred)
+        if verdict is not None:
+            return verdict
+    return False
+
+
+def gold_answer(reference: object) -> str:
+    """The reference answer as a string; a GSM8K-style solution ('... #### 72') is reduced to its answer."""
+    text = str(reference).strip()
+    if parse_number(text) is None and ("####" in text or "\\boxed" in text or "<answer>" in text):
+        return extract_answer(text) or text
+    return text
+
+
+def math_answer(prompts: list[str], completions: list[str], *, answer: list, use_math_verify: bool = True,
+                **_fields) -> list[float]:
+    """1.0 where the completion's final answer equals the reference `answer` field mathematically, else 0.0."""
+    del prompts
+    out = []
+    for completion, ref in zip(completions, answer, strict=True):
+        pred = extract_answer(completion)
+        out.append(float(pred is not None and math_equal(gold_answer(ref), pred, use_math_verify=use_math_verify)))
+    return out
+
+
+def exact_answer(prompts: list[str], completions: list[str], *, answer: list, **_fields) -> list[float]:
+    """1.0 where the extracted final answer equals the reference string after `normalize`, else 0.0."""
+    del prompts
+    out = []
+    for completion, ref in zip(completions, answer, strict=True):
+        pred = extract_answer(completion)
+        out.append(float(pred is not None and normalize(pred) == normalize(gold_answer(ref))))
+    return out

@@ -1,0 +1,108 @@
+"""Experiment config: YAML <-> dataclasses, dotted overrides, one-line errors naming the key."""
+
+import dataclasses
+
+import pytest
+
+from jaxrl.config import (
+    Algo, ExperimentConfig, RewardSpec, default_config_text, dump_config, load_config, save_config,
+)
+from jaxrl.errors import ConfigError
+from jaxrl.sharding.mesh import MeshConfig
+
+
+def test_default_is_embedded_quickstart():
+    cfg = load_config(None)
+    assert default_config_text().startswith("# Run with: jaxrl train")
+    assert cfg.model.preset == "tiny_siamese" and cfg.data.source == "arithmetic"
+    assert cfg.algorithm.name is Algo.GDPO and [r.name for r in cfg.rewards] == ["answer", "format"]
+    assert isinstance(cfg.mesh, MeshConfig)
+
+
+def test_overrides_apply_with_yaml_values():
+    cfg = load_config(None, [
+        "optimizer.lr=1e-5", "algorithm.name=dapo", "algorithm.dual_clip=3", "rollout.top_p=null",
+        "rollout.prompt_buckets=[16, 48]", "model.overrides.num_layers=3", "rewards.format.weight=0.25",
+        "rewards.0.on_error=skip", "mesh.fsdp=2", "data.params.max_operand=99",
+    ])
+    assert cfg.optimizer.lr == 1e-5 and cfg.algorithm.name is Algo.DAPO and cfg.algorithm.dual_clip == 3.0
+    assert cfg.rollout.prompt_buckets == (16, 48) and cfg.model.overrides == {"num_layers": 3}
+    assert cfg.rewards[1].weight == 0.25 and cfg.rewards[0].on_error == "skip"
+    assert cfg.mesh.fsdp == 2 and cfg.data.params["max_operand"] == 99
+
+
+def test_round_trip(tmp_path):
+    cfg = load_config(None, ["algorithm.name=gd2po", "rewards.answer.params={use_math_verify: false}",
+                             "rollout.top_k=5", "model.overrides.vocab_size=128"])
+    path = save_config(cfg, tmp_path / "run")
+    again = load_config(path)
+    assert again == cfg
+    assert dump_config(again) == dump_config(cfg)
+
+
+def test_full_file_round_trip_of_all_defaults(tmp_path):
+    cfg = ExperimentConfig(rewards=(RewardSpec(name="r", type="math_answer"),))
+    (tmp_path / "c.yaml").write_text(dump_config(cfg))
+    assert load_config(tmp_path / "c.yaml") == cfg
+
+
+@pytest.mark.parametrize("override, message", [
+    ("optimzer.lr=1", "unknown key 'optimzer'; did you mean 'optimizer'?"),
+    ("optimizer.lrr=1", "unknown key 'optimizer.lrr'; did you mean 'optimizer.lr'?"),
+    ("rollout.grop_size=4", "unknown key 'rollout.grop_size'; did you mean 'rollout.group_size'?"),
+    ("optimizer.lr=abc", "optimizer.lr='abc': expected float, got str"),
+    ("rollout.group_size=2.5", "rollout.group_size=2.5: expected int, got float"),
+    ("checkpoint.async_save=1", "checkpoint.async_save=1: expected bool, got int"),
+    ("optimizer.lr=-1", "optimizer.lr=-1.0: must be > 0"),
+    ("algorithm.name=grpoo", "algorithm.name='grpoo': allowed values are 'grpo'"),
+    ("algorithm.agg_mode=mean", "algorithm.agg_mode='mean': allowed values are 'token_mean'"),
+    ("rollout.prompt_buckets=[64, 32]", "rollout.prompt_buckets=[64, 32]: must be strictly increasing"),
+    ("mesh.tensor=2", "mesh.tensor=2 but mesh.rules='fsdp'"),
+    ("rewards.nosuch.weight=1", "no list entry 'nosuch'"),
+    ("rewards.answer.on_error=ignore", "rewards[answer].on_error='ignore': allowed values are 'zero', 'skip'"),
+    ("rewards.0.wieght=1", "unknown key 'rewards.0.wieght'; did you mean 'rewards.0.weight'?"),
+    ("optimizer.lr", "expected key=value"),
+    ("model.preset.x=1", "'model.preset' holds 'tiny_siamese', not a mapping"),
+    ("model.hf_path=/x", "set exactly one of model.preset, model.hf_path, model.checkpoint"),
+    ("algorithm.name=gdpo", None),
+    ("rollout.group_size=1", "rollout.group_size=1: group-relative algorithms need group_size >= 2"),
+    ("train=3", "train=3: expected a mapping, got int"),
+])
+def test_errors_name_the_key(override, message):
+    if message is None:
+        assert load_config(None, [override]).algorithm.name is Algo.GDPO
+        return
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [override])
+    text = str(e.value)
+    assert message in text and "\n" not in text
+
+
+def test_file_errors(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("optimizer: {lr: 1e-3, betas: [0.9, 0.99]}\n")
+    with pytest.raises(ConfigError, match="unknown key 'optimizer.betas'"):
+        load_config(bad)
+    bad.write_text("model: [1, 2\n")
+    with pytest.raises(ConfigError, match="invalid YAML"):
+        load_config(bad)
+    bad.write_text("- 1\n")
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load_config(bad)
+    bad.write_text("rewards:\n  - {weight: 1}\n")
+    with pytest.raises(ConfigError, match=r"rewards\[0\]: missing required key\(s\) name"):
+        load_config(bad)
+    bad.write_text("rewards:\n  - {name: a, type: function}\n")
+    with pytest.raises(ConfigError, match="module:function"):
+        load_config(bad)
+    bad.write_text("rewards:\n  - {name: a, type: format}\n  - {name: a, type: format}\n")
+    with pytest.raises(ConfigError, match="reward names must be unique"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_config(tmp_path / "missing.yaml")
+
+
+def test_configs_are_frozen():
+    cfg = load_config(None)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.optimizer.lr = 1.0  # type: ignore[misc]

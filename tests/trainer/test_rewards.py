@@ -1,0 +1,158 @@
+"""Reward functions on hand-made cases, failure accounting in `score`, and countdown safety."""
+
+import math
+import threading
+
+import numpy as np
+import pytest
+
+from jaxrl.config import RewardSpec
+from jaxrl.errors import ConfigError, UserError
+from jaxrl.rewards import (
+    countdown, evaluate, exact_answer, extract_answer, format_reward, length_penalty, math_answer, math_equal,
+    overlong_penalty, parse_number, score,
+)
+from jaxrl.rewards.countdown import InvalidExpression
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("The answer is <answer>42</answer>.", "42"),
+    ("<answer>1</answer> then <answer> 7 </answer>", "7"),
+    ("so \\boxed{\\frac{1}{2}} done", "\\frac{1}{2}"),
+    ("nested \\boxed{a_{1}+b} end", "a_{1}+b"),
+    ("unbalanced \\boxed{3", "3"),          # no boxed answer -> falls through to the last number
+    ("steps...\n#### 1,000\nextra", "1,000"),
+    ("a 3 b -5.5.", "-5.5"),
+    ("no digits here", None),
+])
+def test_extract_answer(text, expected):
+    assert extract_answer(text) == expected
+
+
+@pytest.mark.parametrize("text, value", [
+    ("-12", -12), ("1,000", 1000), ("0.25", 0.25), ("3/4", 0.75), ("\\frac{3}{4}", 0.75), ("\\dfrac{-1}{2}", -0.5),
+    ("$7$", 7), ("50%", 0.5), ("12.", 12), ("1,00", None), ("x+1", None), ("1/0", None),
+])
+def test_parse_number(text, value):
+    got = parse_number(text)
+    assert (got is None) if value is None else float(got) == value
+
+
+def test_math_equal_numeric_and_symbolic():
+    assert math_equal("0.5", "\\frac{1}{2}")
+    assert math_equal("1000", "1,000")
+    assert not math_equal("3", "4")
+    assert math_equal("\\sqrt{2}/2", "\\frac{\\sqrt{2}}{2}")  # needs math-verify (installed in the test venv)
+    assert not math_equal("\\sqrt{2}/2", "\\frac{\\sqrt{3}}{2}")
+    assert not math_equal("\\sqrt{2}/2", "\\frac{\\sqrt{2}}{2}", use_math_verify=False)
+
+
+def test_math_equal_off_main_thread_falls_back():
+    # math-verify uses signal.alarm and raises off the main thread; we must fall back, not crash.
+    out = {}
+    t = threading.Thread(target=lambda: out.update(a=math_equal("\\sqrt{2}/2", "\\frac{\\sqrt{2}}{2}"),
+                                                   b=math_equal("0.5", "1/2")))
+    t.start()
+    t.join()
+    assert out == {"a": False, "b": True}
+
+
+def test_math_and_exact_answer():
+    completions = ["<answer>81</answer>", "it is \\boxed{81.0}", "#### 80", "no idea", "<answer>eighty-one</answer>"]
+    answers = ["81", "81", "81", "81", "#### 81"]
+    assert math_answer([""] * 5, completions, answer=answers) == [1.0, 1.0, 0.0, 0.0, 0.0]
+    assert exact_answer([""] * 5, completions, answer=answers) == [1.0, 0.0, 0.0, 0.0, 0.0]
+    assert exact_answer([""], ["<answer> Paris </answer>"], answer=["paris"]) == [1.0]
+
+
+def test_format_reward():
+    c = ["<think>x</think><answer>1</answer>", "<answer>1</answer><answer>2</answer>", "1", " <answer>7</answer> "]
+    assert format_reward([""] * 4, c, tags=["answer"]) == [1.0, 0.0, 0.0, 1.0]
+    assert format_reward([""] * 4, c, pattern=r"<answer>\d+</answer>") == [0.0, 0.0, 0.0, 1.0]
+    with pytest.raises(ValueError, match="pattern"):
+        format_reward([""], ["x"])
+
+
+def test_length_and_overlong_penalties():
+    lengths = [0, 4, 6, 8, 10, 12]
+    # L_max=10, L_buf=4: no penalty up to 6, then linear to -κ at 10, clipped beyond.
+    got = overlong_penalty([""] * 6, [""] * 6, completion_length=lengths, max_len=10, buffer=4, factor=2.0)
+    np.testing.assert_allclose(got, [0, 0, 0, -1.0, -2.0, -2.0])
+    assert length_penalty([""] * 3, [""] * 3, completion_length=[3, 5, 9], target=5, coef=0.5) == [0, 0, -0.4]
+
+
+@pytest.mark.parametrize("expr, value, used", [
+    ("(3 + 5) * 2", 16, [3, 5, 2]), ("7 / 2", 3.5, [7, 2]), ("10-2-3", 5, [10, 2, 3]),
+])
+def test_countdown_evaluate(expr, value, used):
+    v, u = evaluate(expr)
+    assert float(v) == value and u == used
+
+
+@pytest.mark.parametrize("expr", [
+    "__import__('os').system('echo hi')", "2**100000000", "-3 + 5", "1.5 * 2", "abs(3)", "3 +", "1 / (2 - 2)",
+    "(" * 300 + "1" + ")" * 300,
+])
+def test_countdown_rejects_unsafe_or_invalid(expr):
+    with pytest.raises(InvalidExpression):
+        evaluate(expr)
+
+
+def test_countdown_reward():
+    completions = ["<answer>(3 + 5) * 2</answer>", "<answer>3 * 5 + 2</answer>", "<answer>(3 + 5) * 2 * 1</answer>",
+                   "(5 + 3) * 2 = 16", "<answer>import os</answer>", "<answer>(3+3)*2</answer>"]
+    n = len(completions)
+    got = countdown([""] * n, completions, numbers=[[2, 3, 5]] * n, target=[16] * n, format_score=0.1)
+    assert got == [1.0, 0.1, 0.1, 1.0, 0.0, 0.1]
+
+
+def _raises_on_b(prompts, completions, **fields):
+    if "b" in completions:
+        raise RuntimeError("boom")
+    return [1.0] * len(completions)
+
+
+def _bad_values(prompts, completions, **fields):
+    return [None, float("nan"), float("inf"), "x", 2.5][: len(completions)]
+
+
+def _wrong_length(prompts, completions, **fields):
+    return [1.0]
+
+
+def _scaled(prompts, completions, *, scale, answer, **fields):
+    return [scale * float(a) for a in answer]
+
+
+def test_score_counts_and_treats_errors():
+    specs = [
+        RewardSpec(name="crash", function=f"{__name__}:_raises_on_b", on_error="zero"),
+        RewardSpec(name="bad", function=f"{__name__}:_bad_values", on_error="skip"),
+        RewardSpec(name="scaled", function=f"{__name__}:_scaled", params={"scale": 2.0}, weight=0.5),
+        RewardSpec(name="fmt", type="format", params={"tags": ["answer"]}),
+    ]
+    completions = ["a", "b", "<answer>c</answer>", "d", "e"]
+    rewards_NK, info = score(specs, ["p"] * 5, completions, {"answer": ["1", "2", "3", "4", "5"]})
+    assert rewards_NK.dtype == np.float32 and rewards_NK.shape == (5, 4)
+    np.testing.assert_array_equal(rewards_NK[:, 0], [1, 0, 1, 1, 1])
+    assert np.isnan(rewards_NK[:4, 1]).all() and rewards_NK[4, 1] == 2.5
+    np.testing.assert_array_equal(rewards_NK[:, 2], [2, 4, 6, 8, 10])
+    np.testing.assert_array_equal(rewards_NK[:, 3], [0, 0, 1, 0, 0])
+    assert info.errors == {"crash": 1, "bad": 4, "scaled": 0, "fmt": 0}
+    assert info.names == ("crash", "bad", "scaled", "fmt")
+    np.testing.assert_array_equal(info.weights_K, [1, 1, 0.5, 1])
+    assert info.metrics["reward/bad/mean"] == 2.5 and info.metrics["reward/crash/errors"] == 1
+    assert math.isclose(info.metrics["reward/crash/mean"], 0.8, rel_tol=1e-6)
+
+
+def test_score_rejects_wrong_length_and_bad_specs():
+    with pytest.raises(UserError, match="'short' returned 1 scores for 2"):
+        score([RewardSpec(name="short", function=f"{__name__}:_wrong_length")], ["p", "p"], ["a", "b"])
+    with pytest.raises(ConfigError, match=r"rewards\[x\].function='nosuchmod_xyz:f'"):
+        score([RewardSpec(name="x", function="nosuchmod_xyz:f")], ["p"], ["a"])
+    with pytest.raises(ConfigError, match=r"has no function 'nope'"):
+        score([RewardSpec(name="x", function=f"{__name__}:nope")], ["p"], ["a"])
+    with pytest.raises(ConfigError, match=r"rewards\[x\].type='mathh'"):
+        score([RewardSpec(name="x", type="mathh")], ["p"], ["a"])
+    with pytest.raises(ValueError, match="field lengths"):
+        score([RewardSpec(name="f", type="format", params={"tags": ["a"]})], ["p"], ["a"], {"answer": [1, 2]})
