@@ -1,7 +1,7 @@
 """jaxrl.sampling: the rollout engine (jitted prefill + KV-cached decode loop, group sampling).
 
 Public API:
-  generate(model, prompts, ...)                      -> Generation   (splits the NNX model, then calls the next)
+  generate(model, prompts, ...)                      -> Generation   (nnx.split, then the next one)
   generate_from_state(graphdef, state, prompts, ...) -> Generation   (the trainer keeps (graphdef, state))
   Generation, compile_count(), DEFAULT_PROMPT_BUCKETS, DEFAULT_GEN_BUCKETS
 
@@ -65,9 +65,10 @@ def generate_from_state(
     """Samples completions with a KV cache: each prompt is prefilled once and shared by its G samples.
 
     Token choice follows HF `generate`: logits / τ, then top-k, then top-p (nucleus, arXiv:1904.09751);
-    τ = 0 is greedy. Rows r = p·G + g; row r at decode step t draws with fold_in(fold_in(key(seed), t), r), so
-    tokens do not depend on how rows are spread over devices. Returned logprobs are log-softmax of the raw
-    (τ = 1, unfiltered) logits at the chosen token; see `jaxrl.sampling.engine` for what that means at τ ≠ 1.
+    τ = 0 is greedy. Rows r = p·G + g; row r at decode step t draws with fold_in(fold_in(key(seed), t), r),
+    so tokens do not depend on how rows are spread over devices. Returned logprobs are log-softmax of the
+    raw (τ = 1, unfiltered) logits at the chosen token; see `jaxrl.sampling.engine` for what that means at
+    τ ≠ 1.
 
     Args:
       graphdef, state: `nnx.split(model)` of a `jaxrl.models.Transformer`; state may already be sharded.

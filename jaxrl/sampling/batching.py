@@ -1,9 +1,9 @@
 """Host-side preparation for `generate`: input checks, shape buckets, left padding, and the `Generation` type.
 
-Bucketing keeps the number of compiled shapes small in a training run: the prompt batch is left-padded to the
-smallest prompt bucket that holds the longest prompt, and the decode buffer to the smallest generation bucket that
-holds `max_new_tokens`. The number of prompts P and the group size G are not bucketed (a training run keeps them
-fixed).
+Bucketing keeps the number of compiled shapes small in a training run: the prompt batch is left-padded to
+the smallest prompt bucket that holds the longest prompt, and the decode buffer to the smallest generation
+bucket that holds `max_new_tokens`. The number of prompts P and the group size G are not bucketed (a
+training run keeps them fixed).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The compiled rollout: prefill once per prompt, share the KV cache with the G samples, decode in a while_loop.
+"""The compiled rollout: prefill each prompt once, share its KV cache with G samples, decode in a while_loop.
 
     cache, z_P = prefill(prompts_PL)                       # one forward over the left-padded prompts
     cache, z_B = cache.repeat(G), repeat(z_P, G)           # B = P·G rows, rows of one prompt contiguous
@@ -8,14 +8,16 @@
         z_B, cache = forward(y_B, position = len_B + t, cache)
 
 Everything above is one `jax.jit` of a pure function of `(graphdef, state, arrays)`; shapes are the static
-bucketed widths, while temperature, top-p and max_new_tokens are traced values (changing them never recompiles).
+bucketed widths, while temperature, top-p and max_new_tokens are traced values (changing them never
+recompiles).
 
 Notes:
 * Logprobs are log-softmax of the *raw* logits (temperature 1, no top-k/top-p) at the sampled token. At
-  temperature 1 without filtering this is exactly the sampling distribution, i.e. the "old logprob" an on-policy
-  trainer needs. At other temperatures or with filtering it is the log-probability under the unmodified policy
-  π_θ, *not* under the distribution the token was drawn from; a trainer that needs the behaviour probability must
-  then recompute it (importance weights against the raw policy are what PPO/GRPO use at τ ≠ 1 anyway).
+  temperature 1 without filtering this is exactly the sampling distribution, i.e. the "old logprob" an
+  on-policy trainer needs. At other temperatures or with filtering it is the log-probability under the
+  unmodified policy π_θ, *not* under the distribution the token was drawn from; a trainer that needs the
+  behaviour probability must then recompute it (the trainer's ratio π_θ/π_old at τ ≠ 1 then compares
+  unscaled policies, which is what TRL and verl do when they recompute old logprobs).
 * Prefill computes logits only for the last prompt column (`hidden[:, -1] @ unembedding`) instead of
   [P, L, V]; left padding makes that column the last real token of every row.
 * The final decode step runs one forward whose logits are never used (it keeps the loop body branch-free).

@@ -1,17 +1,17 @@
-"""Per-step token choice: temperature, top-k / top-p (nucleus) filtering, and per-row random draws.
+"""Per-step token choice: temperature, top-k / top-p (nucleus) filtering, per-row random draws.
 
-The order of operations follows Hugging Face `generate` (temperature, then top-k, then top-p), so that the same
-settings mean the same distribution on both sides:
+The order of operations follows Hugging Face `generate` (temperature, then top-k, then top-p), so that the
+same settings mean the same distribution on both sides:
 
     p(v) ∝ exp(z_v / τ) · 1[v ∈ top-k(z)] · 1[v ∈ nucleus_p(softmax(z/τ) restricted to top-k)]
 
 where the nucleus is the smallest prefix of the tokens sorted by probability whose mass reaches `top_p`
-(Holtzman et al. 2019, "The Curious Case of Neural Text Degeneration", arXiv:1904.09751). The token that crosses
-`top_p` is kept, so at least one token always survives.
+(Holtzman et al. 2019, "The Curious Case of Neural Text Degeneration", arXiv:1904.09751). The token that
+crosses `top_p` is kept, so at least one token always survives.
 
 Deviations / choices:
-* Ties at the top-k threshold: `lax.top_k` keeps exactly k tokens (the lowest ids among equals), whereas HF keeps
-  every token whose logit equals the k-th one. This only matters for exactly tied float logits.
+* Ties at the top-k threshold: tokens whose logit equals the k-th largest are all kept (as in HF), so more
+  than k tokens can survive exactly tied float logits.
 * Randomness is drawn per row from `fold_in(fold_in(key, step), row)`, so a row's tokens depend only on
   (seed, step, global row index) and not on how the batch is split across devices.
 """
