@@ -88,13 +88,20 @@ def generate_from_state(
     Returns:
       Generation with tokens/logprobs [P·G, T], lengths/finished/prompt_index [P·G].
     """
-    vocab = int(graphdef_config(graphdef, state).vocab_size)
+    cfg = graphdef_config(graphdef, state)
+    vocab = int(cfg.vocab_size)
     prompt_ids = check_prompts(prompts, vocab)
     eos = check_settings(
         max_new_tokens=max_new_tokens, num_samples=num_samples, temperature=temperature, top_k=top_k,
         top_p=top_p, eos_ids=eos_ids, pad_id=pad_id, vocab_size=vocab,
     )
-    width = bucket(max(len(p) for p in prompt_ids), prompt_buckets, "prompt")
+    longest = max(len(p) for p in prompt_ids)
+    if longest + int(max_new_tokens) > cfg.max_position_embeddings:
+        raise ValueError(
+            f"longest prompt ({longest} tokens) + max_new_tokens ({max_new_tokens}) exceeds "
+            f"max_position_embeddings ({cfg.max_position_embeddings}) of the model"
+        )
+    width = bucket(longest, prompt_buckets, "prompt")
     gen_width = bucket(int(max_new_tokens), gen_buckets, "completion")
     tokens_PL, mask_PL = left_pad(prompt_ids, width, pad_id)
     if batch_sharding is not None:

@@ -7,27 +7,9 @@ import pytest
 from scipy import stats
 
 from jaxrl.sampling import filters
+from sampling_refs import chi2_pvalue, ref_probs
 
 LOGITS_V = np.array([2.0, 1.5, 0.3, -0.7, 1.1, -2.0, 0.0, 0.9])
-
-
-def _ref_probs(logits_V, temperature=1.0, top_k=None, top_p=None):
-    """float64 reference of HF's order: temperature, top-k, then nucleus on the renormalised top-k."""
-    z = np.asarray(logits_V, np.float64) / temperature
-    keep = np.ones(z.shape, bool)
-    if top_k is not None:
-        keep &= z >= np.sort(z)[::-1][top_k - 1]
-    p = np.where(keep, np.exp(z - z.max()), 0.0)
-    p /= p.sum()
-    if top_p is not None:
-        order = np.argsort(-p, kind="stable")
-        before = np.cumsum(p[order]) - p[order]
-        nucleus = np.zeros_like(keep)
-        nucleus[order[before < top_p]] = True
-        nucleus[order[0]] = True
-        p = np.where(nucleus, p, 0.0)
-        p /= p.sum()
-    return p
 
 
 def test_top_k_hand_example():
@@ -56,7 +38,7 @@ def test_filtered_logits_match_numpy(temperature, top_k, top_p):
                                 top_p=None if top_p is None else jnp.float32(top_p))
     got = np.asarray(jax.nn.softmax(z, axis=-1), np.float64)
     for b in range(logits_BV.shape[0]):
-        np.testing.assert_allclose(got[b], _ref_probs(logits_BV[b], temperature, top_k, top_p), atol=1e-6)
+        np.testing.assert_allclose(got[b], ref_probs(logits_BV[b], temperature, top_k, top_p), atol=1e-6)
 
 
 def _draw(n, temperature, top_k, top_p, seed=0):
@@ -67,23 +49,17 @@ def _draw(n, temperature, top_k, top_p, seed=0):
     return np.bincount(np.asarray(tok_B), minlength=LOGITS_V.size)
 
 
-def _chi2_pvalue(counts, probs):
-    support = probs > 0
-    assert counts[~support].sum() == 0, f"sampled tokens outside the support: {counts}"
-    return stats.chisquare(counts[support], counts.sum() * probs[support]).pvalue
-
-
 @pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, None, None), (0.6, None, None), (1.0, 3, None),
                                                      (1.0, None, 0.75), (1.4, 4, 0.9)])
 def test_sampled_frequencies_match_distribution(temperature, top_k, top_p):
     counts = _draw(20000, temperature, top_k, top_p)
-    assert _chi2_pvalue(counts, _ref_probs(LOGITS_V, temperature, top_k, top_p)) > 1e-3
+    assert chi2_pvalue(counts, ref_probs(LOGITS_V, temperature, top_k, top_p)) > 1e-3
 
 
 def test_chi_square_rejects_wrong_distribution():
     # The test above has power: softmax(z) samples are told apart from softmax(z / 1.2).
     counts = _draw(20000, 1.0, None, None)
-    wrong = _ref_probs(LOGITS_V, 1.2)
+    wrong = ref_probs(LOGITS_V, 1.2)
     assert stats.chisquare(counts, counts.sum() * wrong).pvalue < 1e-6
 
 

@@ -1,0 +1,155 @@
+"""`generate` on a random tiny Transformer: logprobs vs teacher forcing, EOS, groups, determinism, compiles."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from scipy import stats
+
+from jaxrl import sampling
+from jaxrl.models import Transformer, TransformerConfig
+from sampling_refs import chi2_pvalue, ref_probs
+
+PROMPTS = [[5, 9, 3], [7, 1, 4, 4, 8, 12, 30], [11, 6, 20, 21, 22]]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return Transformer(TransformerConfig.tiny(), rngs=nnx.Rngs(0))
+
+
+def _teacher_forced_logp(model, prompt, completion):
+    seq = jnp.asarray([list(prompt) + list(completion)], jnp.int32)
+    logp_LV = np.asarray(jax.nn.log_softmax(model(seq)[0].astype(jnp.float32), axis=-1), np.float64)
+    n = len(prompt)
+    return np.array([logp_LV[n - 1 + t, tok] for t, tok in enumerate(completion)])
+
+
+def test_logprobs_equal_teacher_forced_forward(model):
+    gen = sampling.generate(model, PROMPTS, max_new_tokens=6, num_samples=2, temperature=1.0, seed=3)
+    assert gen.tokens.shape == (6, 6) and gen.logprobs.shape == (6, 6)
+    for row in range(6):
+        prompt = PROMPTS[int(gen.prompt_index[row])]
+        completion = np.asarray(gen.tokens[row]).tolist()
+        np.testing.assert_allclose(np.asarray(gen.logprobs[row]), _teacher_forced_logp(model, prompt, completion),
+                                   atol=2e-5, rtol=0)
+
+
+def test_greedy_matches_step_by_step_argmax(model):
+    gen = sampling.generate(model, PROMPTS, max_new_tokens=5, temperature=0.0)
+    for p, prompt in enumerate(PROMPTS):
+        seq = list(prompt)
+        for _ in range(5):
+            seq.append(int(jnp.argmax(model(jnp.asarray([seq]))[0, -1])))
+        np.testing.assert_array_equal(np.asarray(gen.tokens[p]), seq[len(prompt):])
+
+
+def test_eos_stops_row_and_pads(model):
+    free = sampling.generate(model, PROMPTS, max_new_tokens=8, temperature=0.0)
+    tokens = np.asarray(free.tokens)
+    assert np.all(np.asarray(free.lengths) == 8) and not np.any(np.asarray(free.finished))
+    eos = int(tokens[0, 2])
+    gen = sampling.generate(model, PROMPTS, max_new_tokens=8, temperature=0.0, eos_ids=(eos,), pad_id=63)
+    for p in range(len(PROMPTS)):
+        hits = np.flatnonzero(tokens[p] == eos)
+        n = int(hits[0]) + 1 if hits.size else 8
+        assert int(gen.lengths[p]) == n and bool(gen.finished[p]) == bool(hits.size)
+        np.testing.assert_array_equal(np.asarray(gen.tokens[p, :n]), tokens[p, :n])
+        assert np.all(np.asarray(gen.tokens[p, n:]) == 63)
+        assert np.all(np.asarray(gen.logprobs[p, n:]) == 0.0)
+        np.testing.assert_allclose(np.asarray(gen.logprobs[p, :n]), np.asarray(free.logprobs[p, :n]), atol=1e-6)
+    assert int(gen.lengths[0]) <= 3
+
+
+def test_group_structure_and_single_prefill(model, monkeypatch):
+    calls = []
+    original = Transformer.forward
+
+    def spy(self, tokens_BL, *args, **kwargs):
+        calls.append(tuple(tokens_BL.shape))
+        return original(self, tokens_BL, *args, **kwargs)
+
+    monkeypatch.setattr(Transformer, "forward", spy)
+    gen = sampling.generate(model, PROMPTS, max_new_tokens=4, num_samples=3, temperature=1.0, seed=11,
+                            prompt_buckets=(16,), gen_buckets=(8,))
+    # Traced once: one prefill of the P prompts, then one decode forward over the P*G rows.
+    assert calls == [(3, 16), (9, 1)]
+    np.testing.assert_array_equal(np.asarray(gen.prompt_index), [0, 0, 0, 1, 1, 1, 2, 2, 2])
+    greedy = sampling.generate(model, PROMPTS, max_new_tokens=4, num_samples=3, temperature=0.0)
+    for p in range(3):
+        np.testing.assert_array_equal(np.asarray(greedy.tokens[3 * p]), np.asarray(greedy.tokens[3 * p + 2]))
+    assert len({tuple(np.asarray(gen.tokens[r]).tolist()) for r in range(9)}) > 3
+
+
+def test_deterministic_for_a_seed(model):
+    a = sampling.generate(model, PROMPTS, max_new_tokens=6, num_samples=2, seed=5)
+    b = sampling.generate(model, PROMPTS, max_new_tokens=6, num_samples=2, seed=5)
+    c = sampling.generate(model, PROMPTS, max_new_tokens=6, num_samples=2, seed=6)
+    np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
+    np.testing.assert_array_equal(np.asarray(a.logprobs), np.asarray(b.logprobs))
+    assert not np.array_equal(np.asarray(a.tokens), np.asarray(c.tokens))
+
+
+def test_no_recompile_within_a_bucket(model):
+    kw = dict(num_samples=2, prompt_buckets=(8, 16), gen_buckets=(8,), seed=1)
+    sampling.generate(model, [[1, 2, 3], [4, 5]], max_new_tokens=5, temperature=0.9, **kw)
+    before = sampling.compile_count()
+    sampling.generate(model, [[6, 7, 8, 9, 10, 11, 12], [4]], max_new_tokens=8, temperature=0.7, **kw)
+    sampling.generate(model, [[6], [7, 8]], max_new_tokens=3, temperature=1.3, top_p=None, **kw)
+    assert sampling.compile_count() == before
+    sampling.generate(model, [[1] * 9, [4, 5]], max_new_tokens=5, temperature=0.9, **kw)  # next prompt bucket
+    assert sampling.compile_count() == before + 1
+
+
+def test_top_k_one_is_greedy(model):
+    greedy = sampling.generate(model, PROMPTS, max_new_tokens=5, temperature=0.0)
+    top1 = sampling.generate(model, PROMPTS, max_new_tokens=5, temperature=1.7, top_k=1, seed=4)
+    np.testing.assert_array_equal(np.asarray(greedy.tokens), np.asarray(top1.tokens))
+
+
+@pytest.mark.parametrize("kwargs,ref", [
+    (dict(temperature=1.0), dict()),
+    (dict(temperature=0.7, top_k=5), dict(temperature=0.7, top_k=5)),
+    (dict(temperature=1.0, top_p=0.6), dict(top_p=0.6)),
+])
+def test_first_token_frequencies_match_model_distribution(kwargs, ref):
+    small = Transformer(TransformerConfig.tiny(vocab_size=12), rngs=nnx.Rngs(1))
+    prompt = [3, 7, 1]
+    logits_V = np.asarray(small(jnp.asarray([prompt]))[0, -1], np.float64)
+    n = 6000
+    gen = sampling.generate(small, [prompt], max_new_tokens=1, num_samples=n, seed=0, **kwargs)
+    counts = np.bincount(np.asarray(gen.tokens[:, 0]), minlength=12)
+    assert chi2_pvalue(counts, ref_probs(logits_V, **ref)) > 1e-3
+    if not ref:  # power check: a 1.3x sharper distribution is rejected
+        assert stats.chisquare(counts, n * ref_probs(logits_V, temperature=1 / 1.3)).pvalue < 1e-4
+
+
+def test_same_tokens_on_one_and_eight_devices(model):
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    assert len(jax.devices()) == 8
+    prompts = [[i + 1, 2 * i + 3, 5] + [7] * i for i in range(8)]
+    single = sampling.generate(model, prompts, max_new_tokens=6, num_samples=2, seed=9)
+    mesh = Mesh(np.array(jax.devices()), ("data",))
+    graphdef, state = nnx.split(model)
+    state = jax.device_put(state, NamedSharding(mesh, PartitionSpec()))
+    sharded = sampling.generate_from_state(
+        graphdef, state, prompts, max_new_tokens=6, num_samples=2, seed=9,
+        batch_sharding=NamedSharding(mesh, PartitionSpec("data")),
+    )
+    assert len(sharded.tokens.sharding.device_set) == 8
+    np.testing.assert_array_equal(np.asarray(single.tokens), np.asarray(sharded.tokens))
+    np.testing.assert_allclose(np.asarray(single.logprobs), np.asarray(sharded.logprobs), atol=1e-5)
+
+
+@pytest.mark.parametrize("prompts,kwargs,match", [
+    ([], dict(), "non-empty list"),
+    ([[1, 2]], dict(eos_ids=(64,)), r"eos_ids \[64\] are outside the vocabulary \[0, 64\)"),
+    ([[1, 2]], dict(temperature=-1.0), "temperature must be >= 0"),
+    ([[1] * 20], dict(prompt_buckets=(8, 16)), r"prompt of 20 tokens exceeds the largest prompt bucket \(16\)"),
+    ([[1] * 100], dict(max_new_tokens=40), "exceeds max_position_embeddings"),
+])
+def test_bad_input_is_a_clear_error(model, prompts, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        sampling.generate(model, prompts, **{"max_new_tokens": 4, **kwargs})
