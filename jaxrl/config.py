@@ -94,7 +94,12 @@ class TokenizerConfig:
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
-    """Prompt source: `arithmetic` / `countdown` (built-in), `reasoning_gym:<task>`, or a .jsonl/.parquet path."""
+    """Prompt source: `arithmetic` / `countdown` (built-in), `reasoning_gym:<task>`, or a .jsonl/.parquet path.
+
+    `prompts_per_step` is the global number of prompts per RL step (split over hosts); `eval_size` prompts are
+    held out; `target_format` turns a reference answer into the SFT target (warm start, sft_aux); `params` go to
+    the built-in generator or reasoning-gym.
+    """
 
     source: str = "arithmetic"
     prompt_field: str = "prompt"
@@ -103,6 +108,7 @@ class DataConfig:
     train_size: int = 20000
     eval_size: int = 64
     system_prompt: str | None = None
+    target_format: str = "<answer>{answer}</answer>"
     params: dict[str, Any] = dataclasses.field(default_factory=dict)
     seed: int = 0
 
@@ -111,6 +117,8 @@ class DataConfig:
         for name in ("prompts_per_step", "train_size"):
             _check(getattr(self, name) >= 1, f"data.{name}", getattr(self, name), "must be >= 1")
         _check(self.eval_size >= 0, "data.eval_size", self.eval_size, "must be >= 0")
+        _check("{answer}" in self.target_format, "data.target_format", self.target_format,
+               "must contain the placeholder {answer} (the SFT target is the answer in the expected format)")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,120 @@
+"""Train/eval splits, prompt encoding with the tokenizer's chat template, and the resumable grain iterator.
+
+The train iterator is `MapDataset.source(records)[host::hosts].shuffle(seed).repeat().map(encode).batch(n)`:
+in-process (no worker processes), reshuffled every epoch, and its position is a small JSON-able dict
+(`get_state()` / `set_state()`) stored in checkpoints so a resumed run sees exactly the same batches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Iterator, Sequence
+
+import grain
+import numpy as np
+
+from jaxrl.data.tasks import load_records
+from jaxrl.errors import ConfigError, UserError
+
+
+def split_records(records: Sequence[dict[str, Any]], eval_size: int, seed: int
+                  ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(train, eval): duplicates (same prompt) dropped, order permuted by `seed`, the first `eval_size` held out.
+
+    Deduplicating before the split keeps the eval prompts out of the training set even for small generators.
+    """
+    seen: dict[str, dict[str, Any]] = {}
+    for rec in records:
+        seen.setdefault(rec["prompt"], rec)
+    unique = list(seen.values())
+    order = np.random.default_rng(seed).permutation(len(unique))
+    shuffled = [unique[i] for i in order]
+    if len(shuffled) <= eval_size:
+        raise ConfigError(f"data.eval_size={eval_size}: only {len(shuffled)} distinct prompts, none left to train on")
+    return shuffled[eval_size:], shuffled[:eval_size]
+
+
+def make_splits(source: str, *, train_size: int, eval_size: int, seed: int, params: dict[str, Any] | None = None,
+                prompt_field: str = "prompt", answer_field: str = "answer"
+                ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Loads `train_size + eval_size` records of a source (all rows of a file) and splits them."""
+    records = load_records(source, train_size + eval_size, seed, params=params, prompt_field=prompt_field,
+                           answer_field=answer_field)
+    return split_records(records, eval_size, seed)
+
+
+@dataclasses.dataclass(frozen=True)
+class Encoder:
+    """Adds `prompt_ids` (chat template with generation prompt), `target` and `target_ids` (+eos) to a record."""
+
+    tokenizer: Any
+    system_prompt: str | None = None
+    target_format: str = "<answer>{answer}</answer>"
+
+    def prompt_ids(self, prompt: str) -> list[int]:
+        messages = ([{"role": "system", "content": self.system_prompt}] if self.system_prompt else [])
+        messages.append({"role": "user", "content": prompt})
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def target(self, answer: str) -> str:
+        # str.replace, not str.format: LaTeX answers contain braces.
+        return self.target_format.replace("{answer}", answer)
+
+    def __call__(self, record: dict[str, Any]) -> dict[str, Any]:
+        target = self.target(record["answer"])
+        target_ids = list(self.tokenizer.encode(target, add_special_tokens=False)) + [self.tokenizer.eos_token_id]
+        return {**record, "prompt_ids": self.prompt_ids(record["prompt"]), "target": target,
+                "target_ids": target_ids}
+
+
+def _as_list(batch: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    return list(batch)
+
+
+def train_iterator(records: Sequence[dict[str, Any]], encoder: Encoder, *, batch_size: int, seed: int,
+                   process_index: int = 0, process_count: int = 1) -> Iterator[list[dict[str, Any]]]:
+    """Endless iterator of this host's batches (lists of encoded records) with `get_state`/`set_state`.
+
+    Args:
+      records: the training records (all hosts pass the same list).
+      batch_size: the global number of prompts per step; each host yields `batch_size / process_count`.
+      process_index, process_count: this host's shard of the records (disjoint across hosts).
+    """
+    if batch_size % process_count:
+        raise ConfigError(f"data.prompts_per_step={batch_size} is not divisible by the {process_count} processes")
+    if not 0 <= process_index < process_count:
+        raise ValueError(f"process_index={process_index} must be in [0, {process_count})")
+    shard = grain.MapDataset.source(list(records))[process_index::process_count]
+    if len(shard) == 0:
+        raise ConfigError(f"process {process_index} of {process_count} has no training records")
+    ds = shard.shuffle(seed=seed).repeat().map(encoder).batch(batch_size // process_count, batch_fn=_as_list)
+    return iter(ds.to_iter_dataset())
+
+
+def eval_batches(records: Sequence[dict[str, Any]], encoder: Encoder, batch_size: int
+                 ) -> list[list[dict[str, Any]]]:
+    """The held-out records, encoded, in fixed order, in batches of at most `batch_size`."""
+    encoded = [encoder(r) for r in records]
+    return [encoded[i:i + batch_size] for i in range(0, len(encoded), batch_size)]
+
+
+def pad_left(ids: Sequence[Sequence[int]], buckets: Sequence[int], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Left-pads token lists to the smallest bucket that fits (the longest list when `buckets` is empty).
+
+    Returns:
+      tokens_PL: int32 [P, L]; mask_PL: bool [P, L], True on real tokens.
+    """
+    longest = max((len(x) for x in ids), default=0)
+    fits = [b for b in buckets if b >= longest]
+    if buckets and not fits:
+        raise UserError(f"a prompt has {longest} tokens, more than the largest bucket {max(buckets)}; "
+                        "raise rollout.prompt_buckets or shorten the prompts")
+    width = min(fits) if buckets else longest
+    tokens_PL = np.full((len(ids), width), pad_id, np.int32)
+    mask_PL = np.zeros((len(ids), width), bool)
+    for i, row in enumerate(ids):
+        if row:
+            tokens_PL[i, width - len(row):] = row
+            mask_PL[i, width - len(row):] = True
+    return tokens_PL, mask_PL

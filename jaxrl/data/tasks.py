@@ -1,0 +1,118 @@
+"""Prompt sources as lists of records `{"prompt": str, "answer": str, **fields}`.
+
+Built-in generators (`arithmetic`, `countdown`) are pure functions of a seed. `reasoning_gym:<task>` uses the
+reasoning-gym package when installed; a `.jsonl` / `.json` / `.parquet` path is read with `datasets.load_dataset`
+and its `prompt_field` / `answer_field` columns are renamed to `prompt` / `answer` (other columns are kept as
+reward fields).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from jaxrl.errors import ConfigError
+
+_OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
+
+
+def arithmetic(n: int, seed: int, *, max_operand: int = 50, ops: str = "+-") -> list[dict[str, Any]]:
+    """`n` problems "What is a + b?" with 0 <= a, b <= max_operand; for "-" a >= b so answers are >= 0."""
+    bad = set(ops) - set(_OPS)
+    if not ops or bad:
+        raise ConfigError(f"data.params.ops={ops!r}: use a non-empty string of the operators '+', '-', '*'")
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        a, b = (int(x) for x in rng.integers(0, max_operand + 1, size=2))
+        op = ops[int(rng.integers(len(ops)))]
+        if op == "-" and a < b:
+            a, b = b, a
+        out.append({"prompt": f"What is {a} {op} {b}?", "answer": str(_OPS[op](a, b))})
+    return out
+
+
+def _random_expression(rng: np.random.Generator, numbers: list[int]) -> tuple[str, int]:
+    """A random integer-valued expression using every number once (division only when exact)."""
+    items = [(str(x), x) for x in numbers]
+    while len(items) > 1:
+        i, j = rng.choice(len(items), size=2, replace=False)
+        (ea, a), (eb, b) = items[i], items[j]
+        choices = ["+", "*"] + (["-"] if a >= b else []) + (["/"] if b and a % b == 0 else [])
+        op = choices[int(rng.integers(len(choices)))]
+        value = {"+": a + b, "-": a - b, "*": a * b, "/": a // b if b else 0}[op]
+        items = [x for k, x in enumerate(items) if k not in (i, j)] + [(f"({ea} {op} {eb})", value)]
+    expr, value = items[0]
+    return (expr[1:-1] if expr.startswith("(") else expr), value
+
+
+def countdown(n: int, seed: int, *, num_numbers: int = 3, max_number: int = 10) -> list[dict[str, Any]]:
+    """`n` solvable countdown problems: reach `target` with `numbers` (each once) and + - * /."""
+    if num_numbers < 2 or max_number < 1:
+        raise ConfigError(f"countdown: need data.params.num_numbers >= 2 and max_number >= 1, got "
+                          f"{num_numbers}, {max_number}")
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        numbers = [int(x) for x in rng.integers(1, max_number + 1, size=num_numbers)]
+        expr, target = _random_expression(rng, numbers)
+        listed = ", ".join(map(str, numbers))
+        out.append({"prompt": f"Use {listed} once each with + - * / to make {target}.", "answer": expr,
+                    "numbers": numbers, "target": target})
+    return out
+
+
+GENERATORS = {"arithmetic": arithmetic, "countdown": countdown}
+
+
+def _reasoning_gym(task: str, n: int, seed: int, params: dict[str, Any]) -> list[dict[str, Any]]:
+    if importlib.util.find_spec("reasoning_gym") is None:
+        raise ConfigError(f"data.source='reasoning_gym:{task}' needs the reasoning-gym package (pip install "
+                          "reasoning-gym==0.1.25)")
+    import reasoning_gym
+
+    try:
+        ds = reasoning_gym.create_dataset(task, size=n, seed=seed, **params)
+    except (ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"data.source='reasoning_gym:{task}': {e}") from None
+    return [{"prompt": x["question"], "answer": str(x["answer"])} for x in ds]
+
+
+def _load_file(path: Path, prompt_field: str, answer_field: str) -> list[dict[str, Any]]:
+    import datasets
+
+    kind = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}.get(path.suffix)
+    if kind is None:
+        raise ConfigError(f"data.source={str(path)!r}: expected a .jsonl, .json or .parquet file")
+    if not path.is_file():
+        raise ConfigError(f"data.source={str(path)!r}: no such file")
+    ds = datasets.load_dataset(kind, data_files=str(path), split="train")
+    for key, field in (("data.prompt_field", prompt_field), ("data.answer_field", answer_field)):
+        if field not in ds.column_names:
+            raise ConfigError(f"{key}={field!r}: not a column of {path} (columns: {', '.join(ds.column_names)})")
+    out = []
+    for row in ds:
+        rec = {k: v for k, v in row.items() if k not in (prompt_field, answer_field)}
+        rec["prompt"], rec["answer"] = str(row[prompt_field]), str(row[answer_field])
+        out.append(rec)
+    return out
+
+
+def load_records(source: str, n: int, seed: int, *, params: dict[str, Any] | None = None,
+                 prompt_field: str = "prompt", answer_field: str = "answer") -> list[dict[str, Any]]:
+    """Records of a source: built-in generator name, `reasoning_gym:<task>`, or a local file (all rows)."""
+    params = dict(params or {})
+    if source in GENERATORS:
+        try:
+            return GENERATORS[source](n, seed, **params)
+        except TypeError as e:
+            raise ConfigError(f"data.params for source {source!r}: {e}") from None
+    if source.startswith("reasoning_gym:"):
+        return _reasoning_gym(source.split(":", 1)[1], n, seed, params)
+    if Path(source).suffix:
+        return _load_file(Path(source), prompt_field, answer_field)
+    raise ConfigError(f"data.source={source!r}: use one of {', '.join(map(repr, GENERATORS))}, "
+                      "'reasoning_gym:<task>', or a .jsonl/.parquet path")

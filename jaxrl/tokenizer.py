@@ -1,0 +1,61 @@
+"""Tokenizers: the built-in character tokenizer for tiny models, and HF tokenizer directories.
+
+The built-in tokenizer has one token per printable ASCII character (plus newline) and five special tokens, wrapped
+in a `transformers.PreTrainedTokenizerFast` with a minimal chat template, so the trainer treats it exactly like a
+real HF tokenizer. It is built in code in milliseconds (no asset file), so it is deterministic by construction:
+the same text always gives the same ids on every machine. Characters outside the alphabet map to `<|unk|>`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+from jaxrl.errors import ConfigError
+
+PAD, EOS, UNK, SYSTEM, USER, ASSISTANT = "<|pad|>", "<|eos|>", "<|unk|>", "<|system|>", "<|user|>", "<|assistant|>"
+SPECIALS = (PAD, EOS, UNK, SYSTEM, USER, ASSISTANT)
+ALPHABET = "\n" + "".join(chr(c) for c in range(32, 127))
+CHAT_TEMPLATE = (
+    "{% for m in messages %}"
+    "{% if m['role'] == 'system' %}" + SYSTEM + "{{ m['content'] }}"
+    "{% elif m['role'] == 'user' %}" + USER + "{{ m['content'] }}"
+    "{% else %}" + ASSISTANT + "{{ m['content'] }}" + EOS + "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}" + ASSISTANT + "{% endif %}"
+)
+
+
+def builtin_tokenizer() -> PreTrainedTokenizerFast:
+    """The character tokenizer: ids 0..5 are the special tokens (pad=0, eos=1), then one id per character."""
+    vocab = {tok: i for i, tok in enumerate(SPECIALS)}
+    vocab.update({ch: len(SPECIALS) + i for i, ch in enumerate(ALPHABET)})
+    tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
+    tk.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tk.decoder = decoders.Fuse()
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token=PAD, eos_token=EOS, unk_token=UNK,
+                                  additional_special_tokens=[SYSTEM, USER, ASSISTANT])
+    tok.chat_template = CHAT_TEMPLATE
+    tok.padding_side = "left"
+    return tok
+
+
+def load_tokenizer(kind: str = "builtin", path: str | os.PathLike | None = None) -> PreTrainedTokenizerBase:
+    """`kind="builtin"` → `builtin_tokenizer()`; `kind="hf"` → a local HF tokenizer directory (offline, no remote
+    code). A tokenizer without a pad token gets its eos token as pad."""
+    if kind == "builtin":
+        return builtin_tokenizer()
+    if kind != "hf":
+        raise ConfigError(f"tokenizer.kind={kind!r}: allowed values are 'builtin', 'hf'")
+    if path is None or not Path(path).is_dir():
+        raise ConfigError(f"tokenizer.path={str(path)!r}: not a directory with tokenizer files")
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"tokenizer.path={str(path)!r}: cannot load a tokenizer: {e}") from None
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
