@@ -1,0 +1,66 @@
+"""SSP solver / proposer rewards (spec 7f)."""
+
+import chex
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from absl.testing import parameterized
+
+from jaxrl.losses import ssp
+
+
+def _np_grpo(r, eps=1e-6):
+    r = np.asarray(r, np.float64)
+    return (r - r.mean()) / (r.std(ddof=1) + eps)
+
+
+def test_spec_example():
+    r_s = jnp.array([[1.0, 0.0, 0.0, 1.0, 0.0]])
+    np.testing.assert_allclose(ssp.proposer_reward(r_s), [0.6], rtol=1e-6)
+    np.testing.assert_allclose(ssp.proposer_reward(r_s, mode="intermediate_difficulty"), [0.96], rtol=1e-6)
+    np.testing.assert_allclose(_np_grpo(r_s[0]), [1.0954, -0.7303, -0.7303, 1.0954, -0.7303], atol=1e-4)
+
+
+def test_spec_example_solver_advantages_with_part_a_if_present():
+    adv_mod = pytest.importorskip("jaxrl.losses.advantages")
+    if not hasattr(adv_mod, "group_advantages"):
+        pytest.skip("group_advantages not there yet")
+    adv = adv_mod.group_advantages(jnp.array([1.0, 0.0, 0.0, 1.0, 0.0]), 5)
+    np.testing.assert_allclose(adv, [1.0954, -0.7303, -0.7303, 1.0954, -0.7303], atol=1e-4)
+
+
+def test_solver_reward_rule():
+    got = ssp.solver_reward(jnp.array([1, 1, 0, 0]), jnp.array([2, 11, 2, 30]))
+    np.testing.assert_allclose(got, [1.0, 0.25, 0.0, 0.0])
+    np.testing.assert_allclose(ssp.solver_reward(jnp.array([1]), jnp.array([10])), [1.0])
+
+
+@pytest.mark.parametrize("mode", ["1-acc", "intermediate_difficulty"])
+def test_proposer_matches_reference_with_masks(mode):
+    rng = np.random.default_rng(0)
+    r = rng.choice([0.0, 0.25, 1.0], size=(6, 5))
+    r[0], r[1] = 1.0, 0.0
+    counts = np.array([5, 5, 3, 1, 0, 4])
+    mask = np.arange(5)[None] < counts[:, None]
+    valid = np.array([1, 1, 1, 1, 1, 0])
+    got = ssp.proposer_reward(jnp.asarray(r), mode=mode, solver_mask_PN=jnp.asarray(mask),
+                              valid_P=jnp.asarray(valid), format_penalty=-1.0)
+    want = []
+    for i in range(6):
+        p = float(np.mean(r[i, : counts[i]] > 0)) if counts[i] else 0.0
+        v = 1 - p if mode == "1-acc" else (4 * p * (1 - p) if 0 < p < 1 else 0.0)
+        want.append(v if valid[i] else -1.0)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_bad_mode_named():
+    with pytest.raises(ValueError, match="mode='hard'"):
+        ssp.proposer_reward(jnp.zeros((1, 2)), mode="hard")
+
+
+class VariantsTest(parameterized.TestCase):
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_jit_equals_eager(self):
+        fn = self.variant(lambda r: ssp.proposer_reward(r, mode="intermediate_difficulty"))
+        np.testing.assert_allclose(fn(jnp.array([[1.0, 0.0, 0.0, 1.0, 0.0], [1.0, 1.0, 1.0, 1.0, 1.0]])),
+                                   [0.96, 0.0], rtol=1e-6)
