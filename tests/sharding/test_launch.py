@@ -1,0 +1,158 @@
+"""jaxrl launch: the exact gcloud commands for a v5p-64 config, and the preemption loop with a fake gcloud."""
+
+import shlex
+import subprocess
+
+import pytest
+
+from jaxrl import cli
+from jaxrl.errors import UserError
+from jaxrl.launch import LaunchSpec, create_cmd, delete_cmd, launch_cmds, stop_cmd, supervise
+
+SHA = "0123456789abcdef0123456789abcdef01234567"
+WHERE = "--zone us-east5-a --project my-proj"
+
+
+def _spec(**kw):
+    base = dict(config="configs/grpo_qwen3_8b_v5p64.yaml", tpu="grpo-8b", zone="us-east5-a",
+                accelerator_type="v5p-64", commit=SHA, project="my-proj", spot=True,
+                run_dir="gs://bkt/runs/8b")
+    return LaunchSpec(**{**base, **kw})
+
+
+EXPECTED_V5P_64 = [
+    f"git archive --format=tar.gz -o /tmp/jaxrl-0123456789ab.tar.gz {SHA}",
+    "gcloud compute tpus tpu-vm create grpo-8b --accelerator-type v5p-64 --version v2-alpha-tpuv5 --spot "
+    f"{WHERE}",
+    "gcloud compute tpus tpu-vm scp /tmp/jaxrl-0123456789ab.tar.gz configs/grpo_qwen3_8b_v5p64.yaml "
+    f"'grpo-8b:~/' --worker=all {WHERE}",
+    "gcloud compute tpus tpu-vm ssh grpo-8b --worker=all " + shlex.quote(
+        "--command=rm -rf ~/jaxrl && mkdir -p ~/jaxrl ~/jaxrl-run && "
+        "tar -xzf ~/jaxrl-0123456789ab.tar.gz -C ~/jaxrl && "
+        "cp ~/grpo_qwen3_8b_v5p64.yaml ~/jaxrl-run/config.yaml && "
+        "python3 -m pip install -q --user uv==0.13.8 && "
+        "~/.local/bin/uv venv -q --allow-existing --python 3.11 ~/jaxrl-venv && "
+        "~/.local/bin/uv pip install -q --python ~/jaxrl-venv/bin/python -e ~/jaxrl 'jax[tpu]==0.10.2'"
+    ) + f" {WHERE}",
+    "gcloud compute tpus tpu-vm ssh grpo-8b --worker=all " + shlex.quote(
+        "--command=cd ~/jaxrl-run && (kill $(cat train.pid 2>/dev/null) 2>/dev/null; true) && "
+        "rm -f train.rc && "
+        "nohup sh -c '~/jaxrl-venv/bin/python -m jaxrl.cli train ~/jaxrl-run/config.yaml --run-dir "
+        "gs://bkt/runs/8b; echo $? > ~/jaxrl-run/train.rc' > ~/jaxrl-run/train.log 2>&1 < /dev/null & "
+        "echo $! > ~/jaxrl-run/train.pid"
+    ) + f" {WHERE}",
+    "gcloud compute tpus tpu-vm ssh grpo-8b --worker=0 " + shlex.quote(
+        "--command=tail --pid=$(cat ~/jaxrl-run/train.pid) -n +1 -F ~/jaxrl-run/train.log; "
+        "exit $(cat ~/jaxrl-run/train.rc 2>/dev/null || echo 254)"
+    ) + f" {WHERE}",
+]
+
+
+def test_v5p_64_commands_exact():
+    assert [shlex.join(c) for c in launch_cmds(_spec())] == EXPECTED_V5P_64
+
+
+def test_queued_v5e_and_stop_delete():
+    spec = _spec(queued=True, spot=False, accelerator_type="v5e-16", project=None)
+    assert create_cmd(spec) == [
+        "gcloud", "compute", "tpus", "queued-resources", "create", "grpo-8b", "--node-id", "grpo-8b",
+        "--accelerator-type", "v5litepod-16", "--runtime-version", "v2-alpha-tpuv5-lite",
+        "--zone", "us-east5-a",
+    ]
+    assert delete_cmd(spec) == [
+        "gcloud", "compute", "tpus", "queued-resources", "delete", "grpo-8b", "--force", "--quiet",
+        "--zone", "us-east5-a",
+    ]
+    assert stop_cmd(spec)[-3] == "--command=kill $(cat ~/jaxrl-run/train.pid) 2>/dev/null; true"
+
+
+@pytest.mark.parametrize(
+    "kw, message",
+    [(dict(accelerator_type="v5p64"), r"--accelerator-type='v5p64': expected GENERATION-SIZE"),
+     (dict(accelerator_type="tpu-8"), r"generation one of v4, v5p, v5litepod \(v5e\), v6e"),
+     (dict(tpu="My_TPU"), r"--tpu='My_TPU': lowercase letters")],
+)
+def test_bad_launch_arguments(kw, message):
+    with pytest.raises(UserError, match=message):
+        _spec(**kw)
+
+
+def test_dry_run_cli_prints_commands_and_runs_nothing(tmp_path, capsys, monkeypatch):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("mesh: {fsdp: -1}\n")
+    calls = []
+    real_run = subprocess.run
+
+    def spy(argv, *a, **k):
+        calls.append(argv)
+        assert argv[0] == "git" and argv[1] in ("rev-parse", "status"), argv  # read-only git only
+        return real_run(argv, *a, **k)
+
+    monkeypatch.setattr(subprocess, "run", spy)
+    argv = ["launch", str(cfg), "--tpu", "t1", "--zone", "z", "--accelerator-type", "v6e-8", "--dry-run"]
+    rc = cli.main(argv)
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert rc == 0 and len(lines) == 6
+    assert lines[1] == (
+        "gcloud compute tpus tpu-vm create t1 --accelerator-type v6e-8 --version v2-alpha-tpuv6e --zone z"
+    )
+    assert not any(c[0] == "gcloud" for c in calls)
+
+
+class FakeGcloud:
+    """Replays TPU states; the first training stream ends in a preemption."""
+
+    def __init__(self, states, stream_rcs):
+        self.states, self.stream_rcs, self.calls = list(states), list(stream_rcs), []
+
+    def __call__(self, argv):
+        self.calls.append(argv)
+        out, rc = "", 0
+        if "describe" in argv:
+            state = self.states.pop(0)
+            out, rc = (state + "\n", 0) if state != "NOT_FOUND" else ("", 1)
+        elif any(a.startswith("--command=tail --pid") for a in argv):
+            rc = self.stream_rcs.pop(0)
+        return subprocess.CompletedProcess(argv, rc, out, "")
+
+    def verbs(self):
+        names = {"create": "create", "delete": "delete", "scp": "copy"}
+        out = []
+        for c in self.calls:
+            if c[0] == "git":
+                out.append("package")
+            elif c[4] in names:
+                out.append(names[c[4]])
+            elif c[4] == "ssh":
+                cmd = c[-5]
+                out.append("install" if "uv" in cmd else "start" if "nohup" in cmd else "stream")
+        return out
+
+
+def test_supervisor_recreates_after_preemption_and_resumes():
+    # missing -> create -> CREATING -> READY; stream breaks (255) with the VM PREEMPTED; delete + create;
+    # READY; second stream ends with training's exit code 0 on a READY VM.
+    fake = FakeGcloud(
+        states=["NOT_FOUND", "CREATING", "READY", "PREEMPTED", "PREEMPTED", "READY", "READY"],
+        stream_rcs=[255, 0],
+    )
+    logs = []
+    rc = supervise(_spec(), fake, sleep=lambda s: None, log=logs.append)
+    assert rc == 0
+    assert fake.verbs() == [
+        "package", "create", "copy", "install", "start", "stream",
+        "delete", "create", "copy", "install", "start", "stream",
+    ]
+    assert any("PREEMPTED: re-creating it and resuming (1/20)" in m for m in logs)
+
+
+def test_supervisor_reconnects_stream_without_restarting_and_reports_failure():
+    fake = FakeGcloud(states=["READY", "READY", "READY"], stream_rcs=[255, 7])
+    rc = supervise(_spec(), fake, sleep=lambda s: None, log=lambda m: None)
+    assert rc == 7  # training's own failure is returned, not retried
+    assert fake.verbs() == ["package", "copy", "install", "start", "stream", "stream"]
+
+
+def test_supervisor_gives_up_after_max_restarts():
+    fake = FakeGcloud(states=["READY"] + ["PREEMPTED", "PREEMPTED", "READY"] * 3, stream_rcs=[255] * 3)
+    assert supervise(_spec(), fake, sleep=lambda s: None, log=lambda m: None, max_restarts=2) == 1
