@@ -21,22 +21,45 @@ Conventions:
 from jaxrl.losses.advantages import dynamic_sampling_mask, group_advantages, rloo_advantages
 from jaxrl.losses.aggregation import AggMode, aggregate, aggregation_normalizer, as_agg_mode, masked_mean
 from jaxrl.losses.grpo import ClipConfig, entropy_bonus, log_ratio, policy_loss
+from jaxrl.losses.dapo import DAPOConfig, overlong_penalty, overlong_shaped_rewards
+from jaxrl.losses.etr import (
+    ETRConfig,
+    etr_clip_bounds,
+    etr_policy_loss,
+    group_reward_std,
+    macro_factor,
+    micro_factor,
+)
+from jaxrl.losses.gdpo import gd2po_advantages, gdpo_advantages, gdpo_token_advantages, masked_whiten
 from jaxrl.losses.kl import KLKind, kl_loss, kl_penalty
 
 __all__ = [
     "AggMode",
     "ClipConfig",
+    "DAPOConfig",
+    "ETRConfig",
     "KLKind",
     "aggregate",
     "aggregation_normalizer",
     "as_agg_mode",
     "dynamic_sampling_mask",
     "entropy_bonus",
+    "etr_clip_bounds",
+    "etr_policy_loss",
+    "gd2po_advantages",
+    "gdpo_advantages",
+    "gdpo_token_advantages",
+    "group_reward_std",
     "group_advantages",
     "kl_loss",
     "kl_penalty",
     "log_ratio",
+    "macro_factor",
     "masked_mean",
+    "masked_whiten",
+    "micro_factor",
+    "overlong_penalty",
+    "overlong_shaped_rewards",
     "policy_loss",
     "rloo_advantages",
 ]

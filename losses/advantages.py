@@ -31,7 +31,7 @@ def _check_rewards(rewards_N: chex.Array, group_size: int) -> None:
 
 
 def _masked_mean_std(x_PG: chex.Array, valid_PG: chex.Array, axis) -> tuple[chex.Array, chex.Array]:
-    """Mean and unbiased std over `axis` of the entries where `valid_PG` (std 0 when fewer than 2 are valid)."""
+    """Mean and unbiased std over `axis` of the entries where `valid_PG` (std 0 if fewer than 2 valid)."""
     n = jnp.sum(valid_PG, axis=axis, keepdims=True).astype(x_PG.dtype)
     x0_PG = jnp.where(valid_PG, x_PG, 0.0)
     mean = jnp.sum(x0_PG, axis=axis, keepdims=True) / jnp.maximum(n, 1.0)
