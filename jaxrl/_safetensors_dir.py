@@ -113,24 +113,34 @@ def _shard_groups(tensors: Iterable[tuple[str, np.ndarray]], max_shard_size: int
         yield shard
 
 
-def write_tensors(directory: Path, tensors: dict[str, np.ndarray], max_shard_size: int) -> list[str]:
-    """Write `tensors` as safetensors shards (+ index if more than one) into `directory`; returns file names."""
+def write_tensors(directory: Path, tensors: Iterable[tuple[str, np.ndarray]] | dict[str, np.ndarray],
+                  max_shard_size: int) -> list[str]:
+    """Write tensors as safetensors shards (+ index if more than one) into `directory`; returns file names.
+
+    `tensors` may be a generator of `(name, array)`: only one shard is held in memory at a time (shards get
+    temporary names and are renamed to `model-0000i-of-0000n.safetensors` once their count is known).
+    """
     if max_shard_size <= 0:
         raise CheckpointError(f"max_shard_size must be a positive number of bytes, got {max_shard_size}")
-    groups = list(_shard_groups(tensors.items(), max_shard_size))
+    items = tensors.items() if isinstance(tensors, dict) else tensors
     metadata = {"format": "pt"}  # transformers refuses safetensors files without a known format tag
-    if len(groups) == 1:
-        save_file(groups[0], str(directory / SINGLE_FILE), metadata=metadata)
-        return [SINGLE_FILE]
-    files, weight_map, total = [], {}, 0
-    for i, group in enumerate(groups):
-        file = f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors"
-        save_file(group, str(directory / file), metadata=metadata)
-        files.append(file)
+    parts, weight_map, total = [], {}, 0
+    for i, group in enumerate(_shard_groups(items, max_shard_size)):
+        part = f".part-{i:05d}.safetensors"
+        save_file(group, str(directory / part), metadata=metadata)
+        parts.append(part)
         for name, array in group.items():
-            weight_map[name] = file
+            weight_map[name] = i
             total += array.nbytes
-    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+        del group
+    if len(parts) == 1:
+        os.rename(directory / parts[0], directory / SINGLE_FILE)
+        return [SINGLE_FILE]
+    files = [f"model-{i + 1:05d}-of-{len(parts):05d}.safetensors" for i in range(len(parts))]
+    for part, file in zip(parts, files):
+        os.rename(directory / part, directory / file)
+    index = {"metadata": {"total_size": total},
+             "weight_map": {name: files[i] for name, i in sorted(weight_map.items())}}
     (directory / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
     return files + [INDEX_FILE]
 
