@@ -1,0 +1,198 @@
+"""Layers shared by every variant: RMSNorm, RoPE, grouped-query Attention, SwiGLU MLP, embedding.
+
+Each module takes explicit sizes, then keyword-only `rngs` and dtypes; none of them sees a `TransformerConfig`.
+Every parameter is built with `jaxrl.sharding.param` and carries logical axis names.
+
+Deviations from / choices against the Hugging Face reference (`modeling_llama.py`, `modeling_qwen3.py`):
+* Linear weights are stored input-major and split per head (`q_proj.kernel` is `[D, N, H]`, HF `[N·H, D]`), so
+  projections are einsums and the head axis can be sharded by name.
+* Attention scores and softmax are float32 whatever the compute dtype; masked scores are a large negative
+  *finite* value, so a query with no visible key (a padding query) yields finite garbage instead of NaN.
+* RoPE inverse frequencies are computed once in numpy float32 with the same operations as HF, so positions
+  rotate identically.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxrl.models.config import Llama3RopeScaling
+from jaxrl.sharding import param
+
+MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
+_INIT_STD = 0.02  # HF `initializer_range` default for Llama/Qwen
+
+
+def _normal(rngs: nnx.Rngs, shape, dtype) -> jax.Array:
+    return (_INIT_STD * jax.random.normal(rngs.params(), shape, jnp.float32)).astype(dtype)
+
+
+class RMSNorm(nnx.Module):
+    """Root-mean-square norm: y = x · rsqrt(mean(x²) + ε) · w (Zhang & Sennrich 2019, arXiv:1910.07467).
+
+    Computed in float32, cast back to the input dtype before the weight multiplies it, as in HF.
+    """
+
+    def __init__(self, dim: int, *, eps: float, param_dtype=jnp.float32, names=("embed",)):
+        self.eps = eps
+        self.weight = param(jnp.ones((dim,), param_dtype), names)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x32 = x.astype(jnp.float32)
+        normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return self.weight[...].astype(x.dtype) * normed.astype(x.dtype)
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: Optional[Llama3RopeScaling]) -> np.ndarray:
+    """RoPE inverse frequencies [H/2] (float32), θ^(-2i/H), with optional Llama-3 scaling.
+
+    RoFormer, arXiv:2104.09864; Llama-3 scaling as in HF `_compute_llama3_parameters`: wavelengths above
+    `orig/low_freq_factor` are divided by `factor`, below `orig/high_freq_factor` kept, and interpolated between.
+    """
+    exponent = np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(head_dim)
+    inv_freq = (np.float32(1.0) / (np.float32(theta) ** exponent)).astype(np.float32)
+    if scaling is None:
+        return inv_freq
+    orig = float(scaling.original_max_position_embeddings)
+    low_wavelen = orig / scaling.low_freq_factor
+    high_wavelen = orig / scaling.high_freq_factor
+    wavelen = (2 * math.pi / inv_freq).astype(np.float32)
+    scaled = np.where(wavelen > low_wavelen, inv_freq / np.float32(scaling.factor), inv_freq).astype(np.float32)
+    smooth = ((orig / wavelen - scaling.low_freq_factor)
+              / (scaling.high_freq_factor - scaling.low_freq_factor)).astype(np.float32)
+    smoothed = ((1 - smooth) * scaled / np.float32(scaling.factor) + smooth * scaled).astype(np.float32)
+    medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+    return np.where(medium, smoothed, scaled).astype(np.float32)
+
+
+def rope_tables(positions_BL: jax.Array, inv_freq: np.ndarray, dtype) -> tuple[jax.Array, jax.Array]:
+    """cos, sin [B, L, H] for integer positions, HF layout (frequencies repeated: `cat(f, f)`)."""
+    angles_BLh = positions_BL.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)
+    angles_BLH = jnp.concatenate([angles_BLh, angles_BLh], axis=-1)
+    return jnp.cos(angles_BLH).astype(dtype), jnp.sin(angles_BLH).astype(dtype)
+
+
+def apply_rope(x_BLNH: jax.Array, cos_BLH: jax.Array, sin_BLH: jax.Array) -> jax.Array:
+    """x·cos + rotate_half(x)·sin, rotate_half(x) = cat(−x₂, x₁) (HF convention, halves not interleaved)."""
+    half = x_BLNH.shape[-1] // 2
+    rotated = jnp.concatenate([-x_BLNH[..., half:], x_BLNH[..., :half]], axis=-1)
+    return x_BLNH * cos_BLH[:, :, None, :] + rotated * sin_BLH[:, :, None, :]
+
+
+class Proj(nnx.Module):
+    """A linear map written as an einsum over named kernel axes, with an optional bias over the output axes."""
+
+    def __init__(self, kernel_shape, names, equation: str, *, num_in: int, bias: bool, rngs: nnx.Rngs,
+                 dtype=jnp.float32, param_dtype=jnp.float32):
+        self.equation = equation
+        self.dtype = dtype
+        self.kernel = param(_normal(rngs, tuple(kernel_shape), param_dtype), names)
+        if bias:
+            self.bias = param(jnp.zeros(tuple(kernel_shape)[num_in:], param_dtype), names[num_in:])
+        else:
+            self.bias = None
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        y = jnp.einsum(self.equation, x.astype(self.dtype), self.kernel[...].astype(self.dtype))
+        if self.bias is not None:
+            y = y + self.bias[...].astype(self.dtype)
+        return y
+
+
+class Embed(nnx.Module):
+    """Token embedding table [V, D]; `attend` gives logits against it (tied head)."""
+
+    def __init__(self, vocab_size: int, dim: int, *, rngs: nnx.Rngs, dtype=jnp.float32,
+                 param_dtype=jnp.float32):
+        self.dtype = dtype
+        self.embedding = param(_normal(rngs, (vocab_size, dim), param_dtype), ("vocab", "embed"))
+
+    def __call__(self, tokens_BL: jax.Array) -> jax.Array:
+        return jnp.take(self.embedding[...], tokens_BL, axis=0).astype(self.dtype)
+
+
+class MLP(nnx.Module):
+    """SwiGLU feed-forward: down(silu(x·W_gate) ⊙ x·W_up) (Shazeer 2020, arXiv:2002.05202)."""
+
+    def __init__(self, dim: int, hidden: int, *, rngs: nnx.Rngs, dtype=jnp.float32, param_dtype=jnp.float32):
+        kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype, num_in=1, bias=False)
+        self.gate_proj = Proj((dim, hidden), ("embed", "mlp"), "BLD,DF->BLF", **kw)
+        self.up_proj = Proj((dim, hidden), ("embed", "mlp"), "BLD,DF->BLF", **kw)
+        self.down_proj = Proj((hidden, dim), ("mlp", "embed"), "BLF,FD->BLD", **kw)
+
+    def __call__(self, x_BLD: jax.Array) -> jax.Array:
+        return self.down_proj(jax.nn.silu(self.gate_proj(x_BLD)) * self.up_proj(x_BLD))
+
+
+class Attention(nnx.Module):
+    """Grouped-query attention (Ainslie et al. 2023, arXiv:2305.13245) with RoPE.
+
+    softmax(q kᵀ / √H + mask) v, where each of the K kv heads serves N/K query heads. Options: q/k/v bias
+    (Qwen2) and RMSNorm of q and k over H before RoPE (Qwen3).
+    """
+
+    def __init__(self, dim: int, num_heads: int, num_kv_heads: int, head_dim: int, *, qkv_bias: bool,
+                 qk_norm: bool, eps: float, rngs: nnx.Rngs, dtype=jnp.float32, param_dtype=jnp.float32):
+        kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.dtype = dtype
+        self.q_proj = Proj((dim, num_heads, head_dim), ("embed", "heads", "head_dim"), "BLD,DNH->BLNH",
+                           num_in=1, bias=qkv_bias, **kw)
+        self.k_proj = Proj((dim, num_kv_heads, head_dim), ("embed", "kv_heads", "head_dim"),
+                           "BLD,DKH->BLKH", num_in=1, bias=qkv_bias, **kw)
+        self.v_proj = Proj((dim, num_kv_heads, head_dim), ("embed", "kv_heads", "head_dim"),
+                           "BLD,DKH->BLKH", num_in=1, bias=qkv_bias, **kw)
+        self.o_proj = Proj((num_heads, head_dim, dim), ("heads", "head_dim", "embed"), "BLNH,NHD->BLD",
+                           num_in=2, bias=False, **kw)
+        if qk_norm:
+            self.q_norm = RMSNorm(head_dim, eps=eps, param_dtype=param_dtype, names=("head_dim",))
+            self.k_norm = RMSNorm(head_dim, eps=eps, param_dtype=param_dtype, names=("head_dim",))
+        else:
+            self.q_norm = self.k_norm = None
+
+    def __call__(self, x_BLD, cos_BLH, sin_BLH, visible_BLS, cache_kv=None, index=None):
+        """Attends the L queries of `x_BLD` over S key slots.
+
+        Args:
+          x_BLD: [B, L, D] input.
+          cos_BLH, sin_BLH: [B, L, H] RoPE tables of the query/new-key positions.
+          visible_BLS: [B, L, S] bool, which key slots each query may see (S = L without a cache).
+          cache_kv: None, or (k_BSKH, v_BSKH) of this layer; the new keys are written at slots [index, index+L).
+          index: int32 scalar, first slot to write (only with `cache_kv`).
+
+        Returns:
+          ([B, L, D] output, (k_BLKH, v_BLKH) the new keys/values after RoPE, in the cache dtype if any).
+        """
+        q_BLNH = self.q_proj(x_BLD)
+        k_BLKH = self.k_proj(x_BLD)
+        v_BLKH = self.v_proj(x_BLD)
+        if self.q_norm is not None:
+            q_BLNH, k_BLKH = self.q_norm(q_BLNH), self.k_norm(k_BLKH)
+        q_BLNH = apply_rope(q_BLNH, cos_BLH, sin_BLH)
+        k_BLKH = apply_rope(k_BLKH, cos_BLH, sin_BLH)
+        if cache_kv is None:
+            keys_BSKH, values_BSKH = k_BLKH, v_BLKH
+        else:
+            k_cache, v_cache = cache_kv
+            k_BLKH, v_BLKH = k_BLKH.astype(k_cache.dtype), v_BLKH.astype(v_cache.dtype)
+            keys_BSKH = jax.lax.dynamic_update_slice_in_dim(k_cache, k_BLKH, index, axis=1).astype(self.dtype)
+            values_BSKH = jax.lax.dynamic_update_slice_in_dim(v_cache, v_BLKH, index, axis=1).astype(self.dtype)
+        out_BLNH = _gqa(q_BLNH, keys_BSKH, values_BSKH, visible_BLS, self.num_kv_heads)
+        return self.o_proj(out_BLNH), (k_BLKH, v_BLKH)
+
+
+def _gqa(q_BLNH, k_BSKH, v_BSKH, visible_BLS, num_kv_heads: int) -> jax.Array:
+    b, l, n, h = q_BLNH.shape
+    q_BLKGH = q_BLNH.reshape(b, l, num_kv_heads, n // num_kv_heads, h)
+    scores_BKGLS = jnp.einsum("BLKGH,BSKH->BKGLS", q_BLKGH, k_BSKH, preferred_element_type=jnp.float32)
+    scores_BKGLS = scores_BKGLS / jnp.sqrt(jnp.float32(h))
+    scores_BKGLS = jnp.where(visible_BLS[:, None, None, :, :], scores_BKGLS, MASK_VALUE)
+    probs_BKGLS = jax.nn.softmax(scores_BKGLS, axis=-1).astype(v_BSKH.dtype)
+    out_BLKGH = jnp.einsum("BKGLS,BSKH->BLKGH", probs_BKGLS, v_BSKH)
+    return out_BLKGH.reshape(b, l, n, h)

@@ -1,0 +1,269 @@
+"""`Transformer`: decoder-only LM (Llama / Qwen2 / Qwen3) with pre-, post- or SiameseNorm blocks.
+
+Layers are stacked: every per-layer parameter has a leading `Y` axis (built with `nnx.vmap`) and the blocks run
+under one `jax.lax.scan` over `nnx.split` state, so compile time does not grow with depth.
+
+Choices and deviations from HF `LlamaForCausalLM`:
+* Pre-norm (default, HF): x ← x + Attn(N₁(x)); x ← x + MLP(N₂(x)); hidden = N(x).
+* Post-norm (Vaswani et al. 2017, arXiv:1706.03762): x ← N₁(x + Attn(x)); x ← N₂(x + MLP(x)), with the
+  final norm N kept (hidden = N(x)) so every variant feeds the head through the same `norm`. N₁, N₂ are named
+  `post_attention_layernorm`, `post_feedforward_layernorm`.
+* SiameseNorm: `jaxrl.models.siamese` (two streams carried through the scan; final `norm(norm_x(x)+norm_y(y))`).
+* Logits are always float32 (the head einsum accumulates in float32), whatever the compute dtype.
+* Positions default to `(#valid cache slots) + cumsum(mask) − 1`, clipped at 0, so left padding, prefill and
+  decode all get HF's positions without the caller passing them (an explicit `positions_BL` wins).
+* Attention visibility is by cache *slot*, not by position: a query sees valid slots ≤ its own slot.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import chex
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxrl.models import siamese
+from jaxrl.models.config import TransformerConfig
+from jaxrl.models.kv_cache import KVCache
+from jaxrl.models.layers import MLP, Attention, Embed, Proj, RMSNorm, rope_inv_freq, rope_tables
+from jaxrl.sharding import Constrain, no_constraint
+
+_ACT_BLD = ("batch", "length", "embed")
+_REMAT_POLICIES = {
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+class ModelOutput(NamedTuple):
+    logits: Optional[jax.Array]  # [B, L, V] float32
+    hidden: Optional[jax.Array]  # [B, L, D] final normed hidden state (the LM-head input)
+    cache: Optional[KVCache]
+
+
+class Block(nnx.Module):
+    """One transformer block: attention then MLP, with `norm` in {"pre", "post", "siamese"} placement."""
+
+    def __init__(self, dim: int, num_heads: int, num_kv_heads: int, head_dim: int, mlp_dim: int, *, norm: str,
+                 qkv_bias: bool, qk_norm: bool, eps: float, rngs: nnx.Rngs, dtype, param_dtype):
+        self.norm = norm
+        self.self_attn = Attention(dim, num_heads, num_kv_heads, head_dim, qkv_bias=qkv_bias, qk_norm=qk_norm,
+                                   eps=eps, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+        self.mlp = MLP(dim, mlp_dim, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+        if norm == "pre":
+            self.input_layernorm = RMSNorm(dim, eps=eps, param_dtype=param_dtype)
+            self.post_attention_layernorm = RMSNorm(dim, eps=eps, param_dtype=param_dtype)
+        elif norm == "post":
+            self.post_attention_layernorm = RMSNorm(dim, eps=eps, param_dtype=param_dtype)
+            self.post_feedforward_layernorm = RMSNorm(dim, eps=eps, param_dtype=param_dtype)
+        else:
+            self.siamese = siamese.SiameseNorms(dim, eps=eps, param_dtype=param_dtype)
+
+    def __call__(self, carry, layer, cos_BLH, sin_BLH, visible_BLS, cache_kv, index):
+        """carry: x [B, L, D] (or (x, y) for siamese) → (new carry, (k_BLKH, v_BLKH))."""
+        new_kv = []
+
+        def attn(u_BLD):
+            out_BLD, kv = self.self_attn(u_BLD, cos_BLH, sin_BLH, visible_BLS, cache_kv, index)
+            new_kv.append(kv)
+            return out_BLD
+
+        if self.norm == "pre":
+            x = carry + attn(self.input_layernorm(carry))
+            carry = x + self.mlp(self.post_attention_layernorm(x))
+        elif self.norm == "post":
+            x = self.post_attention_layernorm(carry + attn(carry))
+            carry = self.post_feedforward_layernorm(x + self.mlp(x))
+        else:
+            scale = siamese.depth_scale(layer)
+            x, y = self.siamese.apply("attn", *carry, attn, scale)
+            carry = self.siamese.apply("mlp", x, y, self.mlp, scale)
+        return carry, new_kv[0]
+
+
+class Transformer(nnx.Module):
+    """Causal LM. See docs/DESIGN.md ("Model contract") for `forward`, `__call__` and `unembedding`."""
+
+    def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs, constrain: Constrain = no_constraint):
+        self.cfg = cfg
+        self.constrain = constrain
+        dtype, param_dtype = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
+        eps = cfg.rms_norm_eps
+        self.embed_tokens = Embed(cfg.vocab_size, cfg.hidden_size, rngs=rngs, dtype=dtype,
+                                  param_dtype=param_dtype)
+
+        @nnx.split_rngs(splits=cfg.num_layers)
+        @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
+        def make_blocks(layer_rngs: nnx.Rngs) -> Block:
+            return Block(cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.mlp_dim,
+                         norm=cfg.norm, qkv_bias=cfg.qkv_bias, qk_norm=cfg.qk_norm, eps=eps, rngs=layer_rngs,
+                         dtype=dtype, param_dtype=param_dtype)
+
+        self.layers = make_blocks(rngs)
+        self.norm = RMSNorm(cfg.hidden_size, eps=eps, param_dtype=param_dtype)
+        if cfg.norm == "siamese":
+            self.norm_x = RMSNorm(cfg.hidden_size, eps=eps, param_dtype=param_dtype)
+            self.norm_y = RMSNorm(cfg.hidden_size, eps=eps, param_dtype=param_dtype)
+        if not cfg.tie_embeddings:
+            self.lm_head = Proj((cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), "BLD,DV->BLV", num_in=1,
+                                bias=False, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+
+    # ------------------------------------------------------------------ construction helpers
+
+    @classmethod
+    def abstract(cls, cfg: TransformerConfig, *, constrain: Constrain = no_constraint) -> "Transformer":
+        """A model whose parameters are `jax.ShapeDtypeStruct`s: no random weights are allocated."""
+        return nnx.eval_shape(lambda: cls(cfg, rngs=nnx.Rngs(0), constrain=constrain))
+
+    @classmethod
+    def from_params(cls, cfg: TransformerConfig, params: dict, *,
+                    constrain: Constrain = no_constraint) -> "Transformer":
+        """A model holding `params` (the nested dict of `hf_io.hf_to_params`), built without random init."""
+        model = cls.abstract(cfg, constrain=constrain)
+        set_params(model, params)
+        return model
+
+    # ------------------------------------------------------------------ forward
+
+    def unembedding(self) -> jax.Array:
+        """The [D, V] head matrix in the compute dtype (tied: embedding transposed)."""
+        dtype = jnp.dtype(self.cfg.dtype)
+        if self.cfg.tie_embeddings:
+            return self.embed_tokens.embedding[...].T.astype(dtype)
+        return self.lm_head.kernel[...].astype(dtype)
+
+    def __call__(self, tokens_BL: jax.Array) -> jax.Array:
+        """Causal LM logits [B, L, V] (float32) of unpadded tokens."""
+        return self.forward(tokens_BL).logits
+
+    def forward(self, tokens_BL, positions_BL=None, mask_BL=None, *, cache: Optional[KVCache] = None,
+                return_hidden: bool = False, return_logits: bool = True) -> ModelOutput:
+        """Runs the L new tokens, optionally appending their keys to `cache` (slots [index, index + L)).
+
+        Args:
+          tokens_BL: [B, L] int token ids.
+          positions_BL: [B, L] int RoPE positions, or None (see the module docstring).
+          mask_BL: [B, L] bool/int, 1 = real token (padding is never attended as a key), or None (all real).
+          cache: None for a full-sequence forward, or a `KVCache` with B rows and room for L more slots.
+          return_hidden, return_logits: which of `hidden` [B, L, D] / `logits` [B, L, V] to compute.
+
+        Returns:
+          ModelOutput(logits, hidden, cache) — cache is the updated cache (index += L), or None.
+        """
+        cfg = self.cfg
+        chex.assert_rank(tokens_BL, 2)
+        chex.assert_type(tokens_BL, int)
+        batch, length = tokens_BL.shape
+        mask_BL = jnp.ones((batch, length), bool) if mask_BL is None else jnp.asarray(mask_BL).astype(bool)
+        chex.assert_shape(mask_BL, (batch, length))
+        if cache is not None and (cache.batch != batch or length > cache.capacity):
+            raise ValueError(f"forward of tokens {tokens_BL.shape} does not fit a cache of "
+                             f"{cache.batch} rows x {cache.capacity} slots")
+        visible_BLS, valid_BS, prior_B = _visibility(mask_BL, cache)
+        if positions_BL is None:
+            positions_BL = jnp.maximum(prior_B[:, None] + jnp.cumsum(mask_BL, axis=-1, dtype=jnp.int32) - 1, 0)
+        chex.assert_shape(positions_BL, (batch, length))
+        cos_BLH, sin_BLH = rope_tables(positions_BL, rope_inv_freq(cfg.head_dim, cfg.rope_theta,
+                                                                   cfg.rope_scaling), jnp.dtype(cfg.dtype))
+
+        x_BLD = self.constrain(self.embed_tokens(tokens_BL), _ACT_BLD)
+        carry = (x_BLD, x_BLD) if cfg.norm == "siamese" else x_BLD
+        carry, new_kv = self._run_layers(carry, cos_BLH, sin_BLH, visible_BLS, cache)
+        if cfg.norm == "siamese":
+            hidden_BLD = siamese.siamese_merge(*carry, norm_x=self.norm_x, norm_y=self.norm_y, norm=self.norm)
+        else:
+            hidden_BLD = self.norm(carry)
+        hidden_BLD = self.constrain(hidden_BLD, _ACT_BLD)
+
+        logits_BLV = None
+        if return_logits:
+            logits_BLV = jnp.einsum("BLD,DV->BLV", hidden_BLD, self.unembedding(),
+                                    preferred_element_type=jnp.float32)
+        new_cache = None
+        if cache is not None:
+            k_YBLKH, v_YBLKH = new_kv
+            new_cache = KVCache(
+                k=jax.lax.dynamic_update_slice_in_dim(cache.k, k_YBLKH, cache.index, axis=2),
+                v=jax.lax.dynamic_update_slice_in_dim(cache.v, v_YBLKH, cache.index, axis=2),
+                valid_BS=valid_BS,
+                index=cache.index + length,
+            )
+        return ModelOutput(logits_BLV, hidden_BLD if return_hidden else None, new_cache)
+
+    def _run_layers(self, carry, cos_BLH, sin_BLH, visible_BLS, cache):
+        graphdef, state = nnx.split(self.layers)
+        index = None if cache is None else cache.index
+        constrain = self.constrain
+
+        def body(carry, xs):
+            layer_state, layer, kv = xs
+            block = nnx.merge(graphdef, layer_state)
+            carry, new_kv = block(carry, layer, cos_BLH, sin_BLH, visible_BLS, kv, index)
+            carry = jax.tree.map(lambda a: constrain(a, _ACT_BLD), carry)
+            return carry, (new_kv if kv is not None else None)
+
+        if self.cfg.remat != "none":
+            body = jax.checkpoint(body, policy=_REMAT_POLICIES[self.cfg.remat])
+        kv = None if cache is None else (cache.k, cache.v)
+        xs = (state, jnp.arange(self.cfg.num_layers, dtype=jnp.int32), kv)
+        return jax.lax.scan(body, carry, xs)
+
+
+def _visibility(mask_BL, cache):
+    """(visible_BLS, valid_BS after this call, #valid slots before this call per row)."""
+    batch, length = mask_BL.shape
+    if cache is None:
+        causal_LS = jnp.arange(length)[:, None] >= jnp.arange(length)[None, :]
+        return mask_BL[:, None, :] & causal_LS[None], None, jnp.zeros((batch,), jnp.int32)
+    prior_B = jnp.sum(cache.valid_BS, axis=-1, dtype=jnp.int32)
+    valid_BS = jax.lax.dynamic_update_slice_in_dim(cache.valid_BS, mask_BL, cache.index, axis=1)
+    query_slots_L = cache.index + jnp.arange(length)
+    causal_LS = jnp.arange(cache.capacity)[None, :] <= query_slots_L[:, None]
+    return valid_BS[:, None, :] & causal_LS[None], valid_BS, prior_B
+
+
+def set_params(model: Transformer, params: dict) -> None:
+    """Writes a nested dict of arrays (layout of `nnx.state(model, nnx.Param).to_pure_dict()`) into `model`.
+
+    Works on an abstract model (`Transformer.abstract`). Every parameter must be present with its exact shape;
+    values are cast to `cfg.param_dtype`. Raises KeyError / ValueError naming the parameter path.
+    """
+    expected = nnx.state(model, nnx.Param).to_pure_dict()
+    dtype = jnp.dtype(model.cfg.param_dtype)
+    flat_expected = dict(_flatten(expected))
+    flat_given = dict(_flatten(params))
+    missing = sorted(set(flat_expected) - set(flat_given))
+    extra = sorted(set(flat_given) - set(flat_expected))
+    if missing:
+        raise KeyError(f"params lack {['/'.join(p) for p in missing]}")
+    if extra:
+        raise KeyError(f"params have unexpected entries {['/'.join(p) for p in extra]}")
+    values = {}
+    for path, want in flat_expected.items():
+        got = flat_given[path]
+        if tuple(got.shape) != tuple(want.shape):
+            raise ValueError(f"param {'/'.join(path)}: expected shape {tuple(want.shape)}, found {tuple(got.shape)}")
+        values[path] = jnp.asarray(got, dtype=dtype)
+    state = nnx.state(model, nnx.Param)
+    state.replace_by_pure_dict(_unflatten(values))
+    nnx.update(model, state)
+
+
+def _flatten(tree, prefix=()):
+    if isinstance(tree, dict):
+        for key, sub in tree.items():
+            yield from _flatten(sub, prefix + (str(key),))
+    else:
+        yield prefix, tree
+
+
+def _unflatten(flat: dict) -> dict:
+    out: dict = {}
+    for path, value in flat.items():
+        node = out
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = value
+    return out
