@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxrl.models import KVCache
 from jaxrl.sampling import filters
 
 _trace_count = 0
@@ -82,8 +83,6 @@ def rollout(
     """
     global _trace_count
     _trace_count += 1
-    from jaxrl.models import KVCache  # TEMP until models land
-
     model = nnx.merge(graphdef, state)
     num_prompts, width = tokens_PL.shape
     rows = num_prompts * num_samples
@@ -91,7 +90,9 @@ def rollout(
     # Prefill the P prompts once.
     cache = KVCache.init(model.cfg, num_prompts, width + gen_width, model.cfg.dtype)
     positions_PL = jnp.maximum(jnp.cumsum(mask_PL.astype(jnp.int32), axis=-1) - 1, 0)
-    out = model.forward(tokens_PL, positions_PL, mask_PL, cache=cache, return_hidden=True, return_logits=False)
+    out = model.forward(
+        tokens_PL, positions_PL, mask_PL, cache=cache, return_hidden=True, return_logits=False
+    )
     logits_BV = jnp.repeat(_last_logits(model, out.hidden[:, -1]), num_samples, axis=0)
     cache = out.cache.repeat(num_samples)
     next_pos_B = jnp.repeat(jnp.sum(mask_PL, axis=-1, dtype=jnp.int32), num_samples)
