@@ -91,13 +91,20 @@ def spec_axes(entry) -> MeshAxes:
     return (entry,) if isinstance(entry, str) else tuple(entry)
 
 
-def check_divisible(shape: Sequence[int], spec: PartitionSpec, mesh: Mesh, *, what: str) -> None:
-    """Raise ConfigError naming `what`, the dimension, its size and the mesh axes if a split is uneven."""
+def check_divisible(
+    shape: Sequence[int], spec: PartitionSpec, mesh: Mesh | Mapping[str, int], *, what: str
+) -> None:
+    """Raise ConfigError naming `what`, the dimension, its size and the mesh axes if a split is uneven.
+
+    `mesh` may be a Mesh or just its axis sizes (`{"data": 1, "fsdp": 64, "tensor": 1}`), as `jaxrl plan` has
+    no real devices.
+    """
+    sizes = mesh.shape if isinstance(mesh, Mesh) else mesh
     for dim, (size, entry) in enumerate(zip(shape, spec)):
         axes = spec_axes(entry)
-        ways = math.prod(mesh.shape[a] for a in axes)
+        ways = math.prod(sizes[a] for a in axes)
         if size % ways:
-            axes_desc = " x ".join(f"{a}={mesh.shape[a]}" for a in axes)
+            axes_desc = " x ".join(f"{a}={sizes[a]}" for a in axes)
             raise ConfigError(
                 f"{what}: dimension {dim} of shape {tuple(shape)} has size {size}, which is not divisible by "
                 f"mesh axis {axes_desc} ({ways} ways); change the mesh sizes or the rules"
