@@ -1,0 +1,185 @@
+"""Training checkpoints: orbax `CheckpointManager` with async saves, keep-last-K, corrupted-step fallback.
+
+Layout (read by `jaxrl.model_io.load_model_checkpoint` and `jaxrl export-hf`):
+
+    RUN/checkpoints/model_config.json     TransformerConfig JSON (written once by the primary process)
+    RUN/checkpoints/tokenizer/            optional, `tokenizer.save_pretrained`
+    RUN/checkpoints/<step>/params/        pure dict of the model's nnx.Param state (StandardSave)
+    RUN/checkpoints/<step>/opt_state/     optax state pytree (StandardSave)
+    RUN/checkpoints/<step>/extra/         JSON: step, RNG key data, data-iterator state, metric counters
+
+Atomicity is orbax's: a step is written under a temporary name and renamed when complete, so a process killed
+mid-save (SIGKILL) leaves no `<step>` directory. A step that exists but cannot be restored (truncated files) is
+moved aside to `corrupt-<step>` with a warning, and the previous step is used. `PreemptionGuard` turns SIGTERM
+into a flag that the training loop checks between steps (agreed across hosts) to save once more and stop.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from jaxrl.errors import CheckpointError
+
+log = logging.getLogger(__name__)
+
+ITEMS = ("params", "opt_state", "extra")
+MODEL_CONFIG = "model_config.json"
+
+
+class Restored(NamedTuple):
+    step: int
+    params: Any
+    opt_state: Any
+    extra: dict[str, Any]
+
+
+def key_to_json(key: jax.Array) -> dict[str, Any]:
+    """A typed PRNG key as JSON: {"impl": name, "data": nested ints}."""
+    return {"impl": str(jax.random.key_impl(key)), "data": np.asarray(jax.random.key_data(key)).tolist()}
+
+
+def key_from_json(data: dict[str, Any]) -> jax.Array:
+    """Inverse of `key_to_json` (bit-exact)."""
+    return jax.random.wrap_key_data(np.asarray(data["data"], np.uint32), impl=data["impl"])
+
+
+def _abstract(tree: Any) -> Any:
+    """Restore target: shapes, dtypes and shardings of `tree` (arrays or ShapeDtypeStructs)."""
+    def leaf(x):
+        sharding = getattr(x, "sharding", None)
+        return jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=sharding)
+    return jax.tree.map(leaf, tree)
+
+
+class Checkpointer:
+    """Saves and restores (params, opt_state, extra) every `every` steps, keeping the last `keep`.
+
+    All processes must call `save` / `restore_latest` (orbax coordinates multi-host writes); only the primary
+    process writes `model_config.json`.
+    """
+
+    def __init__(self, directory: str | os.PathLike, *, every: int, keep: int, async_save: bool = True):
+        self.directory = Path(directory).absolute()
+        self.every = every
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=keep, create=True, cleanup_tmp_directories=True, enable_async_checkpointing=async_save)
+        self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
+
+    def should_save(self, step: int) -> bool:
+        return step > 0 and step % self.every == 0
+
+    def save(self, step: int, params: Any, opt_state: Any, extra: dict[str, Any]) -> None:
+        """Starts saving `step` (returns once the arrays are copied; call `wait` to block until written)."""
+        if step in self.manager.all_steps():
+            log.info("checkpoint step %d already exists in %s; not saving it again", step, self.directory)
+            return
+        args = ocp.args.Composite(params=ocp.args.StandardSave(params), opt_state=ocp.args.StandardSave(opt_state),
+                                  extra=ocp.args.JsonSave({**extra, "step": step}))
+        self.manager.save(step, args=args, force=True)
+
+    def write_model_config(self, model_config: dict[str, Any], tokenizer: Any = None) -> None:
+        """Writes `model_config.json` (and the tokenizer) next to the steps, atomically; primary process only."""
+        if jax.process_index() != 0:
+            return
+        self.directory.mkdir(parents=True, exist_ok=True)
+        tmp = self.directory / f".{MODEL_CONFIG}.tmp"
+        tmp.write_text(json.dumps(model_config, indent=2) + "\n")
+        os.replace(tmp, self.directory / MODEL_CONFIG)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(self.directory / "tokenizer"))
+
+    def steps(self) -> list[int]:
+        return sorted(self.manager.all_steps())
+
+    def _quarantine(self, step: int, error: Exception) -> None:
+        log.warning("checkpoint step %d in %s cannot be restored (%s: %s); using the previous one",
+                    step, self.directory, type(error).__name__, str(error).splitlines()[0] if str(error) else "")
+        if jax.process_index() == 0:
+            src = self.directory / str(step)
+            if src.exists():
+                src.rename(self.directory / f"corrupt-{step}-{int(time.time())}")
+        self.manager.reload()
+
+    def restore_latest(self, params_like: Any, opt_state_like: Any) -> Restored | None:
+        """The newest restorable step (None when there is none); unrestorable steps are moved aside.
+
+        Args:
+          params_like, opt_state_like: pytrees of arrays or ShapeDtypeStructs giving structure, dtype and
+            sharding of the restored values.
+        """
+        self.manager.wait_until_finished()
+        for step in sorted(self.manager.all_steps(), reverse=True):
+            args = ocp.args.Composite(params=ocp.args.StandardRestore(_abstract(params_like)),
+                                      opt_state=ocp.args.StandardRestore(_abstract(opt_state_like)),
+                                      extra=ocp.args.JsonRestore())
+            try:
+                out = self.manager.restore(step, args=args)
+                extra = dict(out["extra"])
+                if extra.get("step") != step:
+                    raise CheckpointError(f"extra/step={extra.get('step')} does not match the directory name")
+            except Exception as e:  # noqa: BLE001 -- any unreadable step falls back to the previous one
+                self._quarantine(step, e)
+                continue
+            return Restored(step, out["params"], out["opt_state"], extra)
+        return None
+
+    def wait(self) -> None:
+        self.manager.wait_until_finished()
+
+    def close(self) -> None:
+        self.manager.wait_until_finished()
+        self.manager.close()
+
+
+class PreemptionGuard:
+    """Context manager: SIGTERM sets a flag instead of killing the process; `should_stop()` reads it.
+
+    The loop calls `should_stop()` between steps; with several processes the flag is OR-ed across hosts so
+    every host stops after the same step and joins the final (collective) checkpoint save.
+    """
+
+    def __init__(self, signals: tuple[int, ...] = (signal.SIGTERM,)):
+        self.signals = signals
+        self._requested = threading.Event()
+        self._previous: dict[int, Any] = {}
+
+    def _handler(self, signum, frame):
+        del frame
+        log.warning("received signal %d: saving a checkpoint after the current step, then stopping", signum)
+        self._requested.set()
+
+    def __enter__(self) -> "PreemptionGuard":
+        if threading.current_thread() is threading.main_thread():
+            for s in self.signals:
+                self._previous[s] = signal.signal(s, self._handler)
+        else:
+            log.warning("PreemptionGuard outside the main thread: SIGTERM keeps its default action")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+        self._previous.clear()
+
+    def request(self) -> None:
+        """Asks for a stop as if SIGTERM had arrived (also used by the non-finite-loss guard)."""
+        self._requested.set()
+
+    def should_stop(self) -> bool:
+        local = self._requested.is_set()
+        if jax.process_count() == 1:
+            return local
+        from jax.experimental import multihost_utils
+
+        return bool(np.any(multihost_utils.process_allgather(np.asarray([local]))))
