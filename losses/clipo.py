@@ -1,8 +1,8 @@
 """CLIPO: a contrastive head over rollout embeddings whose per-sample loss becomes a reward bonus.
 
 Cui et al., "Contrastive Learning in Policy Optimization", arXiv:2603.10101
-(reference: Qwen-Applications/CLIPO, ``verl/trainer/ppo/ray_trainer.py``: ``ContrastiveHead``, ``supcon_loss``,
-``RayPPOTrainer.compute_contrastive_rewards``).
+(reference: Qwen-Applications/CLIPO, ``verl/trainer/ppo/ray_trainer.py``: ``ContrastiveHead``,
+``supcon_loss``, ``RayPPOTrainer.compute_contrastive_rewards``).
 
 Per anchor i with head outputs z (L2-normalised) and correctness y ∈ {0, 1}::
 
@@ -14,7 +14,7 @@ Per anchor i with head outputs z (L2-normalised) and correctness y ∈ {0, 1}::
     SupCon-out L_i = −(1/|P(i)|) Σ_{p∈P(i)} [ℓ_ip − log(Σ_a e^{ℓ_ia} + ε)]
     SupCon-in  L_i = −[log(Σ_p e^{ℓ_ip} + ε) − log(Σ_a e^{ℓ_ia} + ε) − log(|P(i)| + ε)]
     soft-NN    L_i = −[log(Σ_p e^{ℓ_ip} + ε) − log(Σ_a e^{ℓ_ia} + ε)]
-    anchor_i   = 1[y_i ≠ masked_label] · 1[|P(i)| > 0 ∧ |A(i) \\ P(i)| > 0]   (the second factor if skip_trivial)
+    anchor_i   = 1[y_i ≠ masked_label] · 1[|P(i)| > 0 ∧ |A(i) \\ P(i)| > 0]   (2nd factor if skip_trivial)
     L_head     = Σ_i anchor_i L_i / (Σ_i anchor_i + ε)
     r^con_i    = max(c0 − λ · anchor_i · L_i · y_i, floor)
 
@@ -29,8 +29,8 @@ Deviations from the reference:
   the reference's SGLang patch sums N−1 decode states and divides by N.
 - No printing; when no anchor survives the per-anchor losses and the head loss are exactly zero, as in the
   reference, and gradients are zeros (not NaN).
-- The head is a plain parameter pytree (``init_contrastive_head`` / ``apply_contrastive_head``) so the trainer can
-  update it with its own optax state in a pure function.
+- The head is a plain parameter pytree (``init_contrastive_head`` / ``apply_contrastive_head``) so the trainer
+  can update it with its own optax state in a pure function.
 """
 
 import dataclasses

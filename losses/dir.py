@@ -4,10 +4,11 @@
 (reference: Qwen-Applications/DIR, ``reward_models/debias_trainer_length.py``: ``CLUBForCategorical``,
 ``DeBiasedRewardTrainer.train_debias_nn / global_estimate_mi / training_step``).
 
-With x_i = h^c_i − h^r_i (pair representation), a_i ∈ {0..C−1} the bias attribute and q_ψ(a|x) = softmax(MLP(x))::
+With x_i = h^c_i − h^r_i (pair representation), a_i ∈ {0..C−1} the bias attribute and
+q_ψ(a|x) = softmax(MLP(x))::
 
     L_BT = −(1/B) Σ_i log σ(r^c_i − r^r_i)
-    Î    = (1/N) Σ_i log q_ψ(a_i|x_i) − (1/N²) Σ_i Σ_j log q_ψ(a_j|x_i)        (CLUB; the double sum keeps i = j)
+    Î    = (1/N) Σ_i log q_ψ(a_i|x_i) − (1/N²) Σ_i Σ_j log q_ψ(a_j|x_i)     (CLUB; the double sum keeps i = j)
     L_ψ  = −(1/N) Σ_i log q_ψ(a_i|x_i)                                         (classifier NLL, x detached)
     L    = L_BT + γ · Î
     I_NCE = log N + (1/N) Σ_i [f_ii − log Σ_j exp f_ij] ≤ I(X; Y)             (InfoNCE lower bound, critic f)
@@ -61,7 +62,7 @@ def club_mi(logits_NC: jax.Array, a_N: jax.Array) -> jax.Array:
     """CLUB upper bound Î = mean_i log q(a_i|x_i) − mean_{i,j} log q(a_j|x_i) (all pairs, i = j included).
 
     Args:
-      logits_NC: classifier logits (C = 2 in DIR); gradients flow to x through them, keep ψ fixed by the caller.
+      logits_NC: classifier logits (C = 2 in DIR); gradients flow to x through them (keep ψ fixed).
       a_N: integer attribute in ``[0, C)``.
     Returns:
       scalar float32; may be negative when q is poorly fit (not clipped, as in the reference).
@@ -90,7 +91,9 @@ def dir_loss(
 
 
 def infonce_mi_lower_bound(scores_NN: jax.Array) -> jax.Array:
-    """I_NCE = log N + mean_i [f_ii − logsumexp_j f_ij]; critic scores f_ij = f(x_i, y_j), positives on the diagonal.
+    """I_NCE = log N + mean_i [f_ii − logsumexp_j f_ij], critic scores f_ij = f(x_i, y_j).
+
+    Positives sit on the diagonal.
 
     Maximise it to *increase* MI between representations and the preference; it never exceeds log N.
     """
@@ -107,7 +110,9 @@ def length_attribute(len_chosen_B: jax.Array, len_rejected_B: jax.Array) -> jax.
     return (len_chosen_B > len_rejected_B).astype(jnp.int32)
 
 
-def pair_representation(h_chosen_BD: jax.Array, h_rejected_BD: jax.Array, mode: str = "difference") -> jax.Array:
+def pair_representation(
+    h_chosen_BD: jax.Array, h_rejected_BD: jax.Array, mode: str = "difference"
+) -> jax.Array:
     """x = h^c − h^r ("difference", default) or [h^c ; h^r] ("concat")."""
     chex.assert_rank([h_chosen_BD, h_rejected_BD], 2)
     chex.assert_equal_shape([h_chosen_BD, h_rejected_BD])
@@ -121,9 +126,13 @@ def pair_representation(h_chosen_BD: jax.Array, h_rejected_BD: jax.Array, mode: 
 def init_club_classifier(
     key: jax.Array, in_dim: int, *, hidden: int | None = 1024, num_classes: int = 2
 ) -> dict[str, jax.Array]:
-    """Classifier params (torch ``nn.Linear`` init): MLP ``{w1_DF, b1_F, w2_FC, b2_C}`` or linear ``{w_DC, b_C}``."""
+    """Classifier params (torch ``nn.Linear`` init).
+
+    MLP: ``{w1_DF, b1_F, w2_FC, b2_C}``; linear (``hidden=None``): ``{w_DC, b_C}``.
+    """
     if in_dim <= 0 or num_classes < 2 or (hidden is not None and hidden <= 0):
-        raise ValueError(f"init_club_classifier: in_dim={in_dim}, hidden={hidden}, num_classes={num_classes}; "
+        raise ValueError(f"init_club_classifier: in_dim={in_dim}, hidden={hidden}, "
+                         f"num_classes={num_classes}; "
                          "need in_dim > 0, hidden > 0 or None, num_classes >= 2")
 
     def linear(k, fan_in, fan_out):

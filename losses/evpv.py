@@ -22,8 +22,9 @@ Symbol mapping: V = ``visual_mask``, n_high / n_low = direct contradictions of h
 Deviations from the reference:
 - Batched ``[B, T]`` arrays with a right-padded ``step_mask_BT`` (responses with different step counts);
   1-D inputs are accepted and give 1-D / scalar outputs.
-- Tests of ``s_t = 1`` / ``s_t = −1`` are exact float comparisons as in the reference, so gated scores such as 0.6
-  count neither as correct nor as an error (the reference BoN script reads the *ungated* ``raw_step_scores``).
+- Tests of ``s_t = 1`` / ``s_t = −1`` are exact float comparisons as in the reference, so gated scores
+  such as 0.6 count neither as correct nor as an error (the reference BoN script reads the *ungated*
+  ``raw_step_scores``).
 - A non-finite p, or one outside [0, 1], is treated as unparsable: p = 0 ("invalid p → 0").
 """
 
@@ -65,7 +66,10 @@ def premise_reliability(n_high: jax.Array, n_low: jax.Array) -> jax.Array:
 def gate_step_rewards(
     r_BT: jax.Array, visual_mask_BT: jax.Array, p_B: jax.Array, step_mask_BT: jax.Array | None = None
 ) -> jax.Array:
-    """r̃ = p·r on visually dependent correct steps, r elsewhere; padded steps are 0. Accepts ``[T]`` with scalar p."""
+    """r̃ = p·r on visually dependent correct steps, r elsewhere; padded steps are 0.
+
+    Also accepts ``[T]`` inputs with a scalar p.
+    """
     if r_BT.ndim == 1:
         mask = None if step_mask_BT is None else step_mask_BT[None]
         return gate_step_rewards(r_BT[None], visual_mask_BT[None], jnp.reshape(p_B, (1,)), mask)[0]

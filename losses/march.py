@@ -4,8 +4,8 @@ MARCH, "Multi-Agent Reinforced self-Check for Hallucination", arXiv:2603.24579 (
 Qwen-Applications/MARCH, ``quarl/quarl/trainer/ray_trainer_with_fact_check_march.py``: ``_check_ans_eq``,
 ``generate_fact_check_batch``, ``fit``).
 
-The Checker answers each proposer question q from the documents S = 3 times; v_{s,q} = +1 if its answer matches
-the Proposer's answer, −1 otherwise (also −1 when missing)::
+The Checker answers each proposer question q from the documents S = 3 times; v_{s,q} = +1 if its answer
+matches the Proposer's answer, −1 otherwise (also −1 when missing)::
 
     c_q   = Σ_s v_{s,q}
     fault = #{q : c_q < 0}

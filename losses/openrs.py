@@ -3,10 +3,11 @@
 "Open Rubric System, Pairwise Adaptive Meta-Rubrics" (OpenRS), arXiv:2602.14069 (reference:
 Qwen-Applications/OpenRS, ``tools.py::parse_pair_score``, ``evaluator.py::evaluate_pair``).
 
-A judge compares responses A and B on criteria c of kind core (w=5) / important (2) / highlight (1) / fatal, each
-with a winner (A, B or tie) and an integer margin::
+A judge compares responses A and B on criteria c of kind core (w=5) / important (2) / highlight (1) / fatal,
+each with a winner (A, B or tie) and an integer margin::
 
-    criteria with score 0 are dropped;  signed_c = +|score_c| (A), −|score_c| (B), 0 (tie; its weight still counts)
+    criteria with score 0 are dropped
+    signed_c = +|score_c| (A), −|score_c| (B), 0 (tie; its weight still counts)
     any fatal criterion kept:  S = Σ_{fatal c} signed_c                     (veto: the others are ignored)
     otherwise:                 S = Σ_c w_c signed_c / (Σ_c w_c + 1e-6)     (missing kind → important)
     |S| < min_score → 0;  a malformed criterion → 0
@@ -19,8 +20,8 @@ S[i, j] the judge's score for A = response i, B = response j within a group of G
     R_i  = (1 / (G − 1)) Σ_{j ≠ i} d_ij                                           (win-rate style)
 
 Deviations from the reference:
-- Criterion kinds are accepted in English (core / important / highlight / fatal) or as the judge's Chinese labels
-  (核心 / 重要 / 亮点 / 硬伤); unknown kinds are ignored, as in the reference.
+- Criterion kinds are accepted in English (core / important / highlight / fatal) or as the judge's Chinese
+  labels (核心 / 重要 / 亮点 / 硬伤); unknown kinds are ignored, as in the reference.
 - ``pairwise_group_rewards`` also takes a ``pair_mask`` for judge calls that failed (excluded from the mean).
 """
 
@@ -37,7 +38,7 @@ _MODES = ("score", "verdict")
 
 
 class Criterion(NamedTuple):
-    """One judged rubric item: ``kind`` (core/important/highlight/fatal), ``chosen`` ("A"/"B"/tie), ``score``."""
+    """A judged rubric item: ``kind`` (core/important/highlight/fatal), ``chosen`` (A/B/tie), ``score``."""
 
     kind: str
     chosen: str
@@ -45,7 +46,10 @@ class Criterion(NamedTuple):
 
 
 def pair_score(criteria: Iterable[Criterion | Mapping], *, min_score: float = 0.0) -> float:
-    """Aggregate judged criteria into S (positive: A better). Mappings use the judge's keys type/chosen/score."""
+    """Aggregate judged criteria into S (positive: A better).
+
+    Mappings use the judge's JSON keys ``type`` / ``chosen`` / ``score``.
+    """
     fatal_sum, has_fatal, weighted, total_w = 0.0, False, 0.0, 0.0
     try:
         for item in criteria:
@@ -69,7 +73,9 @@ def pair_score(criteria: Iterable[Criterion | Mapping], *, min_score: float = 0.
     return 0.0 if abs(s) < min_score else s
 
 
-def bidirectional_verdict(s_forward: jax.Array, s_backward: jax.Array, *, min_score: float = 0.0) -> jax.Array:
+def bidirectional_verdict(
+    s_forward: jax.Array, s_backward: jax.Array, *, min_score: float = 0.0
+) -> jax.Array:
     """+1 (first response better), −1 (second better) or 0 (tie) from the forward and swapped scores."""
     s_f, s_b = jnp.asarray(s_forward, jnp.float32), jnp.asarray(s_backward, jnp.float32)
     good = (s_f > min_score) & (s_b <= -min_score)
@@ -78,7 +84,10 @@ def bidirectional_verdict(s_forward: jax.Array, s_backward: jax.Array, *, min_sc
 
 
 def score_matrix(score_fn: Callable[[int, int], float], group_size: int) -> jax.Array:
-    """S[i, j] = score_fn(i, j) for i ≠ j (A = i, B = j), 0 on the diagonal; host-side, calls the judge G(G−1) times."""
+    """S[i, j] = score_fn(i, j) for i ≠ j (A = i, B = j), 0 on the diagonal.
+
+    Host-side: calls the judge G(G−1) times.
+    """
     rows = [[0.0 if i == j else float(score_fn(i, j)) for j in range(group_size)] for i in range(group_size)]
     return jnp.asarray(rows, jnp.float32)
 
@@ -90,7 +99,7 @@ def pairwise_group_rewards(
     min_score: float = 0.0,
     pair_mask_PGG: jax.Array | None = None,
 ) -> jax.Array:
-    """[READING] Per-sample rewards R_PG = mean over j ≠ i of d_ij (see module docstring); ``[G, G]`` → ``[G]``.
+    """[READING] Per-sample rewards R_PG = mean over j ≠ i of d_ij; ``[G, G]`` → ``[G]``.
 
     Args:
       scores_PGG: S[p, i, j], the judge's score with A = response i and B = response j of prompt p.
@@ -125,7 +134,10 @@ def pairwise_group_rewards(
 def reference_rewards(
     s_forward_B: jax.Array, s_backward_B: jax.Array, *, mode: str = "score", min_score: float = 0.0
 ) -> jax.Array:
-    """[READING] Reward against a fixed reference answer: A = sample, B = reference (forward), swapped (backward)."""
+    """[READING] Reward against a fixed reference answer.
+
+    Forward: A = sample, B = reference; backward: swapped.
+    """
     if mode not in _MODES:
         raise ValueError(f"reference_rewards mode={mode!r}; allowed: {_MODES}")
     chex.assert_equal_shape([s_forward_B, s_backward_B])

@@ -3,8 +3,8 @@
 "Proxy-guided rubric critique for VLM reward models" (Proxy-GRM), arXiv:2603.16600 (reference:
 Qwen-Applications/Proxy-GRM, ``verl/verl/utils/reward_score/grm_reward_with_instruct.py::compute_score``).
 
-With r_acc ∈ {+1, −1} (the generative RM named the preferred response), r_proxy ∈ {+1, −1, 0} (a frozen proxy VLM
-given only the rubric picks correctly / wrongly / the HTTP call failed) and r_fmt ∈ {0, 1}::
+With r_acc ∈ {+1, −1} (the generative RM named the preferred response), r_proxy ∈ {+1, −1, 0} (a frozen
+proxy VLM given only the rubric picks correctly / wrongly / the HTTP call failed) and r_fmt ∈ {0, 1}::
 
     R = r'_acc + r'_proxy + 0.5 · r_fmt              (use_proxy; without it R = r_acc + 0.5 · r_fmt)
 
@@ -20,8 +20,8 @@ given only the rubric picks correctly / wrongly / the HTTP call failed) and r_fm
          fb 6/10: acc → 1.0 / 0.5   ¬acc → −1  / −1
 
 Deviations from the reference:
-- Array function of the three already-computed components (the answer parsing, proxy HTTP call and format regex
-  are string work outside the loss library); ``use_fb`` is an argument, not an environment variable.
+- Array function of the three already-computed components (the answer parsing, proxy HTTP call and format
+  regex are string work outside the loss library); ``use_fb`` is an argument, not an environment variable.
 """
 
 import chex

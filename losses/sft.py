@@ -4,11 +4,11 @@
 search-relevance model mode-collapses (reverse KL, mode-seeking); adding an SFT term (forward KL,
 mode-covering) keeps the long-tail rules. Our reading of the combination::
 
-    L_SFT = −(1 / Σ_t m*_t) Σ_{b,t} m*_{b,t} log π_θ(y*_{b,t} | x_b, y*_{b,<t})     (token-mean over expert targets)
+    L_SFT = −(1 / Σ_t m*_t) Σ_{b,t} m*_{b,t} log π_θ(y*_{b,t} | x_b, y*_{b,<t})   (token mean)
     L     = L_policy + λ_SFT · L_SFT
 
-Symbol mapping: ``logp_BT`` = log π_θ(y*_t | ·) on expert-labelled (score + rationale) targets, ``mask_BT`` = m*,
-``lam`` = λ_SFT (not reported in the abstract).
+Symbol mapping: ``logp_BT`` = log π_θ(y*_t | ·) on expert-labelled (score + rationale) targets,
+``mask_BT`` = m*, ``lam`` = λ_SFT (not reported in the abstract).
 
 Deviations / reading notes:
 - [READING] The paper's "Stepwise-GRPO" is not defined in the abstract; the policy loss is an input, so the

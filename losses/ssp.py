@@ -8,7 +8,8 @@ One policy proposes a question (from a target answer, with search) and n solver 
     solver     R_s = 1 / (4 if #<answer> tags > 10 else 1)  if correct,  else 0
     proposer   p   = (1/n) Σ_k 1[R_s,k > 0]
                "1-acc" (default):          R_p = 1 − p
-               "intermediate_difficulty":  R_p = 4 (left + p)(right − p) if 0 < p < 1 else 0   (left=0, right=1)
+               "intermediate_difficulty":  R_p = 4 (left + p)(right − p) if 0 < p < 1 else 0
+                                           (defaults: left=0, right=1)
                extraction failure / dummy problem: R_p = format_penalty (config −1, script 0)
 
 Solver advantages are GRPO over the n samples (``jaxrl.losses.advantages.group_advantages``); a proposer with
@@ -27,7 +28,11 @@ _MODES = ("1-acc", "intermediate_difficulty")
 
 
 def solver_reward(
-    correct_B: jax.Array, num_answer_tags_B: jax.Array, *, max_answer_tags: int = 10, overuse_divisor: float = 4.0
+    correct_B: jax.Array,
+    num_answer_tags_B: jax.Array,
+    *,
+    max_answer_tags: int = 10,
+    overuse_divisor: float = 4.0,
 ) -> jax.Array:
     """R_s = correct / (overuse_divisor if tags > max_answer_tags else 1), float32."""
     chex.assert_equal_shape([correct_B, num_answer_tags_B])

@@ -123,7 +123,8 @@ def test_infonce_picks_a_positive_and_matches_reference(level):
     _, per, anchor = clipo.contrastive_loss(jnp.asarray(z), jnp.asarray(y), 4, tau=0.3, key=key, level=level)
     pos, _, _ = _np_sets(y, 4, level)
     for i in np.flatnonzero(np.asarray(anchor)):
-        cands = [_np_losses(z, y, 4, 0.3, "infonce", level, picks={i: p} | {k: 0 for k in range(12) if k != i})
+        others = {k: 0 for k in range(12) if k != i}
+        cands = [_np_losses(z, y, 4, 0.3, "infonce", level, picks={i: p} | others)
                  [1][i] for p in pos[i]]
         assert np.min(np.abs(np.array(cands) - float(per[i]))) < 2e-5, (i, cands, per[i])
     _, per_again, _ = clipo.contrastive_loss(jnp.asarray(z), jnp.asarray(y), 4, tau=0.3, key=key, level=level)
@@ -133,7 +134,8 @@ def test_infonce_picks_a_positive_and_matches_reference(level):
 def test_infonce_mean_over_keys_approaches_supcon_out():
     z, y = _random_case(3)
     keys = jax.random.split(jax.random.key(0), 400)
-    per_k = jax.vmap(lambda k: clipo.contrastive_loss(jnp.asarray(z), jnp.asarray(y), 4, tau=0.5, key=k)[1])(keys)
+    per_k = jax.vmap(
+        lambda k: clipo.contrastive_loss(jnp.asarray(z), jnp.asarray(y), 4, tau=0.5, key=k)[1])(keys)
     _, per_out, _ = clipo.contrastive_loss(jnp.asarray(z), jnp.asarray(y), 4, tau=0.5, kind="supcon_out")
     np.testing.assert_allclose(per_k.mean(0), per_out, atol=0.05)
     assert float(per_k.std(0).max()) > 0.0  # some anchor has several positives
@@ -214,7 +216,8 @@ class VariantsTest(parameterized.TestCase):
         fn = self.variant(lambda z, y, k: clipo.contrastive_loss(z, y, 4, key=k, level="cross"))
         head, per, anchor = fn(jnp.asarray(z), jnp.asarray(y), jax.random.key(3))
         head2, per2, anchor2 = jax.jit(
-            lambda z, y, k: clipo.contrastive_loss(z, y, 4, key=k, level="cross"))(jnp.asarray(z), jnp.asarray(y),
+            lambda z, y, k: clipo.contrastive_loss(z, y, 4, key=k, level="cross"))(
+                jnp.asarray(z), jnp.asarray(y),
                                                                                    jax.random.key(3))
         np.testing.assert_allclose(head, head2, rtol=1e-6)
         np.testing.assert_allclose(per, per2, rtol=1e-6, atol=1e-7)

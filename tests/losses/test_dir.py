@@ -129,7 +129,8 @@ def test_classifier_inner_steps_reduce_nll_and_match_python_loop():
 
 
 def test_helpers_and_errors():
-    np.testing.assert_array_equal(dir_lib.length_attribute(jnp.array([5, 3, 4]), jnp.array([4, 3, 9])), [1, 0, 0])
+    attr = dir_lib.length_attribute(jnp.array([5, 3, 4]), jnp.array([4, 3, 9]))
+    np.testing.assert_array_equal(attr, [1, 0, 0])
     hc, hr = jnp.ones((2, 3)), jnp.zeros((2, 3))
     assert dir_lib.pair_representation(hc, hr).shape == (2, 3)
     assert dir_lib.pair_representation(hc, hr, "concat").shape == (2, 6)

@@ -48,7 +48,8 @@ def test_spec_example():
 
 
 def test_premise_reliability_rule():
-    np.testing.assert_allclose(evpv.premise_reliability(jnp.array([0, 1, 0, 1, 3]), jnp.array([0, 0, 2, 1, 0])),
+    p = evpv.premise_reliability(jnp.array([0, 1, 0, 1, 3]), jnp.array([0, 0, 2, 1, 0]))
+    np.testing.assert_allclose(p,
                                [1.0, 0.5, 0.6, 0.3, 0.0], rtol=1e-6)
 
 
@@ -57,8 +58,10 @@ def test_gate_does_not_soften_errors_and_sanitises_p():
     visual = jnp.ones((2, 3), bool)
     p = jnp.array([jnp.nan, 0.5])
     mask = jnp.array([[1, 1, 1], [1, 1, 0]])
-    np.testing.assert_allclose(evpv.gate_step_rewards(r, visual, p, mask), [[0.0, -1.0, 0.0], [0.5, 0.5, 0.0]])
-    np.testing.assert_allclose(evpv.gate_step_rewards(r, visual, jnp.array([1.5, 1.0])), [[0, -1, 0], [1, 1, -1]])
+    np.testing.assert_allclose(evpv.gate_step_rewards(r, visual, p, mask),
+                               [[0.0, -1.0, 0.0], [0.5, 0.5, 0.0]])
+    np.testing.assert_allclose(evpv.gate_step_rewards(r, visual, jnp.array([1.5, 1.0])),
+                               [[0, -1, 0], [1, 1, -1]])
 
 
 def _random_batch(seed, b=6, t=7):
@@ -79,7 +82,8 @@ def test_batched_aggregators_match_python_reference(seed, name):
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
     # padding values never leak in
     noisy = np.where(mask, s, -1.0)
-    np.testing.assert_allclose(evpv.AGGREGATORS[name](jnp.asarray(noisy, jnp.float32), jnp.asarray(mask)), got)
+    again = evpv.AGGREGATORS[name](jnp.asarray(noisy, jnp.float32), jnp.asarray(mask))
+    np.testing.assert_allclose(again, got)
 
 
 def test_aggregators_read_gated_values_literally():
@@ -99,5 +103,6 @@ class VariantsTest(parameterized.TestCase):
             want = list(_py_aggregators(list(s[i, : lengths[i]])).values())
             np.testing.assert_allclose(got[:, i], want, rtol=1e-6, atol=1e-7)
         gate = self.variant(evpv.gate_step_rewards)
-        np.testing.assert_allclose(gate(jnp.array([[1.0, -1.0]]), jnp.array([[True, True]]), jnp.array([0.2])),
+        got = gate(jnp.array([[1.0, -1.0]]), jnp.array([[True, True]]), jnp.array([0.2]))
+        np.testing.assert_allclose(got,
                                    [[0.2, -1.0]], rtol=1e-6)

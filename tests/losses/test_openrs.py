@@ -52,7 +52,9 @@ def _np_group_rewards(s, mode, mask=None):
             if mode == "score":
                 vals.append(0.5 * (s[i, j] - s[j, i]))
             else:
-                vals.append(1.0 if s[i, j] > 0 and s[j, i] <= 0 else -1.0 if s[i, j] <= 0 and s[j, i] > 0 else 0.0)
+                win = s[i, j] > 0 and s[j, i] <= 0
+                lose = s[i, j] <= 0 and s[j, i] > 0
+                vals.append(1.0 if win else -1.0 if lose else 0.0)
         out[i] = np.mean(vals) if vals else 0.0
     return out
 
@@ -87,7 +89,8 @@ def test_group_rewards_hand_example_and_properties():
 def test_reference_rewards_and_errors():
     np.testing.assert_allclose(openrs.reference_rewards(jnp.array([1.0, -2.0]), jnp.array([-1.0, 2.0])),
                                [1.0, -2.0])
-    np.testing.assert_array_equal(openrs.reference_rewards(jnp.array([1.0]), jnp.array([1.0]), mode="verdict"),
+    verdict = openrs.reference_rewards(jnp.array([1.0]), jnp.array([1.0]), mode="verdict")
+    np.testing.assert_array_equal(verdict,
                                   [0.0])
     with pytest.raises(ValueError, match="mode='rank'"):
         openrs.pairwise_group_rewards(jnp.zeros((2, 2)), mode="rank")
