@@ -32,6 +32,7 @@ from jaxrl.losses.etr import (
 )
 from jaxrl.losses.gdpo import gd2po_advantages, gdpo_advantages, gdpo_token_advantages, masked_whiten
 from jaxrl.losses.kl import KLKind, kl_loss, kl_penalty
+from jaxrl.losses.logprobs import token_logprobs_and_entropy
 
 __all__ = [
     "AggMode",
@@ -62,4 +63,5 @@ __all__ = [
     "overlong_shaped_rewards",
     "policy_loss",
     "rloo_advantages",
+    "token_logprobs_and_entropy",
 ]

@@ -21,7 +21,8 @@ class DAPOConfig:
     """DAPO recipe defaults.
 
     clip_low / clip_high: eps_low / eps_high ("clip-higher"); dual_clip: c (verl clip_ratio_c in the DAPO
-    recipe); agg: token-level loss; overlong_max_length L_max, overlong_buffer L_buf, overlong_factor kappa (spec 1.5).
+    recipe); agg: token-level loss; overlong_max_length L_max, overlong_buffer L_buf, overlong_factor kappa
+    (spec 1.5).
     """
 
     clip_low: float = 0.2

@@ -1,8 +1,8 @@
 """ETR elastic trust regions: per-sample clip bounds from advantage magnitude and group reward spread.
 
 READING, not the paper's verified equations: "ETR: Outcome-Guided Elastic Trust Regions for Policy
-Optimization", Zhang et al., arXiv:2601.03723, has no public code and only its abstract was available. The form below is the
-project spec's reading (spec section 2), with both factors pluggable:
+Optimization", Zhang et al., arXiv:2601.03723, has no public code and only its abstract was available. The
+form below is the project spec's reading (spec section 2), with both factors pluggable:
 
   phi(a)     = 1 + alpha * min(a, a_max)            micro elasticity, a = |A_i|
   psi(sigma) = 1 + beta * sigma                     macro elasticity, sigma = std of rewards in the group of i
@@ -30,8 +30,11 @@ FactorFn = Callable[[chex.Array], chex.Array]
 
 @dataclasses.dataclass(frozen=True)
 class ETRConfig:
-    """clip_low / clip_high: base bounds eps_low / eps_high; alpha, adv_cap (a_max, None = no cap): micro factor; beta: macro
-    factor; eps_low_max: cap on eps_low_i. No published defaults exist: alpha = beta = 0 is plain GRPO."""
+    """ETR coefficients (READING, spec section 2).
+
+    clip_low / clip_high: base bounds eps_low / eps_high; alpha, adv_cap (a_max, None = no cap): micro factor;
+    beta: macro factor; clip_low_max: cap on eps_low_i. No published defaults exist: alpha = beta = 0 is GRPO.
+    """
 
     clip_low: float = 0.2
     clip_high: float = 0.28
