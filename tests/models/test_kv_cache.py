@@ -1,0 +1,89 @@
+"""KV cache: prefill + token-by-token decode (inside jit / fori_loop) reproduces the full-sequence forward."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxrl.models import KVCache, Transformer, TransformerConfig
+
+PROMPT, NEW = 5, 4
+
+
+@functools.partial(jax.jit, static_argnums=(0, 6))
+def _prefill_then_decode(graphdef, state, prompt_BP, mask_BP, new_BT, cache, explicit_positions):
+    """Prefill the prompt, then feed `new_BT` one token at a time in a fori_loop. Returns all logits."""
+    model = nnx.merge(graphdef, state)
+    positions = jnp.maximum(jnp.cumsum(mask_BP, -1) - 1, 0) if explicit_positions else None
+    out = model.forward(prompt_BP, positions, mask_BP, cache=cache)
+    start_B = jnp.sum(mask_BP, -1)
+
+    def body(t, carry):
+        logits_BTV, cache = carry
+        pos = (start_B + t)[:, None] if explicit_positions else None
+        step = model.forward(new_BT[:, t][:, None], pos, jnp.ones((new_BT.shape[0], 1), bool), cache=cache)
+        return logits_BTV.at[:, t].set(step.logits[:, 0]), step.cache
+
+    init = (jnp.zeros(new_BT.shape + (model.cfg.vocab_size,), jnp.float32), out.cache)
+    logits_BTV, cache = jax.lax.fori_loop(0, new_BT.shape[1], body, init)
+    return out.logits, logits_BTV, cache
+
+
+@pytest.mark.parametrize("norm,explicit", [("pre", False), ("pre", True), ("siamese", False)])
+def test_decode_matches_full_forward_with_left_padding(norm, explicit):
+    cfg = TransformerConfig.tiny(norm=norm, family="qwen3", qk_norm=True)
+    model = Transformer(cfg, rngs=nnx.Rngs(1))
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(3, cfg.vocab_size, (3, PROMPT + NEW)).astype(np.int32)
+    prompt_mask = np.arange(PROMPT)[None] >= np.array([0, 2, 4])[:, None]  # rows of length 5, 3, 1
+    tokens[:, :PROMPT] = np.where(prompt_mask, tokens[:, :PROMPT], 0)
+    full_mask = np.concatenate([prompt_mask, np.ones((3, NEW), bool)], axis=1)
+    full = np.asarray(model.forward(jnp.asarray(tokens), None, jnp.asarray(full_mask)).logits)
+
+    graphdef, state = nnx.split(model)
+    cache = KVCache.init(cfg, 3, PROMPT + NEW + 2, "float32")
+    prefill, decoded, cache = _prefill_then_decode(
+        graphdef, state, jnp.asarray(tokens[:, :PROMPT]), jnp.asarray(prompt_mask),
+        jnp.asarray(tokens[:, PROMPT:]), cache, explicit)
+    np.testing.assert_allclose(np.asarray(prefill)[prompt_mask], full[:, :PROMPT][prompt_mask], atol=1e-5, rtol=0)
+    np.testing.assert_allclose(np.asarray(decoded), full[:, PROMPT:], atol=1e-5, rtol=0)
+    assert int(cache.index) == PROMPT + NEW
+    expected_valid = np.concatenate([full_mask, np.zeros((3, 2), bool)], axis=1)
+    np.testing.assert_array_equal(np.asarray(cache.valid_BS), expected_valid)
+    # A left-padded row decodes exactly like the same row without padding.
+    alone = np.asarray(model(jnp.asarray(tokens[2:3, PROMPT - 1:])))[0]
+    np.testing.assert_allclose(np.asarray(decoded)[2], alone[1:], atol=1e-5, rtol=0)
+
+
+def test_repeat_makes_contiguous_copies_that_decode_identically():
+    cfg = TransformerConfig.tiny()
+    model = Transformer(cfg, rngs=nnx.Rngs(2))
+    prompt = jnp.array([[0, 5, 6], [7, 8, 9]], jnp.int32)
+    mask = jnp.array([[0, 1, 1], [1, 1, 1]], bool)
+    out = model.forward(prompt, None, mask, cache=KVCache.init(cfg, 2, 6))
+    rep = out.cache.repeat(3)
+    assert rep.k.shape == (cfg.num_layers, 6, 6, cfg.num_kv_heads, cfg.head_dim)
+    np.testing.assert_array_equal(np.asarray(rep.k[:, 3]), np.asarray(out.cache.k[:, 1]))
+    np.testing.assert_array_equal(np.asarray(rep.valid_BS), np.repeat(np.asarray(out.cache.valid_BS), 3, 0))
+    assert int(rep.index) == 3
+    step = model.forward(jnp.full((6, 1), 11, jnp.int32), cache=rep)
+    single = model.forward(jnp.full((2, 1), 11, jnp.int32), cache=out.cache)
+    np.testing.assert_allclose(np.asarray(step.logits), np.repeat(np.asarray(single.logits), 3, 0), atol=1e-6)
+
+
+def test_cache_init_layout_and_bad_input():
+    cfg = TransformerConfig.tiny()
+    cache = KVCache.init(cfg, 2, 7, "bfloat16")
+    assert cache.k.shape == cache.v.shape == (2, 2, 7, 2, 8) and cache.k.dtype == jnp.bfloat16
+    assert cache.valid_BS.shape == (2, 7) and not cache.valid_BS.any() and int(cache.index) == 0
+    assert KVCache.init(cfg, 1, 3).k.dtype == jnp.float32
+    with pytest.raises(ValueError, match="capacity"):
+        KVCache.init(cfg, 2, 0)
+    with pytest.raises(ValueError, match="num >= 1"):
+        cache.repeat(0)
+    model = Transformer(cfg, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="does not fit"):
+        model.forward(jnp.zeros((2, 8), jnp.int32), cache=KVCache.init(cfg, 2, 7))
