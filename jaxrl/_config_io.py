@@ -56,7 +56,9 @@ def _unknown(key: str, name: str, valid: list[str]) -> ConfigError:
     full = f"{key}.{name}" if key else name
     close = difflib.get_close_matches(name, valid, n=1, cutoff=0.6)
     hint = f"; did you mean '{key + '.' if key else ''}{close[0]}'?" if close else ""
-    return ConfigError(f"unknown key '{full}'{hint} (valid keys{' of ' + key if key else ''}: {', '.join(valid)})")
+    return ConfigError(
+        f"unknown key '{full}'{hint} (valid keys{' of ' + key if key else ''}: {', '.join(valid)})"
+    )
 
 
 def _wrong(key: str, value: Any, tp: Any) -> ConfigError:
@@ -112,7 +114,7 @@ def convert(value: Any, tp: Any, key: str) -> Any:
 
 
 def from_dict(cls: type, raw: dict[str, Any], key: str) -> Any:
-    """Builds dataclass `cls` from a mapping; unknown keys, wrong types and invalid values raise ConfigError."""
+    """Builds dataclass `cls` from a mapping; bad keys, types or values raise ConfigError."""
     hints = _hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
     kwargs = {}
@@ -120,9 +122,13 @@ def from_dict(cls: type, raw: dict[str, Any], key: str) -> Any:
         if name not in hints:
             raise _unknown(key, str(name), names)
         kwargs[name] = convert(value, hints[name], f"{key}.{name}" if key else name)
-    missing = [f.name for f in dataclasses.fields(cls)
-               if f.name not in kwargs and f.default is dataclasses.MISSING
-               and f.default_factory is dataclasses.MISSING]
+    missing = [
+        f.name
+        for f in dataclasses.fields(cls)
+        if f.name not in kwargs
+        and f.default is dataclasses.MISSING
+        and f.default_factory is dataclasses.MISSING
+    ]
     if missing:
         raise ConfigError(f"{key or 'config'}: missing required key(s) {', '.join(missing)}")
     return cls(**kwargs)
@@ -147,15 +153,18 @@ def _list_index(node: list, part: str, key: str) -> int:
     names = [item.get("name") for item in node if isinstance(item, dict)]
     if part in names:
         return names.index(part)
-    raise ConfigError(f"--set {key}: no list entry '{part}' (use an index below {len(node)} or one of the "
-                      f"names {', '.join(map(str, names))})")
+    raise ConfigError(
+        f"--set {key}: no list entry '{part}' (use an index below {len(node)} or one of the "
+        f"names {', '.join(map(str, names))})"
+    )
 
 
 def apply_override(cls: type, raw: dict[str, Any], item: str) -> dict[str, Any]:
     """Returns a copy of `raw` with one `a.b.c=value` override applied (value parsed by yaml.safe_load).
 
     Keys are checked against the dataclass fields while walking the path; below a `dict[str, Any]` field any
-    key is accepted (e.g. `model.overrides.num_layers=2`); list entries (rewards) are addressed by index or name.
+    key is accepted (e.g. `model.overrides.num_layers=2`); list entries (rewards) are addressed by index or
+    name.
     """
     if "=" not in item:
         raise ConfigError(f"--set {item!r}: expected key=value, for example optimizer.lr=1e-5")
@@ -191,6 +200,6 @@ def apply_override(cls: type, raw: dict[str, Any], item: str) -> dict[str, Any]:
             child = {}
             node[part] = child
         if not isinstance(child, (dict, list)):
-            raise ConfigError(f"--set {key}: '{'.'.join(parts[:i + 1])}' holds {child!r}, not a mapping")
+            raise ConfigError(f"--set {key}: '{'.'.join(parts[: i + 1])}' holds {child!r}, not a mapping")
         node, tp = child, child_tp
     return raw

@@ -9,7 +9,8 @@ Layout (read by `jaxrl.model_io.load_model_checkpoint` and `jaxrl export-hf`):
     RUN/checkpoints/<step>/extra/         JSON: step, RNG key data, data-iterator state, metric counters
 
 Atomicity is orbax's: a step is written under a temporary name and renamed when complete, so a process killed
-mid-save (SIGKILL) leaves no `<step>` directory. A step that exists but cannot be restored (truncated files) is
+mid-save (SIGKILL) leaves no `<step>` directory. A step that exists but cannot be restored (truncated files)
+is
 moved aside to `corrupt-<step>` with a warning, and the previous step is used. `PreemptionGuard` turns SIGTERM
 into a flag that the training loop checks between steps (agreed across hosts) to save once more and stop.
 """
@@ -56,9 +57,11 @@ def key_from_json(data: dict[str, Any]) -> jax.Array:
 
 def _abstract(tree: Any) -> Any:
     """Restore target: shapes, dtypes and shardings of `tree` (arrays or ShapeDtypeStructs)."""
+
     def leaf(x):
         sharding = getattr(x, "sharding", None)
         return jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=sharding)
+
     return jax.tree.map(leaf, tree)
 
 
@@ -73,7 +76,8 @@ class Checkpointer:
         self.directory = Path(directory).absolute()
         self.every = every
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=keep, create=True, cleanup_tmp_directories=True, enable_async_checkpointing=async_save)
+            max_to_keep=keep, create=True, cleanup_tmp_directories=True, enable_async_checkpointing=async_save
+        )
         self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
 
     def should_save(self, step: int) -> bool:
@@ -84,12 +88,15 @@ class Checkpointer:
         if step in self.manager.all_steps():
             log.info("checkpoint step %d already exists in %s; not saving it again", step, self.directory)
             return
-        args = ocp.args.Composite(params=ocp.args.StandardSave(params), opt_state=ocp.args.StandardSave(opt_state),
-                                  extra=ocp.args.JsonSave({**extra, "step": step}))
+        args = ocp.args.Composite(
+            params=ocp.args.StandardSave(params),
+            opt_state=ocp.args.StandardSave(opt_state),
+            extra=ocp.args.JsonSave({**extra, "step": step}),
+        )
         self.manager.save(step, args=args, force=True)
 
     def write_model_config(self, model_config: dict[str, Any], tokenizer: Any = None) -> None:
-        """Writes `model_config.json` (and the tokenizer) next to the steps, atomically; primary process only."""
+        """Writes `model_config.json` (and the tokenizer) next to the steps; primary process only."""
         if jax.process_index() != 0:
             return
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -103,8 +110,13 @@ class Checkpointer:
         return sorted(self.manager.all_steps())
 
     def _quarantine(self, step: int, error: Exception) -> None:
-        log.warning("checkpoint step %d in %s cannot be restored (%s: %s); using the previous one",
-                    step, self.directory, type(error).__name__, str(error).splitlines()[0] if str(error) else "")
+        log.warning(
+            "checkpoint step %d in %s cannot be restored (%s: %s); using the previous one",
+            step,
+            self.directory,
+            type(error).__name__,
+            str(error).splitlines()[0] if str(error) else "",
+        )
         if jax.process_index() == 0:
             src = self.directory / str(step)
             if src.exists():
@@ -120,9 +132,11 @@ class Checkpointer:
         """
         self.manager.wait_until_finished()
         for step in sorted(self.manager.all_steps(), reverse=True):
-            args = ocp.args.Composite(params=ocp.args.StandardRestore(_abstract(params_like)),
-                                      opt_state=ocp.args.StandardRestore(_abstract(opt_state_like)),
-                                      extra=ocp.args.JsonRestore())
+            args = ocp.args.Composite(
+                params=ocp.args.StandardRestore(_abstract(params_like)),
+                opt_state=ocp.args.StandardRestore(_abstract(opt_state_like)),
+                extra=ocp.args.JsonRestore(),
+            )
             try:
                 out = self.manager.restore(step, args=args)
                 extra = dict(out["extra"])

@@ -1,13 +1,17 @@
 """Typed experiment configuration: one frozen dataclass per component, composed into `ExperimentConfig`.
 
-YAML files in `configs/` map 1:1 onto these dataclasses (levanter/draccus style). `load_config(path, overrides)`
-reads the YAML with `yaml.safe_load`, applies dotted `--set a.b=c` overrides (values parsed with `yaml.safe_load`),
-and builds the dataclasses; every unknown key, wrong type or invalid value raises `jaxrl.errors.ConfigError` with
+YAML files in `configs/` map 1:1 onto these dataclasses (levanter/draccus style). `load_config(path,
+overrides)`
+reads the YAML with `yaml.safe_load`, applies dotted `--set a.b=c` overrides (values parsed with
+`yaml.safe_load`),
+and builds the dataclasses; every unknown key, wrong type or invalid value raises `jaxrl.errors.ConfigError`
+with
 one message naming the full dotted key (and, for a misspelt key, the closest valid one). `dump_config` writes
 the resolved YAML, which loads back to an equal config.
 
 Only `jaxrl/cli.py` and the trainer read `ExperimentConfig`; everything below them takes small configs or
-plain arguments (STYLE.md principle 13). The generic YAML <-> dataclass machinery lives in `jaxrl/_config_io.py`.
+plain arguments (STYLE.md principle 13). The generic YAML <-> dataclass machinery lives in
+`jaxrl/_config_io.py`.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from jaxrl._config_io import from_dict, to_dict, apply_override
+from jaxrl._config_io import apply_override, from_dict, to_dict
 from jaxrl.errors import ConfigError
 from jaxrl.sharding.mesh import MeshConfig
 
@@ -57,9 +61,11 @@ def _check_choice(key: str, value: Any, choices: tuple) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """Which model to train: a preset of `jaxrl.models.TransformerConfig`, an HF directory, or a jaxrl checkpoint.
+    """Which model to train: a preset of `jaxrl.models.TransformerConfig`, an HF directory, or a jaxrl
+    checkpoint.
 
-    `overrides` replaces fields of the preset (e.g. `{num_layers: 2}`); `norm`/`remat`/`dtype` are applied last.
+    `overrides` replaces fields of the preset (e.g. `{num_layers: 2}`); `norm`/`remat`/`dtype` are applied
+    last.
     """
 
     preset: str | None = "tiny_siamese"
@@ -72,7 +78,12 @@ class ModelConfig:
 
     def __post_init__(self):
         sources = [n for n in ("preset", "hf_path", "checkpoint") if getattr(self, n) is not None]
-        _check(len(sources) == 1, "model", sources, "set exactly one of model.preset, model.hf_path, model.checkpoint")
+        _check(
+            len(sources) == 1,
+            "model",
+            sources,
+            "set exactly one of model.preset, model.hf_path, model.checkpoint",
+        )
         _check_choice("model.dtype", self.dtype, DTYPES)
         if self.norm is not None:
             _check_choice("model.norm", self.norm, NORMS)
@@ -88,16 +99,22 @@ class TokenizerConfig:
 
     def __post_init__(self):
         _check_choice("tokenizer.kind", self.kind, ("builtin", "hf"))
-        _check((self.path is not None) == (self.kind == "hf"), "tokenizer.path", self.path,
-               "tokenizer.path is required when tokenizer.kind='hf' and must be unset for 'builtin'")
+        _check(
+            (self.path is not None) == (self.kind == "hf"),
+            "tokenizer.path",
+            self.path,
+            "tokenizer.path is required when tokenizer.kind='hf' and must be unset for 'builtin'",
+        )
 
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
-    """Prompt source: `arithmetic` / `countdown` (built-in), `reasoning_gym:<task>`, or a .jsonl/.parquet path.
+    """Prompt source: `arithmetic` / `countdown` (built-in), `reasoning_gym:<task>`, or a .jsonl/.parquet
+    path.
 
     `prompts_per_step` is the global number of prompts per RL step (split over hosts); `eval_size` prompts are
-    held out; `target_format` turns a reference answer into the SFT target (warm start, sft_aux); `params` go to
+    held out; `target_format` turns a reference answer into the SFT target (warm start, sft_aux); `params` go
+    to
     the built-in generator or reasoning-gym.
     """
 
@@ -117,8 +134,12 @@ class DataConfig:
         for name in ("prompts_per_step", "train_size"):
             _check(getattr(self, name) >= 1, f"data.{name}", getattr(self, name), "must be >= 1")
         _check(self.eval_size >= 0, "data.eval_size", self.eval_size, "must be >= 0")
-        _check("{answer}" in self.target_format, "data.target_format", self.target_format,
-               "must contain the placeholder {answer} (the SFT target is the answer in the expected format)")
+        _check(
+            "{answer}" in self.target_format,
+            "data.target_format",
+            self.target_format,
+            "must contain the placeholder {answer} (the SFT target is the answer in the expected format)",
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,8 +165,12 @@ class RolloutConfig:
             _check(0 < self.top_p <= 1, "rollout.top_p", self.top_p, "must be in (0, 1] or null")
         for name in ("prompt_buckets", "gen_buckets"):
             b = getattr(self, name)
-            _check(all(x >= 1 for x in b) and list(b) == sorted(set(b)), f"rollout.{name}", list(b),
-                   "must be strictly increasing positive integers")
+            _check(
+                all(x >= 1 for x in b) and list(b) == sorted(set(b)),
+                f"rollout.{name}",
+                list(b),
+                "must be strictly increasing positive integers",
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,13 +221,24 @@ class AlgorithmConfig:
         _check_choice("algorithm.kl_in", self.kl_in, ("loss", "reward"))
         for name in ("ppo_epochs", "mini_batches", "grad_accum", "clipo_head_dim"):
             _check(getattr(self, name) >= 1, f"algorithm.{name}", getattr(self, name), "must be >= 1")
-        for name in ("etr_alpha", "etr_beta", "etr_adv_max", "clipo_lambda", "sft_lambda",
-                     "clipo_warmup_steps", "dynamic_sampling_max_tries"):
+        for name in (
+            "etr_alpha",
+            "etr_beta",
+            "etr_adv_max",
+            "clipo_lambda",
+            "sft_lambda",
+            "clipo_warmup_steps",
+            "dynamic_sampling_max_tries",
+        ):
             _check(getattr(self, name) >= 0, f"algorithm.{name}", getattr(self, name), "must be >= 0")
         _check_choice("algorithm.gd2po_mode", self.gd2po_mode, ("hard", "snr"))
         _check(0 <= self.gd2po_tau <= 1, "algorithm.gd2po_tau", self.gd2po_tau, "must be in [0, 1]")
-        _check(self.clipo_tau > 0 and self.clipo_lr > 0, "algorithm.clipo_tau/clipo_lr",
-               (self.clipo_tau, self.clipo_lr), "must be > 0")
+        _check(
+            self.clipo_tau > 0 and self.clipo_lr > 0,
+            "algorithm.clipo_tau/clipo_lr",
+            (self.clipo_tau, self.clipo_lr),
+            "must be > 0",
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -218,18 +254,26 @@ class RewardSpec:
     on_error: str = "zero"
 
     def __post_init__(self):
-        _check(bool(self.name) and "/" not in self.name, "rewards.name", self.name,
-               "a reward needs a non-empty name without '/'")
+        _check(
+            bool(self.name) and "/" not in self.name,
+            "rewards.name",
+            self.name,
+            "a reward needs a non-empty name without '/'",
+        )
         _check_choice(f"rewards[{self.name}].on_error", self.on_error, ("zero", "skip"))
         if self.type == "function":
             f = self.function or ""
-            _check(f.count(":") == 1 and all(f.split(":")), f"rewards[{self.name}].function", self.function,
-                   "type 'function' needs function: 'package.module:function_name'")
+            _check(
+                f.count(":") == 1 and all(f.split(":")),
+                f"rewards[{self.name}].function",
+                self.function,
+                "type 'function' needs function: 'package.module:function_name'",
+            )
 
 
 @dataclasses.dataclass(frozen=True)
 class OptimizerConfig:
-    """optax AdamW with linear warm-up then cosine decay (to `lr * final_lr_frac`) or constant; global-norm clip."""
+    """optax AdamW; linear warm-up, then cosine decay to `lr * final_lr_frac` (or constant); clip by norm."""
 
     lr: float = 1e-5
     b1: float = 0.9
@@ -245,20 +289,28 @@ class OptimizerConfig:
     def __post_init__(self):
         _check(self.lr > 0, "optimizer.lr", self.lr, "must be > 0")
         for name in ("b1", "b2"):
-            _check(0 <= getattr(self, name) < 1, f"optimizer.{name}", getattr(self, name), "must be in [0, 1)")
+            _check(
+                0 <= getattr(self, name) < 1, f"optimizer.{name}", getattr(self, name), "must be in [0, 1)"
+            )
         _check(self.weight_decay >= 0, "optimizer.weight_decay", self.weight_decay, "must be >= 0")
         _check(self.warmup_steps >= 0, "optimizer.warmup_steps", self.warmup_steps, "must be >= 0")
         _check_choice("optimizer.schedule", self.schedule, SCHEDULES)
-        _check(0 <= self.final_lr_frac <= 1, "optimizer.final_lr_frac", self.final_lr_frac, "must be in [0, 1]")
+        _check(
+            0 <= self.final_lr_frac <= 1, "optimizer.final_lr_frac", self.final_lr_frac, "must be in [0, 1]"
+        )
         if self.clip_norm is not None:
             _check(self.clip_norm > 0, "optimizer.clip_norm", self.clip_norm, "must be > 0 or null")
-        _check(self.max_nonfinite_steps >= 1, "optimizer.max_nonfinite_steps", self.max_nonfinite_steps,
-               "must be >= 1")
+        _check(
+            self.max_nonfinite_steps >= 1,
+            "optimizer.max_nonfinite_steps",
+            self.max_nonfinite_steps,
+            "must be >= 1",
+        )
 
 
 @dataclasses.dataclass(frozen=True)
 class CheckpointConfig:
-    """Orbax checkpoints under RUN/checkpoints: every `every` steps, keep the last `keep`; `resume` from the latest."""
+    """Orbax checkpoints in RUN/checkpoints: every `every` steps, keep the last `keep`; `resume` latest."""
 
     every: int = 50
     keep: int = 2
@@ -330,12 +382,23 @@ class ExperimentConfig:
         _check(not dup, "rewards", dup, "reward names must be unique")
         multi = (Algo.GDPO, Algo.GD2PO)
         if self.algorithm.name in multi:
-            _check(len(self.rewards) >= 2, "algorithm.name", self.algorithm.name.value,
-                   "gdpo/gd2po normalise each reward separately and need at least 2 rewards")
-        if self.algorithm.name in (Algo.GRPO, Algo.DR_GRPO, Algo.DAPO, Algo.RLOO, Algo.ETR, Algo.GDPO,
-                                   Algo.GD2PO, Algo.CLIPO) and self.rollout.group_size < 2:
-            _check(False, "rollout.group_size", self.rollout.group_size,
-                   "group-relative algorithms need group_size >= 2")
+            _check(
+                len(self.rewards) >= 2,
+                "algorithm.name",
+                self.algorithm.name.value,
+                "gdpo/gd2po normalise each reward separately and need at least 2 rewards",
+            )
+        if (
+            self.algorithm.name
+            in (Algo.GRPO, Algo.DR_GRPO, Algo.DAPO, Algo.RLOO, Algo.ETR, Algo.GDPO, Algo.GD2PO, Algo.CLIPO)
+            and self.rollout.group_size < 2
+        ):
+            _check(
+                False,
+                "rollout.group_size",
+                self.rollout.group_size,
+                "group-relative algorithms need group_size >= 2",
+            )
 
 
 DEFAULT_CONFIG = "quickstart.yaml"
@@ -346,7 +409,9 @@ def default_config_text() -> str:
     return importlib.resources.files("jaxrl.configs").joinpath(DEFAULT_CONFIG).read_text()
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> ExperimentConfig:
+def load_config(
+    path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()
+) -> ExperimentConfig:
     """Reads a YAML config (or the embedded default when `path` is None) and applies `a.b=c` overrides.
 
     Raises:

@@ -1,4 +1,5 @@
-"""Run-directory logging: `metrics.jsonl`, TensorBoard events, `samples.jsonl`, a tqdm bar; cross-host reduction.
+"""Run-directory logging: `metrics.jsonl`, TensorBoard events, `samples.jsonl`, a tqdm bar; cross-host
+reduction.
 
 Only the primary process (process 0) writes anything. On resume from step k, lines of `metrics.jsonl` and
 `samples.jsonl` with step > k (written after the last checkpoint by a killed run) are dropped and TensorBoard
@@ -37,8 +38,11 @@ def _truncate_jsonl(path: Path, last_step: int) -> None:
     """Keeps only lines with step <= last_step (atomic rewrite)."""
     if not path.is_file():
         return
-    kept = [line for line in path.read_text().splitlines()
-            if line.strip() and json.loads(line).get("step", 0) <= last_step]
+    kept = [
+        line
+        for line in path.read_text().splitlines()
+        if line.strip() and json.loads(line).get("step", 0) <= last_step
+    ]
     tmp = path.with_suffix(".tmp")
     tmp.write_text("".join(line + "\n" for line in kept))
     os.replace(tmp, path)
@@ -64,9 +68,16 @@ class MetricsWriter:
       postfix_keys: metrics shown on the progress bar.
     """
 
-    def __init__(self, run_dir: str | os.PathLike, *, resume_step: int = 0, total_steps: int | None = None,
-                 tensorboard: bool = True, primary: bool | None = None,
-                 postfix_keys: Sequence[str] = ("reward/mean", "loss")):
+    def __init__(
+        self,
+        run_dir: str | os.PathLike,
+        *,
+        resume_step: int = 0,
+        total_steps: int | None = None,
+        tensorboard: bool = True,
+        primary: bool | None = None,
+        postfix_keys: Sequence[str] = ("reward/mean", "loss"),
+    ):
         self.run_dir = Path(run_dir)
         self.primary = jax.process_index() == 0 if primary is None else primary
         self.postfix_keys = tuple(postfix_keys)
@@ -99,18 +110,24 @@ class MetricsWriter:
                     self._tb.add_scalar(key, value, int(step))
         if self._bar is not None:
             self._bar.update(int(step) - self._bar.n)
-            shown = {k.split("/")[0] if k.endswith("/mean") else k: row[k] for k in self.postfix_keys
-                     if isinstance(row.get(k), float)}
+            shown = {
+                k.split("/")[0] if k.endswith("/mean") else k: row[k]
+                for k in self.postfix_keys
+                if isinstance(row.get(k), float)
+            }
             self._bar.set_postfix({k: f"{v:.3g}" for k, v in shown.items()}, refresh=False)
 
-    def write_samples(self, step: int, prompts: Sequence[str], completions: Sequence[str],
-                      rewards: Sequence[float]) -> None:
+    def write_samples(
+        self, step: int, prompts: Sequence[str], completions: Sequence[str], rewards: Sequence[float]
+    ) -> None:
         """Appends sample completions to RUN/samples.jsonl, one JSON object per completion."""
         if not self.primary:
             return
         with open(self.run_dir / SAMPLES_FILE, "a") as f:
             for p, c, r in zip(prompts, completions, rewards, strict=True):
-                f.write(json.dumps({"step": int(step), "prompt": p, "completion": c, "reward": _scalar(r)}) + "\n")
+                f.write(
+                    json.dumps({"step": int(step), "prompt": p, "completion": c, "reward": _scalar(r)}) + "\n"
+                )
 
     def close(self) -> None:
         if self._file is not None:

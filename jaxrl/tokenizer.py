@@ -1,8 +1,11 @@
 """Tokenizers: the built-in character tokenizer for tiny models, and HF tokenizer directories.
 
-The built-in tokenizer has one token per printable ASCII character (plus newline) and five special tokens, wrapped
-in a `transformers.PreTrainedTokenizerFast` with a minimal chat template, so the trainer treats it exactly like a
-real HF tokenizer. It is built in code in milliseconds (no asset file), so it is deterministic by construction:
+The built-in tokenizer has one token per printable ASCII character (plus newline) and five special tokens,
+wrapped
+in a `transformers.PreTrainedTokenizerFast` with a minimal chat template, so the trainer treats it exactly
+like a
+real HF tokenizer. It is built in code in milliseconds (no asset file), so it is deterministic by
+construction:
 the same text always gives the same ids on every machine. Characters outside the alphabet map to `<|unk|>`.
 """
 
@@ -16,7 +19,14 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedToken
 
 from jaxrl.errors import ConfigError
 
-PAD, EOS, UNK, SYSTEM, USER, ASSISTANT = "<|pad|>", "<|eos|>", "<|unk|>", "<|system|>", "<|user|>", "<|assistant|>"
+PAD, EOS, UNK, SYSTEM, USER, ASSISTANT = (
+    "<|pad|>",
+    "<|eos|>",
+    "<|unk|>",
+    "<|system|>",
+    "<|user|>",
+    "<|assistant|>",
+)
 SPECIALS = (PAD, EOS, UNK, SYSTEM, USER, ASSISTANT)
 ALPHABET = "\n" + "".join(chr(c) for c in range(32, 127))
 CHAT_TEMPLATE = (
@@ -36,15 +46,21 @@ def builtin_tokenizer() -> PreTrainedTokenizerFast:
     tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
     tk.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     tk.decoder = decoders.Fuse()
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token=PAD, eos_token=EOS, unk_token=UNK,
-                                  additional_special_tokens=[SYSTEM, USER, ASSISTANT])
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=tk,
+        pad_token=PAD,
+        eos_token=EOS,
+        unk_token=UNK,
+        additional_special_tokens=[SYSTEM, USER, ASSISTANT],
+    )
     tok.chat_template = CHAT_TEMPLATE
     tok.padding_side = "left"
     return tok
 
 
 def load_tokenizer(kind: str = "builtin", path: str | os.PathLike | None = None) -> PreTrainedTokenizerBase:
-    """`kind="builtin"` → `builtin_tokenizer()`; `kind="hf"` → a local HF tokenizer directory (offline, no remote
+    """`kind="builtin"` → `builtin_tokenizer()`; `kind="hf"` → a local HF tokenizer directory (offline, no
+    remote
     code). A tokenizer without a pad token gets its eos token as pad."""
     if kind == "builtin":
         return builtin_tokenizer()

@@ -1,9 +1,17 @@
-"""Prompt data: built-in generators, reasoning-gym and local files; splits, encoding and the grain iterator."""
+"""Prompt data: built-in generators, reasoning-gym, local files; splits, encoding, grain iterator."""
 
 from jaxrl.data.pipeline import Encoder, eval_batches, make_splits, pad_left, split_records, train_iterator
 from jaxrl.data.tasks import GENERATORS, arithmetic, countdown, load_records
 
 __all__ = [
-    "GENERATORS", "Encoder", "arithmetic", "countdown", "eval_batches", "load_records", "make_splits", "pad_left",
-    "split_records", "train_iterator",
+    "GENERATORS",
+    "Encoder",
+    "arithmetic",
+    "countdown",
+    "eval_batches",
+    "load_records",
+    "make_splits",
+    "pad_left",
+    "split_records",
+    "train_iterator",
 ]

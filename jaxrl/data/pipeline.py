@@ -17,9 +17,11 @@ from jaxrl.data.tasks import load_records
 from jaxrl.errors import ConfigError, UserError
 
 
-def split_records(records: Sequence[dict[str, Any]], eval_size: int, seed: int
-                  ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(train, eval): duplicates (same prompt) dropped, order permuted by `seed`, the first `eval_size` held out.
+def split_records(
+    records: Sequence[dict[str, Any]], eval_size: int, seed: int
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(train, eval): duplicates (same prompt) dropped, order permuted by `seed`, the first `eval_size` held
+    out.
 
     Deduplicating before the split keeps the eval prompts out of the training set even for small generators.
     """
@@ -30,29 +32,44 @@ def split_records(records: Sequence[dict[str, Any]], eval_size: int, seed: int
     order = np.random.default_rng(seed).permutation(len(unique))
     shuffled = [unique[i] for i in order]
     if len(shuffled) <= eval_size:
-        raise ConfigError(f"data.eval_size={eval_size}: only {len(shuffled)} distinct prompts, none left to train on")
+        raise ConfigError(
+            f"data.eval_size={eval_size}: only {len(shuffled)} distinct prompts, none left to train on"
+        )
     return shuffled[eval_size:], shuffled[:eval_size]
 
 
-def make_splits(source: str, *, train_size: int, eval_size: int, seed: int, params: dict[str, Any] | None = None,
-                prompt_field: str = "prompt", answer_field: str = "answer"
-                ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def make_splits(
+    source: str,
+    *,
+    train_size: int,
+    eval_size: int,
+    seed: int,
+    params: dict[str, Any] | None = None,
+    prompt_field: str = "prompt",
+    answer_field: str = "answer",
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Loads `train_size + eval_size` records of a source (all rows of a file) and splits them."""
-    records = load_records(source, train_size + eval_size, seed, params=params, prompt_field=prompt_field,
-                           answer_field=answer_field)
+    records = load_records(
+        source,
+        train_size + eval_size,
+        seed,
+        params=params,
+        prompt_field=prompt_field,
+        answer_field=answer_field,
+    )
     return split_records(records, eval_size, seed)
 
 
 @dataclasses.dataclass(frozen=True)
 class Encoder:
-    """Adds `prompt_ids` (chat template with generation prompt), `target` and `target_ids` (+eos) to a record."""
+    """Adds `prompt_ids` (chat template + generation prompt), `target`, `target_ids` (+eos) to a record."""
 
     tokenizer: Any
     system_prompt: str | None = None
     target_format: str = "<answer>{answer}</answer>"
 
     def prompt_ids(self, prompt: str) -> list[int]:
-        messages = ([{"role": "system", "content": self.system_prompt}] if self.system_prompt else [])
+        messages = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
         messages.append({"role": "user", "content": prompt})
         text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         return list(self.tokenizer.encode(text, add_special_tokens=False))
@@ -63,17 +80,30 @@ class Encoder:
 
     def __call__(self, record: dict[str, Any]) -> dict[str, Any]:
         target = self.target(record["answer"])
-        target_ids = list(self.tokenizer.encode(target, add_special_tokens=False)) + [self.tokenizer.eos_token_id]
-        return {**record, "prompt_ids": self.prompt_ids(record["prompt"]), "target": target,
-                "target_ids": target_ids}
+        target_ids = list(self.tokenizer.encode(target, add_special_tokens=False)) + [
+            self.tokenizer.eos_token_id
+        ]
+        return {
+            **record,
+            "prompt_ids": self.prompt_ids(record["prompt"]),
+            "target": target,
+            "target_ids": target_ids,
+        }
 
 
 def _as_list(batch: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return list(batch)
 
 
-def train_iterator(records: Sequence[dict[str, Any]], encoder: Encoder, *, batch_size: int, seed: int,
-                   process_index: int = 0, process_count: int = 1) -> Iterator[list[dict[str, Any]]]:
+def train_iterator(
+    records: Sequence[dict[str, Any]],
+    encoder: Encoder,
+    *,
+    batch_size: int,
+    seed: int,
+    process_index: int = 0,
+    process_count: int = 1,
+) -> Iterator[list[dict[str, Any]]]:
     """Endless iterator of this host's batches (lists of encoded records) with `get_state`/`set_state`.
 
     Args:
@@ -82,7 +112,9 @@ def train_iterator(records: Sequence[dict[str, Any]], encoder: Encoder, *, batch
       process_index, process_count: this host's shard of the records (disjoint across hosts).
     """
     if batch_size % process_count:
-        raise ConfigError(f"data.prompts_per_step={batch_size} is not divisible by the {process_count} processes")
+        raise ConfigError(
+            f"data.prompts_per_step={batch_size} is not divisible by the {process_count} processes"
+        )
     if not 0 <= process_index < process_count:
         raise ValueError(f"process_index={process_index} must be in [0, {process_count})")
     shard = grain.MapDataset.source(list(records))[process_index::process_count]
@@ -92,14 +124,17 @@ def train_iterator(records: Sequence[dict[str, Any]], encoder: Encoder, *, batch
     return iter(ds.to_iter_dataset())
 
 
-def eval_batches(records: Sequence[dict[str, Any]], encoder: Encoder, batch_size: int
-                 ) -> list[list[dict[str, Any]]]:
+def eval_batches(
+    records: Sequence[dict[str, Any]], encoder: Encoder, batch_size: int
+) -> list[list[dict[str, Any]]]:
     """The held-out records, encoded, in fixed order, in batches of at most `batch_size`."""
     encoded = [encoder(r) for r in records]
-    return [encoded[i:i + batch_size] for i in range(0, len(encoded), batch_size)]
+    return [encoded[i : i + batch_size] for i in range(0, len(encoded), batch_size)]
 
 
-def pad_left(ids: Sequence[Sequence[int]], buckets: Sequence[int], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+def pad_left(
+    ids: Sequence[Sequence[int]], buckets: Sequence[int], pad_id: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Left-pads token lists to the smallest bucket that fits (the longest list when `buckets` is empty).
 
     Returns:
@@ -108,13 +143,15 @@ def pad_left(ids: Sequence[Sequence[int]], buckets: Sequence[int], pad_id: int) 
     longest = max((len(x) for x in ids), default=0)
     fits = [b for b in buckets if b >= longest]
     if buckets and not fits:
-        raise UserError(f"a prompt has {longest} tokens, more than the largest bucket {max(buckets)}; "
-                        "raise rollout.prompt_buckets or shorten the prompts")
+        raise UserError(
+            f"a prompt has {longest} tokens, more than the largest bucket {max(buckets)}; "
+            "raise rollout.prompt_buckets or shorten the prompts"
+        )
     width = min(fits) if buckets else longest
     tokens_PL = np.full((len(ids), width), pad_id, np.int32)
     mask_PL = np.zeros((len(ids), width), bool)
     for i, row in enumerate(ids):
         if row:
-            tokens_PL[i, width - len(row):] = row
-            mask_PL[i, width - len(row):] = True
+            tokens_PL[i, width - len(row) :] = row
+            mask_PL[i, width - len(row) :] = True
     return tokens_PL, mask_PL

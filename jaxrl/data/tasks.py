@@ -1,7 +1,8 @@
 """Prompt sources as lists of records `{"prompt": str, "answer": str, **fields}`.
 
 Built-in generators (`arithmetic`, `countdown`) are pure functions of a seed. `reasoning_gym:<task>` uses the
-reasoning-gym package when installed; a `.jsonl` / `.json` / `.parquet` path is read with `datasets.load_dataset`
+reasoning-gym package when installed; a `.jsonl` / `.json` / `.parquet` path is read with
+`datasets.load_dataset`
 and its `prompt_field` / `answer_field` columns are renamed to `prompt` / `answer` (other columns are kept as
 reward fields).
 """
@@ -52,16 +53,24 @@ def _random_expression(rng: np.random.Generator, numbers: list[int]) -> tuple[st
 def countdown(n: int, seed: int, *, num_numbers: int = 3, max_number: int = 10) -> list[dict[str, Any]]:
     """`n` solvable countdown problems: reach `target` with `numbers` (each once) and + - * /."""
     if num_numbers < 2 or max_number < 1:
-        raise ConfigError(f"countdown: need data.params.num_numbers >= 2 and max_number >= 1, got "
-                          f"{num_numbers}, {max_number}")
+        raise ConfigError(
+            f"countdown: need data.params.num_numbers >= 2 and max_number >= 1, got "
+            f"{num_numbers}, {max_number}"
+        )
     rng = np.random.default_rng(seed)
     out = []
     for _ in range(n):
         numbers = [int(x) for x in rng.integers(1, max_number + 1, size=num_numbers)]
         expr, target = _random_expression(rng, numbers)
         listed = ", ".join(map(str, numbers))
-        out.append({"prompt": f"Use {listed} once each with + - * / to make {target}.", "answer": expr,
-                    "numbers": numbers, "target": target})
+        out.append(
+            {
+                "prompt": f"Use {listed} once each with + - * / to make {target}.",
+                "answer": expr,
+                "numbers": numbers,
+                "target": target,
+            }
+        )
     return out
 
 
@@ -70,8 +79,10 @@ GENERATORS = {"arithmetic": arithmetic, "countdown": countdown}
 
 def _reasoning_gym(task: str, n: int, seed: int, params: dict[str, Any]) -> list[dict[str, Any]]:
     if importlib.util.find_spec("reasoning_gym") is None:
-        raise ConfigError(f"data.source='reasoning_gym:{task}' needs the reasoning-gym package (pip install "
-                          "reasoning-gym==0.1.25)")
+        raise ConfigError(
+            f"data.source='reasoning_gym:{task}' needs the reasoning-gym package (pip install "
+            "reasoning-gym==0.1.25)"
+        )
     import reasoning_gym
 
     try:
@@ -92,7 +103,9 @@ def _load_file(path: Path, prompt_field: str, answer_field: str) -> list[dict[st
     ds = datasets.load_dataset(kind, data_files=str(path), split="train")
     for key, field in (("data.prompt_field", prompt_field), ("data.answer_field", answer_field)):
         if field not in ds.column_names:
-            raise ConfigError(f"{key}={field!r}: not a column of {path} (columns: {', '.join(ds.column_names)})")
+            raise ConfigError(
+                f"{key}={field!r}: not a column of {path} (columns: {', '.join(ds.column_names)})"
+            )
     out = []
     for row in ds:
         rec = {k: v for k, v in row.items() if k not in (prompt_field, answer_field)}
@@ -101,8 +114,15 @@ def _load_file(path: Path, prompt_field: str, answer_field: str) -> list[dict[st
     return out
 
 
-def load_records(source: str, n: int, seed: int, *, params: dict[str, Any] | None = None,
-                 prompt_field: str = "prompt", answer_field: str = "answer") -> list[dict[str, Any]]:
+def load_records(
+    source: str,
+    n: int,
+    seed: int,
+    *,
+    params: dict[str, Any] | None = None,
+    prompt_field: str = "prompt",
+    answer_field: str = "answer",
+) -> list[dict[str, Any]]:
     """Records of a source: built-in generator name, `reasoning_gym:<task>`, or a local file (all rows)."""
     params = dict(params or {})
     if source in GENERATORS:
@@ -114,5 +134,7 @@ def load_records(source: str, n: int, seed: int, *, params: dict[str, Any] | Non
         return _reasoning_gym(source.split(":", 1)[1], n, seed, params)
     if Path(source).suffix:
         return _load_file(Path(source), prompt_field, answer_field)
-    raise ConfigError(f"data.source={source!r}: use one of {', '.join(map(repr, GENERATORS))}, "
-                      "'reasoning_gym:<task>', or a .jsonl/.parquet path")
+    raise ConfigError(
+        f"data.source={source!r}: use one of {', '.join(map(repr, GENERATORS))}, "
+        "'reasoning_gym:<task>', or a .jsonl/.parquet path"
+    )

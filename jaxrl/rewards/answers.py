@@ -1,12 +1,16 @@
 """Answer extraction and comparison for verifiable-answer rewards (exact answer and math answer).
 
-`extract_answer` looks, in order, for the last `<answer>...</answer>`, the last `\\boxed{...}`, the text after the
-last `####` (GSM8K style), and finally the last number in the text. `math_equal` compares numerically when both
+`extract_answer` looks, in order, for the last `<answer>...</answer>`, the last `\\boxed{...}`, the text after
+the
+last `####` (GSM8K style), and finally the last number in the text. `math_equal` compares numerically when
+both
 sides parse as numbers (integers, decimals, `a/b`, `\\frac{a}{b}`, thousands separators), and otherwise asks
-`math-verify` (when installed, and only on the main thread: it uses `signal.alarm`, see shared ENV.md 3d) before
+`math-verify` (when installed, and only on the main thread: it uses `signal.alarm`, see shared ENV.md 3d)
+before
 falling back to normalised string equality.
 
-Deviation from TRL/verl reward helpers: math-verify is tried only when the cheap numeric comparison cannot decide,
+Deviation from TRL/verl reward helpers: math-verify is tried only when the cheap numeric comparison cannot
+decide,
 because it costs ~60 ms per pair on CPU and arithmetic answers never need it.
 """
 
@@ -63,7 +67,7 @@ def normalize(answer: str) -> str:
 
 
 def parse_number(answer: str) -> Fraction | None:
-    """Exact rational value of a numeric answer (`-12`, `1,000`, `0.25`, `3/4`, `\\frac{3}{4}`, `50%`), else None."""
+    """Exact value of a numeric answer (`-12`, `1,000`, `0.25`, `3/4`, `\\frac{3}{4}`, `50%`), else None."""
     s = normalize(answer)
     if s.endswith("%"):
         value = parse_number(s[:-1])
@@ -123,14 +127,17 @@ def gold_answer(reference: object) -> str:
     return text
 
 
-def math_answer(prompts: list[str], completions: list[str], *, answer: list, use_math_verify: bool = True,
-                **_fields) -> list[float]:
-    """1.0 where the completion's final answer equals the reference `answer` field mathematically, else 0.0."""
+def math_answer(
+    prompts: list[str], completions: list[str], *, answer: list, use_math_verify: bool = True, **_fields
+) -> list[float]:
+    """1.0 where the completion's final answer equals the `answer` field mathematically, else 0.0."""
     del prompts
     out = []
     for completion, ref in zip(completions, answer, strict=True):
         pred = extract_answer(completion)
-        out.append(float(pred is not None and math_equal(gold_answer(ref), pred, use_math_verify=use_math_verify)))
+        out.append(
+            float(pred is not None and math_equal(gold_answer(ref), pred, use_math_verify=use_math_verify))
+        )
     return out
 
 

@@ -1,8 +1,11 @@
-"""Countdown reward: the answer is an arithmetic expression that uses exactly the given numbers and hits the target.
+"""Countdown reward: the answer is an arithmetic expression that uses exactly the given numbers and hits the
+target.
 
 The expression is parsed with `ast` and evaluated by walking the tree with exact `Fraction` arithmetic; only
-integer literals, `+ - * /` and parentheses are accepted (no names, calls, powers, unary operators or floats), so
-nothing a model writes is ever executed. This follows the TinyZero / reasoning-gym countdown rules: every given
+integer literals, `+ - * /` and parentheses are accepted (no names, calls, powers, unary operators or floats),
+so
+nothing a model writes is ever executed. This follows the TinyZero / reasoning-gym countdown rules: every
+given
 number used exactly once (as a multiset), no other numbers.
 """
 
@@ -16,8 +19,12 @@ from fractions import Fraction
 from jaxrl.rewards.answers import _ANSWER_TAG
 
 MAX_EXPRESSION_CHARS = 200
-_OPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
-        ast.Div: lambda a, b: a / b}
+_OPS = {
+    ast.Add: lambda a, b: a + b,
+    ast.Sub: lambda a, b: a - b,
+    ast.Mult: lambda a, b: a * b,
+    ast.Div: lambda a, b: a / b,
+}
 _ALLOWED_CHARS = re.compile(r"^[\d\s+\-*/()]+$")
 
 
@@ -70,8 +77,15 @@ def countdown_correct(completion: str, numbers: list[int], target: int) -> bool:
     return Counter(used) == Counter(int(n) for n in numbers) and value == target
 
 
-def countdown(prompts: list[str], completions: list[str], *, numbers: list, target: list,
-              format_score: float = 0.0, **_fields) -> list[float]:
+def countdown(
+    prompts: list[str],
+    completions: list[str],
+    *,
+    numbers: list,
+    target: list,
+    format_score: float = 0.0,
+    **_fields,
+) -> list[float]:
     """1.0 for a correct countdown expression, `format_score` for a parsable but wrong one, else 0.0."""
     del prompts
     out = []

@@ -1,7 +1,9 @@
 """Resolving reward specs into callables and scoring completions into an `[N, K]` reward matrix.
 
-A reward that raises, returns None, NaN or ±inf for a sample is *counted* (`reward/<name>/errors`) and replaced
-according to its `on_error`: "zero" → 0.0, "skip" → NaN (the advantage code excludes NaN entries). When a batched
+A reward that raises, returns None, NaN or ±inf for a sample is *counted* (`reward/<name>/errors`) and
+replaced
+according to its `on_error`: "zero" → 0.0, "skip" → NaN (the advantage code excludes NaN entries). When a
+batched
 call raises, the reward is re-run one sample at a time so that only the failing samples are affected. A reward
 that returns a list of the wrong length is a bug and raises `UserError` naming it.
 """
@@ -74,7 +76,7 @@ def _import_function(ref: str, where: str) -> Callable[..., Any]:
 
 
 def build_reward(spec: Any) -> Reward:
-    """Resolves one `jaxrl.config.RewardSpec` (a built-in `type`, or `type: function` with "module:function")."""
+    """Resolves one `jaxrl.config.RewardSpec`: a built-in `type`, or `type: function` + "module:function"."""
     if spec.type == "function":
         fn = _import_function(spec.function, f"rewards[{spec.name}].function")
     elif spec.type in BUILTINS:
@@ -107,8 +109,13 @@ def _call(reward: Reward, prompts: list[str], completions: list[str], fields: di
         out = []
         for i in range(n):
             try:
-                out.extend(reward.fn(prompts[i:i + 1], completions[i:i + 1], **{k: v[i:i + 1] for k, v in
-                                                                                fields.items()}))
+                out.extend(
+                    reward.fn(
+                        prompts[i : i + 1],
+                        completions[i : i + 1],
+                        **{k: v[i : i + 1] for k, v in fields.items()},
+                    )
+                )
             except Exception:  # noqa: BLE001 -- counted as an error by the caller
                 out.append(None)
     if len(out) != n:
@@ -116,8 +123,9 @@ def _call(reward: Reward, prompts: list[str], completions: list[str], fields: di
     return out
 
 
-def score(rewards: Sequence[Any], prompts: list[str], completions: list[str],
-          fields: dict[str, list] | None = None) -> tuple[np.ndarray, ScoreInfo]:
+def score(
+    rewards: Sequence[Any], prompts: list[str], completions: list[str], fields: dict[str, list] | None = None
+) -> tuple[np.ndarray, ScoreInfo]:
     """Scores N completions with K rewards.
 
     Args:
@@ -145,8 +153,13 @@ def score(rewards: Sequence[Any], prompts: list[str], completions: list[str],
         rewards_NK[:, k] = [float(x) if good else fill for x, good in zip(raw, ok)]
         errors[reward.name] = n - sum(ok)
         if errors[reward.name]:
-            log.warning("reward %r: %d of %d samples failed (on_error=%s)", reward.name, errors[reward.name], n,
-                        reward.on_error)
+            log.warning(
+                "reward %r: %d of %d samples failed (on_error=%s)",
+                reward.name,
+                errors[reward.name],
+                n,
+                reward.on_error,
+            )
         column = rewards_NK[:, k]
         finite = column[~np.isnan(column)]
         metrics[f"reward/{reward.name}/mean"] = float(finite.mean()) if finite.size else math.nan

@@ -9,25 +9,42 @@ from __future__ import annotations
 import re
 
 
-def format_reward(prompts: list[str], completions: list[str], *, pattern: str | None = None,
-                  tags: list[str] | tuple[str, ...] = (), **_fields) -> list[float]:
+def format_reward(
+    prompts: list[str],
+    completions: list[str],
+    *,
+    pattern: str | None = None,
+    tags: list[str] | tuple[str, ...] = (),
+    **_fields,
+) -> list[float]:
     """1.0 where the completion matches `pattern` (re.fullmatch, DOTALL, after stripping) and contains each of
     `tags` exactly once as `<tag>...</tag>`; else 0.0."""
     del prompts
     if pattern is None and not tags:
-        raise ValueError("the format reward needs params.pattern (a regex) and/or params.tags (a list of tag names)")
+        raise ValueError(
+            "the format reward needs params.pattern (a regex) and/or params.tags (a list of tag names)"
+        )
     regex = re.compile(pattern, re.DOTALL) if pattern is not None else None
     tag_res = [re.compile(rf"<{re.escape(t)}>.*?</{re.escape(t)}>", re.DOTALL) for t in tags]
     out = []
     for text in completions:
         ok = regex is None or regex.fullmatch(text.strip()) is not None
-        ok = ok and all(len(r.findall(text)) == 1 and text.count(f"<{t}>") == 1 for r, t in zip(tag_res, tags))
+        ok = ok and all(
+            len(r.findall(text)) == 1 and text.count(f"<{t}>") == 1 for r, t in zip(tag_res, tags)
+        )
         out.append(float(ok))
     return out
 
 
-def length_penalty(prompts: list[str], completions: list[str], *, completion_length: list[int], target: int,
-                   coef: float = 1.0, **_fields) -> list[float]:
+def length_penalty(
+    prompts: list[str],
+    completions: list[str],
+    *,
+    completion_length: list[int],
+    target: int,
+    coef: float = 1.0,
+    **_fields,
+) -> list[float]:
     """Linear penalty beyond a target length: r = −coef · max(0, L − target) / target."""
     del prompts, completions
     if target < 1:
@@ -35,8 +52,16 @@ def length_penalty(prompts: list[str], completions: list[str], *, completion_len
     return [-coef * max(0, int(n) - target) / target for n in completion_length]
 
 
-def overlong_penalty(prompts: list[str], completions: list[str], *, completion_length: list[int], max_len: int,
-                     buffer: int, factor: float = 1.0, **_fields) -> list[float]:
+def overlong_penalty(
+    prompts: list[str],
+    completions: list[str],
+    *,
+    completion_length: list[int],
+    max_len: int,
+    buffer: int,
+    factor: float = 1.0,
+    **_fields,
+) -> list[float]:
     """DAPO soft overlong punishment (arXiv:2503.14476, eq. 13).
 
     r = min(−(L − (L_max − L_buf)) / L_buf · κ, 0), with L clipped at L_max so r ∈ [−κ, 0].
@@ -44,6 +69,8 @@ def overlong_penalty(prompts: list[str], completions: list[str], *, completion_l
     """
     del prompts, completions
     if not 0 < buffer <= max_len:
-        raise ValueError(f"overlong_penalty: need 0 < params.buffer <= params.max_len, got {buffer}, {max_len}")
+        raise ValueError(
+            f"overlong_penalty: need 0 < params.buffer <= params.max_len, got {buffer}, {max_len}"
+        )
     start = max_len - buffer
     return [min(-(min(int(n), max_len) - start) / buffer * factor, 0.0) for n in completion_length]

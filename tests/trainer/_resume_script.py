@@ -1,4 +1,5 @@
-"""A toy training loop with the real checkpoint/data/metrics pieces, used by test_checkpoint.py in subprocesses.
+"""A toy training loop with the real checkpoint/data/metrics pieces, used by test_checkpoint.py in
+subprocesses.
 
 usage: python _resume_script.py RUN_DIR STEPS [KILL_AT_STEP]
 Each step draws a data batch and a PRNG sample and takes one AdamW step; with KILL_AT_STEP the process
@@ -11,7 +12,6 @@ import sys
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 from jaxrl.checkpoint import Checkpointer, key_from_json, key_to_json

@@ -22,12 +22,14 @@ from jaxrl.tokenizer import builtin_tokenizer
 
 def _state(seed):
     k1, k2 = jax.random.split(jax.random.key(seed))
-    params = {"embed_tokens": {"embedding": jax.random.normal(k1, (7, 4))},
-              "layers": {"mlp": {"up_proj": {"kernel": jax.random.normal(k2, (2, 4, 5)).astype(jnp.bfloat16)}}}}
+    params = {
+        "embed_tokens": {"embedding": jax.random.normal(k1, (7, 4))},
+        "layers": {"mlp": {"up_proj": {"kernel": jax.random.normal(k2, (2, 4, 5)).astype(jnp.bfloat16)}}},
+    }
     tx = optax.adamw(1e-2)
     opt_state = tx.init(params)
     grads = jax.tree.map(lambda p: jnp.ones_like(p), params)
-    _, opt_state = tx.update(grads, opt_state, params)      # non-trivial mu/nu/count
+    _, opt_state = tx.update(grads, opt_state, params)  # non-trivial mu/nu/count
     return params, opt_state
 
 
@@ -61,18 +63,24 @@ def test_save_restore_exact_and_keep_k(tmp_path):
     assert ckpt.steps() == [4, 6]
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["4", "6"]
     assert sorted(p.name for p in (tmp_path / "checkpoints" / "6").iterdir() if p.is_dir()) == [
-        "extra", "opt_state", "params"]
+        "extra",
+        "opt_state",
+        "params",
+    ]
     ckpt.close()
 
     like_params, like_opt = _state(0)
     restored = Checkpointer(tmp_path / "checkpoints", every=2, keep=2).restore_latest(like_params, like_opt)
     params, opt_state, key, data_state = saved[6]
-    assert restored.step == 6 and restored.extra["step"] == 6 and restored.extra["counters"] == {"nonfinite": 6}
+    assert (
+        restored.step == 6 and restored.extra["step"] == 6 and restored.extra["counters"] == {"nonfinite": 6}
+    )
     _assert_tree_equal(restored.params, params)
     _assert_tree_equal(restored.opt_state, opt_state)
     assert type(restored.opt_state) is type(opt_state)
-    np.testing.assert_array_equal(jax.random.key_data(key_from_json(restored.extra["rng"])),
-                                  jax.random.key_data(key))
+    np.testing.assert_array_equal(
+        jax.random.key_data(key_from_json(restored.extra["rng"])), jax.random.key_data(key)
+    )
     fresh = train_iterator(arithmetic(10, 0), Encoder(builtin_tokenizer()), batch_size=3, seed=1)
     fresh.set_state(restored.extra["data"])
     assert [r["prompt"] for r in next(fresh)] == [r["prompt"] for r in next(it)]
@@ -86,7 +94,7 @@ def test_corrupted_step_is_skipped(tmp_path, caplog):
     ckpt.close()
     for f in (tmp_path / "2" / "params").rglob("*"):
         if f.is_file():
-            f.write_bytes(f.read_bytes()[: len(f.read_bytes()) // 2])   # truncated writes
+            f.write_bytes(f.read_bytes()[: len(f.read_bytes()) // 2])  # truncated writes
     like_params, like_opt = _state(0)
     ckpt = Checkpointer(tmp_path, every=1, keep=3, async_save=False)
     with caplog.at_level("WARNING", logger="jaxrl.checkpoint"):
@@ -96,7 +104,7 @@ def test_corrupted_step_is_skipped(tmp_path, caplog):
     assert "checkpoint step 2" in caplog.text and "cannot be restored" in caplog.text
     assert ckpt.steps() == [1] and any(p.name.startswith("corrupt-2-") for p in tmp_path.iterdir())
     params, opt_state = _state(2)
-    ckpt.save(2, params, opt_state, {})       # the step can be written again after the fallback
+    ckpt.save(2, params, opt_state, {})  # the step can be written again after the fallback
     ckpt.close()
     assert Checkpointer(tmp_path, every=1, keep=3).restore_latest(like_params, like_opt).step == 2
 
@@ -116,7 +124,7 @@ def _run(run_dir, steps, kill_at=None):
 def test_sigkill_and_restart_reproduces_uninterrupted_run(tmp_path):
     ref = _run(tmp_path / "ref", 8)
     assert ref.returncode == 0, ref.stderr[-2000:]
-    killed = _run(tmp_path / "run", 8, kill_at=5 - 1)    # killed right after starting the async save of step 4
+    killed = _run(tmp_path / "run", 8, kill_at=5 - 1)  # killed right after starting the async save of step 4
     assert killed.returncode == -signal.SIGKILL
     assert max(r["step"] for r in read_metrics(tmp_path / "run")) == 4
     again = _run(tmp_path / "run", 8)

@@ -3,12 +3,18 @@
 import dataclasses
 
 import pytest
+from jaxrl.sharding.mesh import MeshConfig
 
 from jaxrl.config import (
-    Algo, ExperimentConfig, RewardSpec, default_config_text, dump_config, load_config, save_config,
+    Algo,
+    ExperimentConfig,
+    RewardSpec,
+    default_config_text,
+    dump_config,
+    load_config,
+    save_config,
 )
 from jaxrl.errors import ConfigError
-from jaxrl.sharding.mesh import MeshConfig
 
 
 def test_default_is_embedded_quickstart():
@@ -20,11 +26,21 @@ def test_default_is_embedded_quickstart():
 
 
 def test_overrides_apply_with_yaml_values():
-    cfg = load_config(None, [
-        "optimizer.lr=1e-5", "algorithm.name=dapo", "algorithm.dual_clip=3", "rollout.top_p=null",
-        "rollout.prompt_buckets=[16, 48]", "model.overrides.num_layers=3", "rewards.format.weight=0.25",
-        "rewards.0.on_error=skip", "mesh.fsdp=2", "data.params.max_operand=99",
-    ])
+    cfg = load_config(
+        None,
+        [
+            "optimizer.lr=1e-5",
+            "algorithm.name=dapo",
+            "algorithm.dual_clip=3",
+            "rollout.top_p=null",
+            "rollout.prompt_buckets=[16, 48]",
+            "model.overrides.num_layers=3",
+            "rewards.format.weight=0.25",
+            "rewards.0.on_error=skip",
+            "mesh.fsdp=2",
+            "data.params.max_operand=99",
+        ],
+    )
     assert cfg.optimizer.lr == 1e-5 and cfg.algorithm.name is Algo.DAPO and cfg.algorithm.dual_clip == 3.0
     assert cfg.rollout.prompt_buckets == (16, 48) and cfg.model.overrides == {"num_layers": 3}
     assert cfg.rewards[1].weight == 0.25 and cfg.rewards[0].on_error == "skip"
@@ -32,8 +48,15 @@ def test_overrides_apply_with_yaml_values():
 
 
 def test_round_trip(tmp_path):
-    cfg = load_config(None, ["algorithm.name=gd2po", "rewards.answer.params={use_math_verify: false}",
-                             "rollout.top_k=5", "model.overrides.vocab_size=128"])
+    cfg = load_config(
+        None,
+        [
+            "algorithm.name=gd2po",
+            "rewards.answer.params={use_math_verify: false}",
+            "rollout.top_k=5",
+            "model.overrides.vocab_size=128",
+        ],
+    )
     path = save_config(cfg, tmp_path / "run")
     again = load_config(path)
     assert again == cfg
@@ -46,28 +69,34 @@ def test_full_file_round_trip_of_all_defaults(tmp_path):
     assert load_config(tmp_path / "c.yaml") == cfg
 
 
-@pytest.mark.parametrize("override, message", [
-    ("optimzer.lr=1", "unknown key 'optimzer'; did you mean 'optimizer'?"),
-    ("optimizer.lrr=1", "unknown key 'optimizer.lrr'; did you mean 'optimizer.lr'?"),
-    ("rollout.grop_size=4", "unknown key 'rollout.grop_size'; did you mean 'rollout.group_size'?"),
-    ("optimizer.lr=abc", "optimizer.lr='abc': expected float, got str"),
-    ("rollout.group_size=2.5", "rollout.group_size=2.5: expected int, got float"),
-    ("checkpoint.async_save=1", "checkpoint.async_save=1: expected bool, got int"),
-    ("optimizer.lr=-1", "optimizer.lr=-1.0: must be > 0"),
-    ("algorithm.name=grpoo", "algorithm.name='grpoo': allowed values are 'grpo'"),
-    ("algorithm.agg_mode=mean", "algorithm.agg_mode='mean': allowed values are 'token_mean'"),
-    ("rollout.prompt_buckets=[64, 32]", "rollout.prompt_buckets=[64, 32]: must be strictly increasing"),
-    ("mesh.tensor=2", "mesh.tensor=2 but mesh.rules='fsdp'"),
-    ("rewards.nosuch.weight=1", "no list entry 'nosuch'"),
-    ("rewards.answer.on_error=ignore", "rewards[answer].on_error='ignore': allowed values are 'zero', 'skip'"),
-    ("rewards.0.wieght=1", "unknown key 'rewards.0.wieght'; did you mean 'rewards.0.weight'?"),
-    ("optimizer.lr", "expected key=value"),
-    ("model.preset.x=1", "'model.preset' holds 'tiny_siamese', not a mapping"),
-    ("model.hf_path=/x", "set exactly one of model.preset, model.hf_path, model.checkpoint"),
-    ("algorithm.name=gdpo", None),
-    ("rollout.group_size=1", "rollout.group_size=1: group-relative algorithms need group_size >= 2"),
-    ("train=3", "train=3: expected a mapping, got int"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("optimzer.lr=1", "unknown key 'optimzer'; did you mean 'optimizer'?"),
+        ("optimizer.lrr=1", "unknown key 'optimizer.lrr'; did you mean 'optimizer.lr'?"),
+        ("rollout.grop_size=4", "unknown key 'rollout.grop_size'; did you mean 'rollout.group_size'?"),
+        ("optimizer.lr=abc", "optimizer.lr='abc': expected float, got str"),
+        ("rollout.group_size=2.5", "rollout.group_size=2.5: expected int, got float"),
+        ("checkpoint.async_save=1", "checkpoint.async_save=1: expected bool, got int"),
+        ("optimizer.lr=-1", "optimizer.lr=-1.0: must be > 0"),
+        ("algorithm.name=grpoo", "algorithm.name='grpoo': allowed values are 'grpo'"),
+        ("algorithm.agg_mode=mean", "algorithm.agg_mode='mean': allowed values are 'token_mean'"),
+        ("rollout.prompt_buckets=[64, 32]", "rollout.prompt_buckets=[64, 32]: must be strictly increasing"),
+        ("mesh.tensor=2", "mesh.tensor=2 but mesh.rules='fsdp'"),
+        ("rewards.nosuch.weight=1", "no list entry 'nosuch'"),
+        (
+            "rewards.answer.on_error=ignore",
+            "rewards[answer].on_error='ignore': allowed values are 'zero', 'skip'",
+        ),
+        ("rewards.0.wieght=1", "unknown key 'rewards.0.wieght'; did you mean 'rewards.0.weight'?"),
+        ("optimizer.lr", "expected key=value"),
+        ("model.preset.x=1", "'model.preset' holds 'tiny_siamese', not a mapping"),
+        ("model.hf_path=/x", "set exactly one of model.preset, model.hf_path, model.checkpoint"),
+        ("algorithm.name=gdpo", None),
+        ("rollout.group_size=1", "rollout.group_size=1: group-relative algorithms need group_size >= 2"),
+        ("train=3", "train=3: expected a mapping, got int"),
+    ],
+)
 def test_errors_name_the_key(override, message):
     if message is None:
         assert load_config(None, [override]).algorithm.name is Algo.GDPO

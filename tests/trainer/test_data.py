@@ -7,7 +7,8 @@ import pytest
 
 from jaxrl.data import Encoder, arithmetic, countdown, eval_batches, make_splits, pad_left, train_iterator
 from jaxrl.errors import ConfigError, UserError
-from jaxrl.rewards import countdown as countdown_reward, math_answer
+from jaxrl.rewards import countdown as countdown_reward
+from jaxrl.rewards import math_answer
 from jaxrl.tokenizer import builtin_tokenizer, load_tokenizer
 
 
@@ -22,8 +23,10 @@ def test_builtin_tokenizer_round_trip_and_ids():
     text = "What is 23 + 58?\n<answer>81</answer>"
     ids = tok.encode(text, add_special_tokens=False)
     assert len(ids) == len(text) and tok.decode(ids) == text
-    assert ids[:2] == [6 + 1 + ord("W") - 32, 6 + 1 + ord("h") - 32]   # "\n" is id 6, then ASCII from space
-    chat = tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False)
+    assert ids[:2] == [6 + 1 + ord("W") - 32, 6 + 1 + ord("h") - 32]  # "\n" is id 6, then ASCII from space
+    chat = tok.apply_chat_template(
+        [{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False
+    )
     assert chat == "<|user|>hi<|assistant|>"
     assert tok.decode(tok.encode(chat, add_special_tokens=False)) == chat
     assert tok.decode(tok.encode("é", add_special_tokens=False)) == "<|unk|>"
@@ -35,13 +38,24 @@ def test_generators_are_deterministic_and_correct():
     assert arithmetic(50, 3) == arithmetic(50, 3) and arithmetic(50, 3) != arithmetic(50, 4)
     recs = arithmetic(200, 0, max_operand=9, ops="+-*")
     for r in recs:
-        a, op, b = r["prompt"][len("What is "):-1].split()
+        a, op, b = r["prompt"][len("What is ") : -1].split()
         assert int(r["answer"]) == {"+": int(a) + int(b), "-": int(a) - int(b), "*": int(a) * int(b)}[op] >= 0
-    assert math_answer([""] * 200, [f"<answer>{r['answer']}</answer>" for r in recs],
-                       answer=[r["answer"] for r in recs]) == [1.0] * 200
+    assert (
+        math_answer(
+            [""] * 200, [f"<answer>{r['answer']}</answer>" for r in recs], answer=[r["answer"] for r in recs]
+        )
+        == [1.0] * 200
+    )
     cd = countdown(100, 0, num_numbers=4, max_number=12)
-    assert countdown_reward([""] * 100, [f"<answer>{r['answer']}</answer>" for r in cd],
-                            numbers=[r["numbers"] for r in cd], target=[r["target"] for r in cd]) == [1.0] * 100
+    assert (
+        countdown_reward(
+            [""] * 100,
+            [f"<answer>{r['answer']}</answer>" for r in cd],
+            numbers=[r["numbers"] for r in cd],
+            target=[r["target"] for r in cd],
+        )
+        == [1.0] * 100
+    )
     with pytest.raises(ConfigError, match="data.params.ops"):
         arithmetic(1, 0, ops="^")
 
@@ -59,7 +73,9 @@ def test_splits_hold_out_distinct_prompts():
 def test_file_sources(tmp_path):
     path = tmp_path / "d.jsonl"
     path.write_text("\n".join(json.dumps({"q": f"q{i}", "a": str(i), "extra": i}) for i in range(10)))
-    train, held = make_splits(str(path), train_size=1, eval_size=2, seed=0, prompt_field="q", answer_field="a")
+    train, held = make_splits(
+        str(path), train_size=1, eval_size=2, seed=0, prompt_field="q", answer_field="a"
+    )
     assert len(train) == 8 and len(held) == 2
     assert all(r["answer"] == r["prompt"][1:] and r["extra"] == int(r["answer"]) for r in train + held)
     with pytest.raises(ConfigError, match="data.prompt_field='question': not a column"):
@@ -89,14 +105,14 @@ def test_iterator_state_restores_the_same_batches(encoder):
     records = arithmetic(30, 0)
     it = train_iterator(records, encoder, batch_size=4, seed=7)
     _prompts(it, 3)
-    state = json.loads(json.dumps(it.get_state()))   # must survive JSON (checkpoint `extra`)
-    expected = _prompts(it, 12)                       # 48 items: crosses epoch boundaries (30 records)
+    state = json.loads(json.dumps(it.get_state()))  # must survive JSON (checkpoint `extra`)
+    expected = _prompts(it, 12)  # 48 items: crosses epoch boundaries (30 records)
     fresh = train_iterator(records, encoder, batch_size=4, seed=7)
     fresh.set_state(state)
     assert _prompts(fresh, 12) == expected
     epoch1 = [p for b in _prompts(train_iterator(records, encoder, batch_size=5, seed=7), 12) for p in b]
-    assert sorted(epoch1[:30]) == sorted(r["prompt"] for r in records)   # each epoch is a permutation
-    assert epoch1[:30] != epoch1[30:60]                                   # ... reshuffled per epoch
+    assert sorted(epoch1[:30]) == sorted(r["prompt"] for r in records)  # each epoch is a permutation
+    assert epoch1[:30] != epoch1[30:60]  # ... reshuffled per epoch
 
 
 def test_per_host_shards_are_disjoint_and_cover(encoder):
@@ -104,10 +120,12 @@ def test_per_host_shards_are_disjoint_and_cover(encoder):
     seen = []
     for host in range(3):
         it = train_iterator(records, encoder, batch_size=6, seed=0, process_index=host, process_count=3)
-        batches = _prompts(it, 4)                       # 4 batches x 2 = one epoch of the 8-record shard
+        batches = _prompts(it, 4)  # 4 batches x 2 = one epoch of the 8-record shard
         assert all(len(b) == 2 for b in batches)
         seen.append({p for b in batches for p in b})
-    assert all(len(s) == 8 for s in seen) and not (seen[0] & seen[1] or seen[1] & seen[2] or seen[0] & seen[2])
+    assert all(len(s) == 8 for s in seen) and not (
+        seen[0] & seen[1] or seen[1] & seen[2] or seen[0] & seen[2]
+    )
     assert set().union(*seen) == {r["prompt"] for r in records}
     with pytest.raises(ConfigError, match="not divisible"):
         train_iterator(records, encoder, batch_size=7, seed=0, process_count=3)

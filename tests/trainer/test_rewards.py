@@ -9,30 +9,55 @@ import pytest
 from jaxrl.config import RewardSpec
 from jaxrl.errors import ConfigError, UserError
 from jaxrl.rewards import (
-    countdown, evaluate, exact_answer, extract_answer, format_reward, length_penalty, math_answer, math_equal,
-    overlong_penalty, parse_number, score,
+    countdown,
+    evaluate,
+    exact_answer,
+    extract_answer,
+    format_reward,
+    length_penalty,
+    math_answer,
+    math_equal,
+    overlong_penalty,
+    parse_number,
+    score,
 )
 from jaxrl.rewards.countdown import InvalidExpression
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("The answer is <answer>42</answer>.", "42"),
-    ("<answer>1</answer> then <answer> 7 </answer>", "7"),
-    ("so \\boxed{\\frac{1}{2}} done", "\\frac{1}{2}"),
-    ("nested \\boxed{a_{1}+b} end", "a_{1}+b"),
-    ("unbalanced \\boxed{3", "3"),          # no boxed answer -> falls through to the last number
-    ("steps...\n#### 1,000\nextra", "1,000"),
-    ("a 3 b -5.5.", "-5.5"),
-    ("no digits here", None),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("The answer is <answer>42</answer>.", "42"),
+        ("<answer>1</answer> then <answer> 7 </answer>", "7"),
+        ("so \\boxed{\\frac{1}{2}} done", "\\frac{1}{2}"),
+        ("nested \\boxed{a_{1}+b} end", "a_{1}+b"),
+        ("unbalanced \\boxed{3", "3"),  # no boxed answer -> falls through to the last number
+        ("steps...\n#### 1,000\nextra", "1,000"),
+        ("a 3 b -5.5.", "-5.5"),
+        ("no digits here", None),
+    ],
+)
 def test_extract_answer(text, expected):
     assert extract_answer(text) == expected
 
 
-@pytest.mark.parametrize("text, value", [
-    ("-12", -12), ("1,000", 1000), ("0.25", 0.25), ("3/4", 0.75), ("\\frac{3}{4}", 0.75), ("\\dfrac{-1}{2}", -0.5),
-    ("$7$", 7), ("50%", 0.5), ("12.", 12), ("1,00", None), ("x+1", None), ("1/0", None),
-])
+@pytest.mark.parametrize(
+    "text, value",
+    [
+        ("-12", -12),
+        ("1,000", 1000),
+        ("0.25", 0.25),
+        ("3/4", 0.75),
+        ("\\frac{3}{4}", 0.75),
+        ("\\dfrac{-1}{2}", -0.5),
+        ("$7$", 7),
+        ("50%", 0.5),
+        ("12.", 12),
+        ("1,00", None),
+        ("x+1", None),
+        ("1/0", None),
+    ],
+)
 def test_parse_number(text, value):
     got = parse_number(text)
     assert (got is None) if value is None else float(got) == value
@@ -50,15 +75,24 @@ def test_math_equal_numeric_and_symbolic():
 def test_math_equal_off_main_thread_falls_back():
     # math-verify uses signal.alarm and raises off the main thread; we must fall back, not crash.
     out = {}
-    t = threading.Thread(target=lambda: out.update(a=math_equal("\\sqrt{2}/2", "\\frac{\\sqrt{2}}{2}"),
-                                                   b=math_equal("0.5", "1/2")))
+    t = threading.Thread(
+        target=lambda: out.update(
+            a=math_equal("\\sqrt{2}/2", "\\frac{\\sqrt{2}}{2}"), b=math_equal("0.5", "1/2")
+        )
+    )
     t.start()
     t.join()
     assert out == {"a": False, "b": True}
 
 
 def test_math_and_exact_answer():
-    completions = ["<answer>81</answer>", "it is \\boxed{81.0}", "#### 80", "no idea", "<answer>eighty-one</answer>"]
+    completions = [
+        "<answer>81</answer>",
+        "it is \\boxed{81.0}",
+        "#### 80",
+        "no idea",
+        "<answer>eighty-one</answer>",
+    ]
     answers = ["81", "81", "81", "81", "#### 81"]
     assert math_answer([""] * 5, completions, answer=answers) == [1.0, 1.0, 0.0, 0.0, 0.0]
     assert exact_answer([""] * 5, completions, answer=answers) == [1.0, 0.0, 0.0, 0.0, 0.0]
@@ -66,7 +100,12 @@ def test_math_and_exact_answer():
 
 
 def test_format_reward():
-    c = ["<think>x</think><answer>1</answer>", "<answer>1</answer><answer>2</answer>", "1", " <answer>7</answer> "]
+    c = [
+        "<think>x</think><answer>1</answer>",
+        "<answer>1</answer><answer>2</answer>",
+        "1",
+        " <answer>7</answer> ",
+    ]
     assert format_reward([""] * 4, c, tags=["answer"]) == [1.0, 0.0, 0.0, 1.0]
     assert format_reward([""] * 4, c, pattern=r"<answer>\d+</answer>") == [0.0, 0.0, 0.0, 1.0]
     with pytest.raises(ValueError, match="pattern"):
@@ -81,26 +120,46 @@ def test_length_and_overlong_penalties():
     assert length_penalty([""] * 3, [""] * 3, completion_length=[3, 5, 9], target=5, coef=0.5) == [0, 0, -0.4]
 
 
-@pytest.mark.parametrize("expr, value, used", [
-    ("(3 + 5) * 2", 16, [3, 5, 2]), ("7 / 2", 3.5, [7, 2]), ("10-2-3", 5, [10, 2, 3]),
-])
+@pytest.mark.parametrize(
+    "expr, value, used",
+    [
+        ("(3 + 5) * 2", 16, [3, 5, 2]),
+        ("7 / 2", 3.5, [7, 2]),
+        ("10-2-3", 5, [10, 2, 3]),
+    ],
+)
 def test_countdown_evaluate(expr, value, used):
     v, u = evaluate(expr)
     assert float(v) == value and u == used
 
 
-@pytest.mark.parametrize("expr", [
-    "__import__('os').system('echo hi')", "2**100000000", "-3 + 5", "1.5 * 2", "abs(3)", "3 +", "1 / (2 - 2)",
-    "(" * 300 + "1" + ")" * 300,
-])
+@pytest.mark.parametrize(
+    "expr",
+    [
+        "__import__('os').system('echo hi')",
+        "2**100000000",
+        "-3 + 5",
+        "1.5 * 2",
+        "abs(3)",
+        "3 +",
+        "1 / (2 - 2)",
+        "(" * 300 + "1" + ")" * 300,
+    ],
+)
 def test_countdown_rejects_unsafe_or_invalid(expr):
     with pytest.raises(InvalidExpression):
         evaluate(expr)
 
 
 def test_countdown_reward():
-    completions = ["<answer>(3 + 5) * 2</answer>", "<answer>3 * 5 + 2</answer>", "<answer>(3 + 5) * 2 * 1</answer>",
-                   "(5 + 3) * 2 = 16", "<answer>import os</answer>", "<answer>(3+3)*2</answer>"]
+    completions = [
+        "<answer>(3 + 5) * 2</answer>",
+        "<answer>3 * 5 + 2</answer>",
+        "<answer>(3 + 5) * 2 * 1</answer>",
+        "(5 + 3) * 2 = 16",
+        "<answer>import os</answer>",
+        "<answer>(3+3)*2</answer>",
+    ]
     n = len(completions)
     got = countdown([""] * n, completions, numbers=[[2, 3, 5]] * n, target=[16] * n, format_score=0.1)
     assert got == [1.0, 0.1, 0.1, 1.0, 0.0, 0.1]
