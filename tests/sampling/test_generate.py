@@ -19,30 +19,34 @@ def model():
     return Transformer(TransformerConfig.tiny(), rngs=nnx.Rngs(0))
 
 
-def _teacher_forced_logp(model, prompt, completion):
-    seq = jnp.asarray([list(prompt) + list(completion)], jnp.int32)
-    logp_LV = np.asarray(jax.nn.log_softmax(model(seq)[0].astype(jnp.float32), axis=-1), np.float64)
-    n = len(prompt)
-    return np.array([logp_LV[n - 1 + t, tok] for t, tok in enumerate(completion)])
+def _teacher_forced_logp(model, prompts, completions):
+    """float64 log-softmax [B, T, V] at the completion positions: one left-padded forward over prompt + completion."""
+    seqs = [list(p) + list(c) for p, c in zip(prompts, completions)]
+    width = max(map(len, seqs))
+    tokens = np.zeros((len(seqs), width), np.int32)
+    mask = np.zeros((len(seqs), width), bool)
+    for b, s in enumerate(seqs):
+        tokens[b, width - len(s):], mask[b, width - len(s):] = s, True
+    logits_BLV = model.forward(jnp.asarray(tokens), mask_BL=jnp.asarray(mask)).logits
+    logp_BLV = np.asarray(jax.nn.log_softmax(logits_BLV, axis=-1), np.float64)
+    t = len(completions[0])
+    return logp_BLV[:, width - t - 1:width - 1]
 
 
 def test_logprobs_equal_teacher_forced_forward(model):
     gen = sampling.generate(model, PROMPTS, max_new_tokens=6, num_samples=2, temperature=1.0, seed=3)
     assert gen.tokens.shape == (6, 6) and gen.logprobs.shape == (6, 6)
-    for row in range(6):
-        prompt = PROMPTS[int(gen.prompt_index[row])]
-        completion = np.asarray(gen.tokens[row]).tolist()
-        np.testing.assert_allclose(np.asarray(gen.logprobs[row]), _teacher_forced_logp(model, prompt, completion),
-                                   atol=2e-5, rtol=0)
+    tokens = np.asarray(gen.tokens)
+    prompts = [PROMPTS[p] for p in np.asarray(gen.prompt_index)]
+    logp_BTV = _teacher_forced_logp(model, prompts, tokens)
+    expected = np.take_along_axis(logp_BTV, tokens[:, :, None], axis=-1)[:, :, 0]
+    np.testing.assert_allclose(np.asarray(gen.logprobs), expected, atol=2e-5, rtol=0)
 
 
-def test_greedy_matches_step_by_step_argmax(model):
+def test_greedy_tokens_are_teacher_forced_argmax(model):
     gen = sampling.generate(model, PROMPTS, max_new_tokens=5, temperature=0.0)
-    for p, prompt in enumerate(PROMPTS):
-        seq = list(prompt)
-        for _ in range(5):
-            seq.append(int(jnp.argmax(model(jnp.asarray([seq]))[0, -1])))
-        np.testing.assert_array_equal(np.asarray(gen.tokens[p]), seq[len(prompt):])
+    tokens = np.asarray(gen.tokens)
+    np.testing.assert_array_equal(tokens, _teacher_forced_logp(model, PROMPTS, tokens).argmax(-1))
 
 
 def test_eos_stops_row_and_pads(model):
