@@ -14,6 +14,7 @@ Dimension letters: `B` batch, `L` sequence (new tokens of this call), `S` cache 
 
 from jaxrl.models.config import Llama3RopeScaling, TransformerConfig
 from jaxrl.models.kv_cache import KVCache
+from jaxrl.models import hf_io, testing
 from jaxrl.models.transformer import ModelOutput, Transformer, set_params
 
 __all__ = ["KVCache", "Llama3RopeScaling", "ModelOutput", "Transformer", "TransformerConfig", "set_params"]
