@@ -33,6 +33,17 @@ from jaxrl.losses.etr import (
 from jaxrl.losses.gdpo import gd2po_advantages, gdpo_advantages, gdpo_token_advantages, masked_whiten
 from jaxrl.losses.kl import KLKind, kl_loss, kl_penalty
 from jaxrl.losses.logprobs import token_logprobs_and_entropy
+from jaxrl.losses.multi_reward import (
+    RewardStats,
+    combine_rewards,
+    redundancy_factor,
+    reference_frozen_normalize,
+    reference_stats,
+    risk_factor,
+    tri_factor_weights,
+    weakness_factor,
+    weighted_sum,
+)
 
 __all__ = [
     "AggMode",
@@ -40,9 +51,11 @@ __all__ = [
     "DAPOConfig",
     "ETRConfig",
     "KLKind",
+    "RewardStats",
     "aggregate",
     "aggregation_normalizer",
     "as_agg_mode",
+    "combine_rewards",
     "dynamic_sampling_mask",
     "entropy_bonus",
     "etr_clip_bounds",
@@ -62,6 +75,13 @@ __all__ = [
     "overlong_penalty",
     "overlong_shaped_rewards",
     "policy_loss",
+    "redundancy_factor",
+    "reference_frozen_normalize",
+    "reference_stats",
+    "risk_factor",
     "rloo_advantages",
     "token_logprobs_and_entropy",
+    "tri_factor_weights",
+    "weakness_factor",
+    "weighted_sum",
 ]
