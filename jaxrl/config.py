@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import importlib.resources
+import os
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,16 @@ def _check_choice(key: str, value: Any, choices: tuple) -> None:
     _check(value in choices, key, value, f"allowed values are {', '.join(map(repr, choices))}")
 
 
+def _expand_paths(cfg: Any, names: tuple[str, ...]) -> None:
+    """`~` in path fields means the home directory (YAML has no shell expansion)."""
+    for name in names:
+        value = getattr(cfg, name)
+        if isinstance(value, str) and value.startswith("~"):
+            object.__setattr__(
+                cfg, name, os.path.expanduser(value)
+            )  # frozen: normalise once, at construction
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     """Which model to train: a preset of `jaxrl.models.TransformerConfig`, an HF directory, or a jaxrl
@@ -77,6 +88,7 @@ class ModelConfig:
     remat: str = "none"
 
     def __post_init__(self):
+        _expand_paths(self, ("hf_path", "checkpoint"))
         sources = [n for n in ("preset", "hf_path", "checkpoint") if getattr(self, n) is not None]
         _check(
             len(sources) == 1,
@@ -98,6 +110,7 @@ class TokenizerConfig:
     path: str | None = None
 
     def __post_init__(self):
+        _expand_paths(self, ("path",))
         _check_choice("tokenizer.kind", self.kind, ("builtin", "hf"))
         _check(
             (self.path is not None) == (self.kind == "hf"),

@@ -1,10 +1,12 @@
 """Experiment config: YAML <-> dataclasses, dotted overrides, one-line errors naming the key."""
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 from jaxrl.sharding.mesh import MeshConfig
 
+from jaxrl.cli import main
 from jaxrl.config import (
     Algo,
     ExperimentConfig,
@@ -15,6 +17,7 @@ from jaxrl.config import (
     save_config,
 )
 from jaxrl.errors import ConfigError
+from jaxrl.rewards import build_reward
 
 
 def test_default_is_embedded_quickstart():
@@ -135,3 +138,36 @@ def test_configs_are_frozen():
     cfg = load_config(None)
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.optimizer.lr = 1.0  # type: ignore[misc]
+
+
+CONFIGS = sorted((Path(__file__).parents[2] / "configs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_shipped_configs_load_and_start_with_the_command(path):
+    cfg = load_config(path)
+    assert path.read_text().startswith("# Run with: jaxrl train")
+    if path.name == "quickstart.yaml":
+        assert cfg == load_config(None)  # the embedded default is this very file
+    for spec in cfg.rewards:  # every reward in a shipped config resolves to a callable
+        assert callable(build_reward(spec).fn)
+
+
+def test_home_directory_in_paths_is_expanded():
+    cfg = load_config(
+        None, ["model.preset=null", "model.hf_path=~/models/x", "tokenizer.kind=hf", "tokenizer.path=~/tok"]
+    )
+    assert cfg.model.hf_path == str(Path.home() / "models" / "x") and cfg.tokenizer.path == str(
+        Path.home() / "tok"
+    )
+
+
+def test_cli_config_error_exits_2_with_one_line(capsys):
+    pytest.importorskip("jaxrl.commands.train")
+    assert main(["train", "--set", "optimzer.lr=1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "jaxrl train: error: unknown key 'optimzer'; did you mean 'optimizer'? (valid keys: model, "
+        "tokenizer, data, rollout, algorithm, rewards, optimizer, checkpoint, logging, mesh, "
+        "sft_warmup, train)"
+    )
