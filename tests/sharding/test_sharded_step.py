@@ -79,7 +79,8 @@ def test_sharded_adamw_step_equals_single_device(mesh_cfg, rules):
     tx = optax.adamw(1e-2, eps=1e-4, weight_decay=0.1)
 
     graphdef, params = nnx.split(_model(no_constraint), nnx.Param)
-    ref_params, ref_opt, ref_loss, ref_grads = jax.jit(_step_fn(graphdef, tx))(params, tx.init(params), tokens_BL)
+    ref_step = jax.jit(_step_fn(graphdef, tx))
+    ref_params, ref_opt, ref_loss, ref_grads = ref_step(params, tx.init(params), tokens_BL)
 
     mesh = make_mesh(mesh_cfg)
     graphdef, params = nnx.split(_model(make_constrain(mesh, rules)), nnx.Param)
