@@ -10,6 +10,7 @@ reward fields).
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,8 @@ GENERATORS = {"arithmetic": arithmetic, "countdown": countdown}
 
 
 def _reasoning_gym(task: str, n: int, seed: int, params: dict[str, Any]) -> list[dict[str, Any]]:
+    """reasoning-gym records; `task` and the JSON `metadata` are kept for the `reasoning_gym` reward, and
+    countdown's `numbers` / `target` are lifted to fields for the built-in `countdown` reward."""
     if importlib.util.find_spec("reasoning_gym") is None:
         raise ConfigError(
             f"data.source='reasoning_gym:{task}' needs the reasoning-gym package (pip install "
@@ -89,7 +92,18 @@ def _reasoning_gym(task: str, n: int, seed: int, params: dict[str, Any]) -> list
         ds = reasoning_gym.create_dataset(task, size=n, seed=seed, **params)
     except (ValueError, KeyError, TypeError) as e:
         raise ConfigError(f"data.source='reasoning_gym:{task}': {e}") from None
-    return [{"prompt": x["question"], "answer": str(x["answer"])} for x in ds]
+    out = []
+    for x in ds:
+        meta = x.get("metadata", {})
+        rec = {
+            "prompt": x["question"],
+            "answer": str(x["answer"]),
+            "task": task,
+            "metadata": json.dumps(meta, default=str),
+        }
+        rec.update({k: meta[k] for k in ("numbers", "target") if k in meta})
+        out.append(rec)
+    return out
 
 
 def _load_file(path: Path, prompt_field: str, answer_field: str) -> list[dict[str, Any]]:

@@ -11,6 +11,7 @@ from jaxrl.rewards.answers import (
     parse_number,
 )
 from jaxrl.rewards.countdown import countdown, countdown_correct, evaluate
+from jaxrl.rewards.gym import reasoning_gym_score
 from jaxrl.rewards.score import BUILTINS, Reward, RewardFn, ScoreInfo, build_reward, build_rewards, score
 from jaxrl.rewards.shaping import format_reward, length_penalty, overlong_penalty
 
@@ -33,5 +34,6 @@ __all__ = [
     "normalize",
     "overlong_penalty",
     "parse_number",
+    "reasoning_gym_score",
     "score",
 ]

@@ -21,6 +21,7 @@ import numpy as np
 from jaxrl.errors import ConfigError, UserError
 from jaxrl.rewards.answers import exact_answer, math_answer
 from jaxrl.rewards.countdown import countdown
+from jaxrl.rewards.gym import reasoning_gym_score
 from jaxrl.rewards.shaping import format_reward, length_penalty, overlong_penalty
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,7 @@ BUILTINS: dict[str, Callable[..., list[float]]] = {
     "length": length_penalty,
     "overlong": overlong_penalty,
     "countdown": countdown,
+    "reasoning_gym": reasoning_gym_score,
 }
 
 

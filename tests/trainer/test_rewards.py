@@ -215,3 +215,18 @@ def test_score_rejects_wrong_length_and_bad_specs():
         score([RewardSpec(name="x", type="mathh")], ["p"], ["a"])
     with pytest.raises(ValueError, match="field lengths"):
         score([RewardSpec(name="f", type="format", params={"tags": ["a"]})], ["p"], ["a"], {"answer": [1, 2]})
+
+
+def test_reasoning_gym_reward_uses_the_task_scorer():
+    pytest.importorskip("reasoning_gym")
+    from jaxrl.data import load_records
+
+    recs = load_records("reasoning_gym:countdown", 3, 0)
+    assert all(isinstance(r["numbers"], list) and isinstance(r["target"], int) for r in recs)
+    specs = [RewardSpec(name="gym", type="reasoning_gym"), RewardSpec(name="cd", type="countdown")]
+    completions = [f"<answer>{recs[0]['answer']}</answer>", "<answer>1 + 1</answer>", "no answer"]
+    fields = {k: [r[k] for r in recs] for k in ("answer", "task", "metadata", "numbers", "target")}
+    rewards_NK, info = score(specs, [r["prompt"] for r in recs], completions, fields)
+    # reasoning-gym countdown: 1.0 correct, 0.05 for a wrong expression; ours: 1.0 / 0.0
+    np.testing.assert_allclose(rewards_NK[:2], [[1.0, 1.0], [0.05, 0.0]])
+    assert rewards_NK[2, 1] == 0.0 and info.errors == {"gym": 0, "cd": 0}
