@@ -1,0 +1,123 @@
+"""Builders at the edge: experiment config sections -> model, tokenizer, optimiser, loss spec.
+
+This is the only place (with the trainer loop) that reads `ExperimentConfig` fields; everything it returns is a
+plain object with explicit arguments (a `Transformer`, an optax transformation, frozen specs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import optax
+from flax import nnx
+
+from jaxrl.algos import AdvantageSpec
+from jaxrl.config import AlgorithmConfig, ExperimentConfig, ModelConfig, OptimizerConfig, TokenizerConfig
+from jaxrl.errors import ConfigError
+from jaxrl.models import Transformer, TransformerConfig
+from jaxrl.rollout import SamplingSpec
+from jaxrl.sharding import Constrain, no_constraint
+from jaxrl.train_step import LossSpec
+
+# Presets of `TransformerConfig` selectable by name in `model.preset` (explicit table, no getattr magic).
+PRESETS = {
+    "tiny": TransformerConfig.tiny,
+    "tiny_siamese": lambda: dataclasses.replace(TransformerConfig.tiny(), norm="siamese"),
+    "smollm2_135m": TransformerConfig.smollm2_135m,
+    "qwen2_5_0_5b": TransformerConfig.qwen2_5_0_5b,
+    "qwen2_5_1_5b": TransformerConfig.qwen2_5_1_5b,
+    "qwen3_0_6b": TransformerConfig.qwen3_0_6b,
+    "qwen3_1_7b": TransformerConfig.qwen3_1_7b,
+    "qwen3_8b": TransformerConfig.qwen3_8b,
+}
+
+
+def preset_config(cfg: ModelConfig, vocab_size: int | None = None) -> TransformerConfig:
+    """The TransformerConfig of a preset with `overrides`, `norm`, `remat`, `dtype` applied.
+
+    Tiny presets follow the tokenizer: their vocabulary is resized to `vocab_size` when given.
+    """
+    if cfg.preset not in PRESETS:
+        raise ConfigError(f"model.preset={cfg.preset!r}: allowed values are {', '.join(map(repr, PRESETS))}")
+    base = PRESETS[cfg.preset]()
+    fields = {f.name for f in dataclasses.fields(TransformerConfig)}
+    unknown = sorted(set(cfg.overrides) - fields)
+    if unknown:
+        raise ConfigError(f"model.overrides: unknown TransformerConfig field(s) {unknown}; known: {sorted(fields)}")
+    changes: dict[str, Any] = dict(cfg.overrides)
+    if cfg.preset.startswith("tiny") and vocab_size is not None and "vocab_size" not in changes:
+        changes["vocab_size"] = vocab_size
+    if cfg.norm is not None:
+        changes["norm"] = cfg.norm
+    changes.update(remat=cfg.remat, dtype=cfg.dtype)
+    try:
+        return dataclasses.replace(base, **changes)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"model.overrides: {e}") from None
+
+
+def build_tokenizer(model_cfg: ModelConfig, tok_cfg: TokenizerConfig):
+    """The tokenizer: the config's, else the one saved with an HF directory / jaxrl checkpoint, else built in."""
+    from jaxrl import model_io, tokenizer as tokenizer_lib
+
+    if tok_cfg.kind == "hf":
+        return tokenizer_lib.load_tokenizer("hf", tok_cfg.path)
+    source = model_cfg.hf_path or model_cfg.checkpoint
+    if source is not None:
+        tok = model_io.load_tokenizer(source)
+        if tok is not None:
+            return tok
+    return tokenizer_lib.load_tokenizer("builtin")
+
+
+def build_model(cfg: ModelConfig, *, vocab_size: int, seed: int, constrain: Constrain = no_constraint
+                ) -> Transformer:
+    """A fresh preset model, or the weights of an HF directory / jaxrl checkpoint."""
+    from jaxrl import hf, model_io
+
+    if cfg.preset is not None:
+        return Transformer(preset_config(cfg, vocab_size), rngs=nnx.Rngs(seed), constrain=constrain)
+    if cfg.hf_path is not None:
+        return hf.from_pretrained(cfg.hf_path, dtype=cfg.dtype)
+    model, _ = model_io.load_model_checkpoint(cfg.checkpoint, dtype=cfg.dtype)
+    return model
+
+
+def build_optimizer(cfg: OptimizerConfig, total_steps: int) -> optax.GradientTransformation:
+    """AdamW with linear warm-up, then constant or cosine decay to `lr * final_lr_frac`, after global-norm clip."""
+    decay_steps = max(total_steps - cfg.warmup_steps, 1)
+    if cfg.schedule == "cosine":
+        after = optax.cosine_decay_schedule(cfg.lr, decay_steps, alpha=cfg.final_lr_frac)
+    else:
+        after = optax.constant_schedule(cfg.lr)
+    schedule = optax.join_schedules([optax.linear_schedule(0.0, cfg.lr, cfg.warmup_steps), after],
+                                    [cfg.warmup_steps]) if cfg.warmup_steps else after
+    adamw = optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay)
+    return optax.chain(optax.clip_by_global_norm(cfg.clip_norm), adamw) if cfg.clip_norm else adamw
+
+
+def loss_spec(cfg: AlgorithmConfig, *, kl_in_loss: bool) -> LossSpec:
+    return LossSpec(
+        agg=cfg.agg_mode.replace("_", "-"),
+        dual_clip=cfg.dual_clip,
+        kl_beta=cfg.kl_beta if kl_in_loss else 0.0,
+        kl_kind=cfg.kl_kind,
+        entropy_coef=cfg.entropy_coef,
+        sft_lambda=cfg.sft_lambda if cfg.name.value == "sft_aux" else 0.0,
+        grad_accum=cfg.grad_accum,
+    )
+
+
+def advantage_spec(cfg: ExperimentConfig) -> AdvantageSpec:
+    a = cfg.algorithm
+    return AdvantageSpec(group_size=cfg.rollout.group_size, eps=a.adv_eps, clip_low=a.clip_low,
+                         clip_high=a.clip_high, etr_alpha=a.etr_alpha, etr_beta=a.etr_beta,
+                         etr_adv_max=a.etr_adv_max, gd2po_mode=a.gd2po_mode, gd2po_tau=a.gd2po_tau)
+
+
+def sampling_spec(cfg: ExperimentConfig) -> SamplingSpec:
+    r = cfg.rollout
+    return SamplingSpec(group_size=r.group_size, max_new_tokens=r.max_new_tokens, temperature=r.temperature,
+                        top_k=r.top_k, top_p=r.top_p, prompt_buckets=tuple(r.prompt_buckets),
+                        gen_buckets=tuple(r.gen_buckets))
