@@ -13,6 +13,7 @@ shardings serve `jax.jit(in_shardings=..., out_shardings=...)`, orbax restore ta
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
@@ -20,7 +21,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl.sharding.annotate import Constrain, LogicalNames, logical_names
-from jaxrl.sharding.rules import Rules, check_divisible, logical_to_spec
+from jaxrl.sharding.rules import Rules, check_divisible, logical_to_spec, spec_axes
 
 # Logical names of the KV-cache fields (`jaxrl.models.KVCache`): k, v are [Y, B, S, K, H].
 KV_CACHE_NAMES: dict[str, LogicalNames] = {
@@ -133,16 +134,34 @@ def batch_shardings(tree: Any, mesh: Mesh, rules: Rules) -> Any:
     return jax.tree_util.tree_map_with_path(leaf, tree)
 
 
-def make_constrain(mesh: Mesh, rules: Rules) -> Constrain:
+def _fit_spec(shape: tuple[int, ...], spec: PartitionSpec, mesh: Mesh) -> PartitionSpec:
+    """Each entry cut to the longest prefix of its mesh axes whose product divides the dimension."""
+    entries = []
+    for size, entry in zip(shape, spec):
+        axes = spec_axes(entry)
+        while axes and size % math.prod(mesh.shape[a] for a in axes):
+            axes = axes[:-1]
+        entries.append(None if not axes else axes[0] if len(axes) == 1 else axes)
+    return PartitionSpec(*entries)
+
+
+def make_constrain(mesh: Mesh, rules: Rules, *, strict: bool = False) -> Constrain:
     """A `Constrain` callback: `with_sharding_constraint` of an activation from its logical names.
 
     Models call it at block boundaries only (embeddings out, each block out, logits), e.g.
-    `constrain(hidden_BLD, ("batch", "length", "embed"))`.
+    `constrain(hidden_BLD, ("batch", "length", "embed"))`. Activation layouts are hints: a dimension that its
+    axes do not divide (a prefill of 4 prompts on 8 batch shards) is split over the longest prefix of those
+    axes that divides it, so any batch size runs. `strict=True` raises instead (tests, debugging).
     """
 
     def constrain(x: jax.Array, names: LogicalNames) -> jax.Array:
-        names = tuple(names)
-        sharding = named_sharding(tuple(x.shape), names, mesh, rules, what=f"activation {names}")
+        names, shape = tuple(names), tuple(x.shape)
+        if strict:
+            sharding = named_sharding(shape, names, mesh, rules, what=f"activation {names}")
+        else:
+            if len(names) != len(shape):
+                raise ValueError(f"activation: {len(names)} logical names {names} for shape {shape}")
+            sharding = NamedSharding(mesh, _fit_spec(shape, logical_to_spec(names, rules), mesh))
         return jax.lax.with_sharding_constraint(x, sharding)
 
     return constrain

@@ -109,10 +109,22 @@ def test_kv_cache_and_batch_shardings():
 
 def test_constrain_places_activations_inside_jit():
     mesh = make_mesh(MeshConfig(data=2, fsdp=4))
-    constrain = make_constrain(mesh, FSDP)
     x_BLD = jnp.arange(8 * 3 * 4, dtype=jnp.float32).reshape(8, 3, 4)
-    y = jax.jit(lambda x: constrain(x * 1.0, ("batch", "length", "embed")))(x_BLD)
-    assert y.sharding.is_equivalent_to(NamedSharding(mesh, P(("data", "fsdp"), None, None)), 3)
-    np.testing.assert_array_equal(np.asarray(y), np.asarray(x_BLD))
-    with pytest.raises(ConfigError, match=r"activation \('batch', 'length', 'embed'\): dimension 0"):
-        jax.jit(lambda x: constrain(x, ("batch", "length", "embed")))(x_BLD[:6])
+    for constrain in (make_constrain(mesh, FSDP), make_constrain(mesh, FSDP, strict=True)):
+        y = jax.jit(lambda x: constrain(x * 1.0, ("batch", "length", "embed")))(x_BLD)
+        assert y.sharding.is_equivalent_to(NamedSharding(mesh, P(("data", "fsdp"), None, None)), 3)
+        np.testing.assert_array_equal(np.asarray(y), np.asarray(x_BLD))
+
+
+def test_constrain_uneven_batch_falls_back_to_a_dividing_prefix_unless_strict():
+    mesh = make_mesh(MeshConfig(data=2, fsdp=4))
+    x_BLD = jnp.ones((6, 3, 4))
+    y = jax.jit(lambda x: make_constrain(mesh, FSDP)(x * 2.0, ("batch", "length", "embed")))(x_BLD)
+    assert y.sharding.is_equivalent_to(NamedSharding(mesh, P("data", None, None)), 3)  # 6 rows: 2 ways
+    np.testing.assert_array_equal(np.asarray(y), 2 * np.ones((6, 3, 4)))
+    y = jax.jit(lambda x: make_constrain(mesh, FSDP)(x, ("batch", "length", "embed")))(jnp.ones((3, 2, 4)))
+    assert y.sharding.is_equivalent_to(NamedSharding(mesh, P()), 3)  # 3 rows: replicated
+    strict = make_constrain(mesh, FSDP, strict=True)
+    msg = r"activation \('batch', 'length', 'embed'\): dimension 0 .* size 6"
+    with pytest.raises(ConfigError, match=msg):
+        jax.jit(lambda x: strict(x, ("batch", "length", "embed")))(x_BLD)
