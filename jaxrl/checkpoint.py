@@ -121,6 +121,10 @@ class Checkpointer:
             src = self.directory / str(step)
             if src.exists():
                 src.rename(self.directory / f"corrupt-{step}-{int(time.time())}")
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            multihost_utils.sync_global_devices(f"jaxrl_checkpoint_quarantine_{step}")  # rename seen by all
         self.manager.reload()
 
     def restore_latest(self, params_like: Any, opt_state_like: Any) -> Restored | None:

@@ -20,17 +20,23 @@ from jaxrl.metrics import read_metrics
 from jaxrl.tokenizer import builtin_tokenizer
 
 
-def _state(seed):
-    k1, k2 = jax.random.split(jax.random.key(seed))
-    params = {
-        "embed_tokens": {"embedding": jax.random.normal(k1, (7, 4))},
-        "layers": {"mlp": {"up_proj": {"kernel": jax.random.normal(k2, (2, 4, 5)).astype(jnp.bfloat16)}}},
-    }
-    tx = optax.adamw(1e-2)
-    opt_state = tx.init(params)
+_TX = optax.adamw(1e-2)
+
+
+@jax.jit
+def _adam_state(params):
     grads = jax.tree.map(lambda p: jnp.ones_like(p), params)
-    _, opt_state = tx.update(grads, opt_state, params)  # non-trivial mu/nu/count
-    return params, opt_state
+    _, opt_state = _TX.update(grads, _TX.init(params), params)  # non-trivial mu/nu/count
+    return opt_state
+
+
+def _state(seed):
+    rng = np.random.default_rng(seed)
+    params = {
+        "embed_tokens": {"embedding": jnp.asarray(rng.normal(size=(7, 4)), jnp.float32)},
+        "layers": {"mlp": {"up_proj": {"kernel": jnp.asarray(rng.normal(size=(2, 4, 5)), jnp.bfloat16)}}},
+    }
+    return params, _adam_state(params)
 
 
 def _assert_tree_equal(a, b):
