@@ -99,7 +99,10 @@ def from_pretrained(path: str | os.PathLike, dtype: str = "float32", param_dtype
 
 def hf_config_dict(cfg: TransformerConfig) -> dict[str, Any]:
     """config.json contents for `cfg`: standard architecture for pre-norm, our remote code otherwise."""
-    config = hf_io.config_to_hf(cfg)
+    try:
+        config = hf_io.config_to_hf(cfg)
+    except ValueError as e:
+        raise CheckpointError(f"cannot export this model to a transformers config: {e}") from e
     config["dtype"] = cfg.param_dtype
     if cfg.norm != "pre":
         config.update(architectures=[REMOTE_ARCHITECTURE], model_type=REMOTE_MODEL_TYPE, norm=cfg.norm,
@@ -117,12 +120,12 @@ def save_pretrained(model: Transformer, path: str | os.PathLike, tokenizer=None,
     cfg = model.cfg
     limit = parse_size(max_shard_size)
     params = nnx.state(model, nnx.Param).to_pure_dict()
+    config = hf_config_dict(cfg)  # first: an inexpressible config fails before anything is written
     shapes = hf_io.hf_shapes(cfg)
     # Reshape to the HF layout of `hf_shapes` (a no-op when params_to_hf already yields it; guards the biases).
     tensors = ((name, value.reshape(shapes[name])) for name, value in hf_io.params_to_hf(cfg, params))
     with atomic_output_dir(path, overwrite=overwrite) as tmp:
         write_tensors(tmp, tensors, limit)
-        config = hf_config_dict(cfg)
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         generation = {k: config[k] for k in _GENERATION_KEYS if config.get(k) is not None}
         (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
