@@ -145,3 +145,22 @@ def test_preemption_guard_turns_sigterm_into_a_flag():
         os.kill(os.getpid(), signal.SIGTERM)
         assert guard.should_stop()
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+def test_trainer_layout_is_readable_by_model_io(tmp_path):
+    """RUN/checkpoints/{model_config.json, tokenizer/, <step>/params} is what `jaxrl.model_io` loads."""
+    from flax import nnx
+
+    from jaxrl import model_io
+    from jaxrl.models import Transformer, TransformerConfig
+
+    tok = builtin_tokenizer()
+    model = Transformer(TransformerConfig.tiny(vocab_size=len(tok), norm="siamese"), rngs=nnx.Rngs(3))
+    params = nnx.state(model, nnx.Param).to_pure_dict()
+    ckpt = Checkpointer(tmp_path / "checkpoints", every=1, keep=1, async_save=False)
+    ckpt.write_model_config(model_io.config_to_json(model.cfg), tok)
+    ckpt.save(5, params, {"count": jnp.zeros((), jnp.int32)}, {})
+    ckpt.close()
+    loaded, loaded_tok = model_io.load_model_checkpoint(tmp_path)
+    assert loaded.cfg == model.cfg and loaded_tok.encode("What is 1 + 2?") == tok.encode("What is 1 + 2?")
+    _assert_tree_equal(nnx.state(loaded, nnx.Param).to_pure_dict(), params)
