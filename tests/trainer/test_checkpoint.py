@@ -19,7 +19,6 @@ from jaxrl.data import Encoder, arithmetic, train_iterator
 from jaxrl.metrics import read_metrics
 from jaxrl.tokenizer import builtin_tokenizer
 
-
 _TX = optax.adamw(1e-2)
 
 
@@ -150,9 +149,9 @@ def test_preemption_guard_turns_sigterm_into_a_flag():
 def test_trainer_layout_is_readable_by_model_io(tmp_path):
     """RUN/checkpoints/{model_config.json, tokenizer/, <step>/params} is what `jaxrl.model_io` loads."""
     from flax import nnx
+    from jaxrl.models import Transformer, TransformerConfig
 
     from jaxrl import model_io
-    from jaxrl.models import Transformer, TransformerConfig
 
     tok = builtin_tokenizer()
     model = Transformer(TransformerConfig.tiny(vocab_size=len(tok), norm="siamese"), rngs=nnx.Rngs(3))
