@@ -42,7 +42,8 @@ def _type_name(tp: Any) -> str:
     if inner is not None:
         return f"{_type_name(inner)} or null"
     if typing.get_origin(tp) is tuple:
-        return f"a list of {_type_name(typing.get_args(tp)[0])}"
+        item = typing.get_args(tp)[0]
+        return "a list of mappings" if dataclasses.is_dataclass(item) else f"a list of {_type_name(item)}"
     if typing.get_origin(tp) is dict:
         return "a mapping"
     if dataclasses.is_dataclass(tp):

@@ -401,17 +401,13 @@ class ExperimentConfig:
                 self.algorithm.name.value,
                 "gdpo/gd2po normalise each reward separately and need at least 2 rewards",
             )
-        if (
-            self.algorithm.name
-            in (Algo.GRPO, Algo.DR_GRPO, Algo.DAPO, Algo.RLOO, Algo.ETR, Algo.GDPO, Algo.GD2PO, Algo.CLIPO)
-            and self.rollout.group_size < 2
-        ):
-            _check(
-                False,
-                "rollout.group_size",
-                self.rollout.group_size,
-                "group-relative algorithms need group_size >= 2",
-            )
+        # Every algorithm here normalises rewards within a group of samples of the same prompt.
+        _check(
+            self.rollout.group_size >= 2,
+            "rollout.group_size",
+            self.rollout.group_size,
+            "group-relative algorithms need group_size >= 2",
+        )
 
 
 DEFAULT_CONFIG = "quickstart.yaml"

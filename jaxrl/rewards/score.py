@@ -96,7 +96,7 @@ def build_rewards(specs: Sequence[Any]) -> tuple[Reward, ...]:
 
 def _valid(x: Any) -> bool:
     try:
-        return x is not None and not isinstance(x, bool) and math.isfinite(float(x))
+        return x is not None and math.isfinite(float(x))  # bools count as 1.0 / 0.0
     except (TypeError, ValueError):
         return False
 

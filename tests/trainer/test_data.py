@@ -140,3 +140,16 @@ def test_eval_batches_and_pad_left(encoder):
     assert tokens_PL.dtype == np.int32 and pad_left([[1, 2, 3]], [], 0)[0].shape == (1, 3)
     with pytest.raises(UserError, match="5 tokens, more than the largest bucket 4"):
         pad_left([[1] * 5], [2, 4], 0)
+
+
+def test_builtin_tokenizer_survives_save_pretrained(tmp_path):
+    from transformers import AutoTokenizer
+
+    tok = builtin_tokenizer()
+    tok.save_pretrained(str(tmp_path))
+    again = AutoTokenizer.from_pretrained(str(tmp_path), local_files_only=True)
+    msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": "What is 2 + 2?"}]
+    text = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    assert again.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False) == text
+    assert again.encode(text, add_special_tokens=False) == tok.encode(text, add_special_tokens=False)
+    assert (again.pad_token_id, again.eos_token_id, len(again)) == (0, 1, len(tok))

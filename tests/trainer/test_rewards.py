@@ -230,3 +230,14 @@ def test_reasoning_gym_reward_uses_the_task_scorer():
     # reasoning-gym countdown: 1.0 correct, 0.05 for a wrong expression; ours: 1.0 / 0.0
     np.testing.assert_allclose(rewards_NK[:2], [[1.0, 1.0], [0.05, 0.0]])
     assert rewards_NK[2, 1] == 0.0 and info.errors == {"gym": 0, "cd": 0}
+
+
+def _bools(prompts, completions, **fields):
+    return [c == "yes" for c in completions]
+
+
+def test_score_accepts_bools_and_numpy_fields():
+    spec = RewardSpec(name="b", function=f"{__name__}:_bools")
+    rewards_NK, info = score([spec], ["p", "p"], ["yes", "no"], {"answer": np.array([1, 2])})
+    np.testing.assert_array_equal(rewards_NK[:, 0], [1.0, 0.0])
+    assert info.errors == {"b": 0}
