@@ -1,0 +1,47 @@
+"""`jaxrl import-hf`: convert a Hugging Face directory (or a GGUF file) into a jaxrl model checkpoint.
+
+    jaxrl import-hf --hf DIR --out CKPT [--dtype bfloat16]
+    jaxrl import-hf --gguf FILE.gguf --out CKPT        # dequantises to a temporary HF directory first
+
+The checkpoint holds `model_config.json`, the orbax `params/` item and the tokenizer when the source has one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+from jaxrl.errors import UserError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--hf", help="HF model directory (config.json + safetensors)")
+    source.add_argument("--gguf", help="GGUF file (llama/qwen2/qwen3 architectures; needs torch, gguf, accelerate)")
+    parser.add_argument("--out", required=True, help="output jaxrl checkpoint directory (must not exist)")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="parameter dtype")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out directory")
+
+
+def _import_dir(hf_dir: Path, args: argparse.Namespace) -> None:
+    from jaxrl import hf, model_io
+
+    model = hf.from_pretrained(hf_dir, dtype=args.dtype)
+    model_io.save_model_checkpoint(model, args.out, tokenizer=model_io.load_tokenizer(hf_dir),
+                                   overwrite=args.overwrite)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.gguf is not None:
+        from jaxrl.gguf import gguf_to_hf_dir
+
+        with tempfile.TemporaryDirectory(prefix="jaxrl-gguf-") as tmp:
+            hf_dir = gguf_to_hf_dir(args.gguf, Path(tmp) / "hf", dtype="float32")
+            _import_dir(hf_dir, args)
+    else:
+        if not Path(args.hf).is_dir():
+            raise UserError(f"--hf {args.hf}: not a directory")
+        _import_dir(Path(args.hf), args)
+    print(f"wrote jaxrl checkpoint {args.out}")
+    return 0
