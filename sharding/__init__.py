@@ -5,6 +5,7 @@ from jaxrl.sharding.place import (
     KV_CACHE_NAMES,
     abstract_with_shardings,
     batch_shardings,
+    global_batch,
     kv_cache_shardings,
     make_constrain,
     named_sharding,
@@ -14,7 +15,7 @@ from jaxrl.sharding.rules import FSDP, FSDP_TP, LOGICAL_NAMES, RULES, Rules, che
 
 __all__ = [
     "AXES", "Constrain", "FSDP", "FSDP_TP", "KV_CACHE_NAMES", "LOGICAL_NAMES", "LogicalNames", "MeshConfig",
-    "RULES", "Rules", "abstract_with_shardings", "batch_shardings", "check_divisible", "kv_cache_shardings",
-    "logical_names", "logical_to_spec", "make_constrain", "make_mesh", "named_sharding", "no_constraint", "param",
-    "state_shardings",
+    "RULES", "Rules", "abstract_with_shardings", "batch_shardings", "check_divisible", "global_batch",
+    "kv_cache_shardings", "logical_names", "logical_to_spec", "make_constrain", "make_mesh", "named_sharding",
+    "no_constraint", "param", "state_shardings",
 ]

@@ -134,6 +134,21 @@ def batch_shardings(tree: Any, mesh: Mesh, rules: Rules) -> Any:
     return jax.tree_util.tree_map_with_path(leaf, tree)
 
 
+def global_batch(local: Any, mesh: Mesh, rules: Rules) -> Any:
+    """Assemble a global batch from each process's rows (multi-host data loading).
+
+    Every process loads only its own `1/process_count` of the rows (contiguous, in process order) and calls
+    this with them; the result is one global array per leaf, split like `batch_shardings`. On one process it
+    is a plain `device_put`.
+    """
+
+    def leaf(x):
+        names = ("batch",) + (None,) * (x.ndim - 1) if x.ndim else ()
+        return jax.make_array_from_process_local_data(NamedSharding(mesh, logical_to_spec(names, rules)), x)
+
+    return jax.tree.map(leaf, local)
+
+
 def _fit_spec(shape: tuple[int, ...], spec: PartitionSpec, mesh: Mesh) -> PartitionSpec:
     """Each entry cut to the longest prefix of its mesh axes whose product divides the dimension."""
     entries = []

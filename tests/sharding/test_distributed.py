@@ -1,4 +1,4 @@
-"""jaxrl.distributed: argument/env resolution, two real processes on localhost, and a peer that never comes."""
+"""jaxrl.distributed: resolution of args/env, two real processes on localhost, a peer that never comes."""
 
 import json
 import os
@@ -8,12 +8,14 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from jaxrl.distributed import ClusterSpec, resolve
 from jaxrl.errors import UserError
 
 WORKER = Path(__file__).with_name("dist_worker.py")
+TRAIN_WORKER = Path(__file__).with_name("dist_train_worker.py")
 
 
 def _free_port() -> int:
@@ -62,11 +64,11 @@ def test_bad_env_integer():
         resolve(env={"JAX_COORDINATOR_ADDRESS": "h:1", "JAX_NUM_PROCESSES": "two", "JAX_PROCESS_ID": "0"})
 
 
-def test_two_processes_psum_and_orbax_roundtrip(tmp_path):
+def _run_two(worker: Path, tmp_path, timeout: float) -> list[dict]:
     port = _free_port()
     procs = [
         subprocess.Popen(
-            [sys.executable, str(WORKER), str(pid), "2", str(port), str(tmp_path)],
+            [sys.executable, str(worker), str(pid), "2", str(port), str(tmp_path)],
             env=_env(2), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
         for pid in range(2)
@@ -74,13 +76,18 @@ def test_two_processes_psum_and_orbax_roundtrip(tmp_path):
     outs = []
     for p in procs:
         try:
-            out, err = p.communicate(timeout=120)
+            out, err = p.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             for q in procs:
                 q.kill()
             raise
         assert p.returncode == 0, err[-3000:]
         outs.append(json.loads(out.strip().splitlines()[-1]))
+    return outs
+
+
+def test_two_processes_psum_and_orbax_roundtrip(tmp_path):
+    outs = _run_two(WORKER, tmp_path, timeout=120)
     expected_sum = float(sum(range(24)))  # every element of the 8x3 global array, once
     for pid, o in enumerate(outs):
         assert o["process_index"] == pid and o["process_count"] == 2 and o["global_devices"] == 4
@@ -113,3 +120,45 @@ def test_missing_peer_exits_with_clear_message_within_timeout(process_id):
         in p.stderr
     )
     assert elapsed < 20
+
+
+def _reference_losses() -> list[float]:
+    """The same three AdamW steps on one device, without checkpointing."""
+    import jax
+    import numpy as np
+    import optax
+    from flax import nnx
+
+    from jaxrl.models import Transformer, TransformerConfig
+
+    cfg = TransformerConfig.tiny()
+    tx = optax.adamw(1e-2, eps=1e-4)
+    graphdef, params = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)), nnx.Param)
+    opt_state = tx.init(params)
+    tokens_BL = np.random.default_rng(0).integers(0, cfg.vocab_size, (8, 10)).astype(np.int32)
+
+    @jax.jit
+    def step(params, opt_state, tokens_BL):
+        def loss_fn(p):
+            logits_BLV = nnx.merge(graphdef, p)(tokens_BL[:, :-1])
+            return optax.softmax_cross_entropy_with_integer_labels(logits_BLV, tokens_BL[:, 1:]).mean()
+
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    losses = []
+    for _ in range(3):
+        params, opt_state, loss = step(params, opt_state, tokens_BL)
+        losses.append(float(loss))
+    return losses
+
+
+@pytest.mark.slow  # two processes compile a train step: up to ~200 s on the loaded 2-core machine
+def test_two_processes_train_checkpoint_and_resume(tmp_path):
+    outs = _run_two(TRAIN_WORKER, tmp_path, timeout=480)
+    ref = _reference_losses()
+    assert ref[0] > ref[1] > ref[2]  # it learns: the comparison below is not between constants
+    for o in outs:
+        assert o["devices"] == 4
+        np.testing.assert_allclose(o["losses"], ref, rtol=1e-5)
