@@ -88,7 +88,11 @@ def setup(cfg: ExperimentConfig, run_dir: Path) -> tuple[Run, TrainState, Any]:
     step_fn = jax.jit(functools.partial(train_step, graphdef=graphdef, spec=spec, tx=tx),
                       in_shardings=(state_sharding, None), out_shardings=(state_sharding, None),
                       donate_argnums=0)
-    logprob_fn = jax.jit(functools.partial(sequence_logprobs, graphdef=graphdef, chunk=spec.logprob_chunk))
+    def logprobs(params, tokens_BL, mask_BL):
+        return sequence_logprobs(params, graphdef, tokens_BL, mask_BL, chunk=spec.logprob_chunk,
+                                 temperature=spec.temperature)
+
+    logprob_fn = jax.jit(logprobs)
     # beta = 0 keeps no reference model in memory.
     ref_params = jax.tree.map(jnp.copy, params) if cfg.algorithm.kl_beta > 0 else None
     run = Run(cfg, run_dir, mesh, graphdef, tokenizer, tx, spec, state_sharding, step_fn, logprob_fn, ref_params)
