@@ -10,9 +10,9 @@ Layout (read by `jaxrl.model_io.load_model_checkpoint` and `jaxrl export-hf`):
 
 Atomicity is orbax's: a step is written under a temporary name and renamed when complete, so a process killed
 mid-save (SIGKILL) leaves no `<step>` directory. A step that exists but cannot be restored (truncated files)
-is
-moved aside to `corrupt-<step>` with a warning, and the previous step is used. `PreemptionGuard` turns SIGTERM
-into a flag that the training loop checks between steps (agreed across hosts) to save once more and stop.
+is moved aside to `corrupt-<step>-<time>` with a warning once an older step restores, and that step is used.
+`PreemptionGuard` turns SIGTERM into a flag that the training loop checks between steps (agreed across hosts)
+to save once more and stop.
 """
 
 from __future__ import annotations
@@ -109,47 +109,72 @@ class Checkpointer:
     def steps(self) -> list[int]:
         return sorted(self.manager.all_steps())
 
-    def _quarantine(self, step: int, error: Exception) -> None:
-        log.warning(
-            "checkpoint step %d in %s cannot be restored (%s: %s); using the previous one",
-            step,
-            self.directory,
-            type(error).__name__,
-            str(error).splitlines()[0] if str(error) else "",
-        )
+    def _quarantine(self, steps: list[int]) -> None:
+        """Moves unrestorable step directories aside (`corrupt-<step>-<time>`) so they can be rewritten."""
         if jax.process_index() == 0:
-            src = self.directory / str(step)
-            if src.exists():
-                src.rename(self.directory / f"corrupt-{step}-{int(time.time())}")
+            for step in steps:
+                src = self.directory / str(step)
+                if src.exists():
+                    src.rename(self.directory / f"corrupt-{step}-{int(time.time())}")
         if jax.process_count() > 1:
             from jax.experimental import multihost_utils
 
-            multihost_utils.sync_global_devices(f"jaxrl_checkpoint_quarantine_{step}")  # rename seen by all
+            multihost_utils.sync_global_devices("jaxrl_checkpoint_quarantine")  # renames seen by all hosts
         self.manager.reload()
 
+    def _restore(self, step: int, params_like: Any, opt_state_like: Any) -> Restored:
+        args = ocp.args.Composite(
+            params=ocp.args.StandardRestore(_abstract(params_like)),
+            opt_state=ocp.args.StandardRestore(_abstract(opt_state_like)),
+            extra=ocp.args.JsonRestore(),
+        )
+        out = self.manager.restore(step, args=args)
+        extra = dict(out["extra"])
+        if extra.get("step") != step:
+            raise CheckpointError(f"extra/step={extra.get('step')} does not match the directory name")
+        return Restored(step, out["params"], out["opt_state"], extra)
+
     def restore_latest(self, params_like: Any, opt_state_like: Any) -> Restored | None:
-        """The newest restorable step (None when there is none); unrestorable steps are moved aside.
+        """The newest restorable step, or None when the directory holds no step.
+
+        Newer steps that fail while an older one restores into the same targets are corrupt (truncated or
+        partial files): they are moved aside with a warning. If no step restores, nothing is moved and a
+        `CheckpointError` lists the failures (typically a changed model or optimizer config).
 
         Args:
           params_like, opt_state_like: pytrees of arrays or ShapeDtypeStructs giving structure, dtype and
             sharding of the restored values.
         """
         self.manager.wait_until_finished()
+        failed: list[tuple[int, Exception]] = []
         for step in sorted(self.manager.all_steps(), reverse=True):
-            args = ocp.args.Composite(
-                params=ocp.args.StandardRestore(_abstract(params_like)),
-                opt_state=ocp.args.StandardRestore(_abstract(opt_state_like)),
-                extra=ocp.args.JsonRestore(),
-            )
             try:
-                out = self.manager.restore(step, args=args)
-                extra = dict(out["extra"])
-                if extra.get("step") != step:
-                    raise CheckpointError(f"extra/step={extra.get('step')} does not match the directory name")
-            except Exception as e:  # noqa: BLE001 -- any unreadable step falls back to the previous one
-                self._quarantine(step, e)
+                restored = self._restore(step, params_like, opt_state_like)
+            except Exception as e:  # noqa: BLE001 -- decided below, once an older step has been tried
+                failed.append((step, e))
                 continue
-            return Restored(step, out["params"], out["opt_state"], extra)
+            for bad, e in failed:
+                first_line = (str(e).splitlines() or [""])[0][:300]
+                log.warning(
+                    "checkpoint step %d in %s cannot be restored (%s: %s); using step %d instead",
+                    bad,
+                    self.directory,
+                    type(e).__name__,
+                    first_line,
+                    step,
+                )
+            if failed:
+                self._quarantine([bad for bad, _ in failed])
+            return restored
+        if failed:
+            detail = "; ".join(
+                f"step {n}: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}" for n, e in failed
+            )
+            raise CheckpointError(
+                f"no checkpoint in {self.directory} can be restored into this run's model and optimizer "
+                f"({detail}); a changed model/optimizer config cannot resume: use a new run directory or "
+                "--set checkpoint.resume=false"
+            )
         return None
 
     def wait(self) -> None:
