@@ -1,7 +1,7 @@
 """jaxrl.models: Flax NNX decoder-only transformers (Llama / Qwen2 / Qwen3, pre/post/SiameseNorm).
 
-Dimension letters: `B` batch, `L` sequence (new tokens of this call), `S` cache capacity (slots), `D` model dim,
-`V` vocab, `N` query heads, `K` kv heads, `H` head dim, `F` MLP hidden, `Y` layers.
+Dimension letters: `B` batch, `L` sequence (new tokens of this call), `S` cache capacity (slots),
+`D` model dim, `V` vocab, `N` query heads, `K` kv heads, `H` head dim, `F` MLP hidden, `Y` layers.
 
     cfg = TransformerConfig.tiny()
     model = Transformer(cfg, rngs=nnx.Rngs(0))

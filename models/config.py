@@ -1,7 +1,7 @@
 """`TransformerConfig`: the frozen, hashable description of one decoder-only transformer, with presets.
 
-Every field is a plain scalar, string or tuple, so a config can be a static `jax.jit` argument and can sit in an
-`nnx.GraphDef`. Presets copy the published Hugging Face `config.json` values of each checkpoint.
+Every field is a plain scalar, string or tuple, so a config can be a static `jax.jit` argument and can
+sit in an `nnx.GraphDef`. Presets copy the published Hugging Face `config.json` values of each checkpoint.
 """
 
 from __future__ import annotations

@@ -12,7 +12,8 @@ Names beyond the standard Llama/Qwen ones (post-norm and SiameseNorm models, exp
 * post-norm: `model.layers.{i}.post_attention_layernorm.weight` (x = N(x + Attn(x))) and
   `model.layers.{i}.post_feedforward_layernorm.weight` (x = N(x + MLP(x))); no `input_layernorm`.
 * SiameseNorm: `model.layers.{i}.siamese.{attn,mlp}_{post,pre,in}_norm.weight` (six per layer, no
-  input/post-attention layernorm), and `model.norm_x.weight`, `model.norm_y.weight` next to `model.norm.weight`.
+  input/post-attention layernorm), and `model.norm_x.weight`, `model.norm_y.weight` next to
+  `model.norm.weight`.
 Which names a config uses follows from its abstract parameter tree: table rows whose parameter does not exist
 for that config are skipped.
 """
@@ -158,8 +159,9 @@ def hf_to_params(cfg: TransformerConfig, get_tensor: Callable[[str], Any]) -> di
 def params_to_hf(cfg: TransformerConfig, params: Mapping) -> Iterator[tuple[str, np.ndarray]]:
     """Yields `(hf_name, numpy array)` in torch layout, one tensor at a time, in table order.
 
-    `params` is the nested dict of `nnx.state(model, nnx.Param).to_pure_dict()` (numpy or jax arrays; one layer
-    slice is copied to host at a time). Use `dict(params_to_hf(...))` for a mapping, `hf_shapes(cfg)` for shapes.
+    `params` is the nested dict of `nnx.state(model, nnx.Param).to_pure_dict()` (numpy or jax arrays; one
+    layer slice is copied to host at a time). Use `dict(params_to_hf(...))` for a mapping and `hf_shapes(cfg)`
+    for shapes.
     """
     for hf, ours, num_in, layer, shape in _rows(cfg):
         node = params
@@ -169,7 +171,9 @@ def params_to_hf(cfg: TransformerConfig, params: Mapping) -> Iterator[tuple[str,
             node = node[key]
         value = node if layer is None else node[layer]
         if tuple(value.shape) != tuple(shape):
-            raise ValueError(f"param {ours}: expected shape {tuple(shape)} per tensor, found {tuple(value.shape)}")
+            raise ValueError(
+                f"param {ours}: expected shape {tuple(shape)} per tensor, found {tuple(value.shape)}"
+            )
         yield hf, np.ascontiguousarray(_to_hf(np.asarray(value), _hf_layout(shape, num_in, hf), num_in))
 
 

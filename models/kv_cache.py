@@ -1,8 +1,8 @@
 """`KVCache`: fixed-capacity key/value cache, a pytree usable inside `jax.jit` and `lax.while_loop`.
 
 Layout (docs/DESIGN.md): `k`, `v` are `[Y, B, S, K, H]` (layers, rows, slots, kv heads, head dim);
-`valid_BS` marks slots that hold a real (non-padding) key; `index` is the next slot to write, shared by all rows,
-so a left-padded prompt batch fills slots `[0, L)` together and decoding appends one slot per step.
+`valid_BS` marks slots that hold a real (non-padding) key; `index` is the next slot to write, shared by all
+rows, so a left-padded prompt batch fills slots `[0, L)` together and decoding appends one slot per step.
 Keys are stored after RoPE, so a slot never needs its position again.
 """
 

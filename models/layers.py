@@ -1,6 +1,7 @@
 """Layers shared by every variant: RMSNorm, RoPE, grouped-query Attention, SwiGLU MLP, embedding.
 
-Each module takes explicit sizes, then keyword-only `rngs` and dtypes; none of them sees a `TransformerConfig`.
+Each module takes explicit sizes, then keyword-only `rngs` and dtypes; none of them sees a
+`TransformerConfig`.
 Every parameter is built with `jaxrl.sharding.param` and carries logical axis names.
 
 Deviations from / choices against the Hugging Face reference (`modeling_llama.py`, `modeling_qwen3.py`):
@@ -53,7 +54,8 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: Optional[Llama3RopeScali
     """RoPE inverse frequencies [H/2] (float32), θ^(-2i/H), with optional Llama-3 scaling.
 
     RoFormer, arXiv:2104.09864; Llama-3 scaling as in HF `_compute_llama3_parameters`: wavelengths above
-    `orig/low_freq_factor` are divided by `factor`, below `orig/high_freq_factor` kept, and interpolated between.
+    `orig/low_freq_factor` are divided by `factor`, below `orig/high_freq_factor` kept, and interpolated
+    between.
     """
     exponent = np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(head_dim)
     inv_freq = (np.float32(1.0) / (np.float32(theta) ** exponent)).astype(np.float32)
@@ -63,7 +65,8 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: Optional[Llama3RopeScali
     low_wavelen = orig / scaling.low_freq_factor
     high_wavelen = orig / scaling.high_freq_factor
     wavelen = (2 * math.pi / inv_freq).astype(np.float32)
-    scaled = np.where(wavelen > low_wavelen, inv_freq / np.float32(scaling.factor), inv_freq).astype(np.float32)
+    scaled = np.where(wavelen > low_wavelen, inv_freq / np.float32(scaling.factor), inv_freq)
+    scaled = scaled.astype(np.float32)
     smooth = ((orig / wavelen - scaling.low_freq_factor)
               / (scaling.high_freq_factor - scaling.low_freq_factor)).astype(np.float32)
     smoothed = ((1 - smooth) * scaled / np.float32(scaling.factor) + smooth * scaled).astype(np.float32)
@@ -86,7 +89,7 @@ def apply_rope(x_BLNH: jax.Array, cos_BLH: jax.Array, sin_BLH: jax.Array) -> jax
 
 
 class Proj(nnx.Module):
-    """A linear map written as an einsum over named kernel axes, with an optional bias over the output axes."""
+    """A linear map written as an einsum over named kernel axes, optional bias over the output axes."""
 
     def __init__(self, kernel_shape, names, equation: str, *, num_in: int, bias: bool, rngs: nnx.Rngs,
                  dtype=jnp.float32, param_dtype=jnp.float32):
@@ -163,7 +166,7 @@ class Attention(nnx.Module):
           x_BLD: [B, L, D] input.
           cos_BLH, sin_BLH: [B, L, H] RoPE tables of the query/new-key positions.
           visible_BLS: [B, L, S] bool, which key slots each query may see (S = L without a cache).
-          cache_kv: None, or (k_BSKH, v_BSKH) of this layer; the new keys are written at slots [index, index+L).
+          cache_kv: None, or (k_BSKH, v_BSKH) of this layer; new keys are written at slots [index, index+L).
           index: int32 scalar, first slot to write (only with `cache_kv`).
 
         Returns:
@@ -181,8 +184,9 @@ class Attention(nnx.Module):
         else:
             k_cache, v_cache = cache_kv
             k_BLKH, v_BLKH = k_BLKH.astype(k_cache.dtype), v_BLKH.astype(v_cache.dtype)
-            keys_BSKH = jax.lax.dynamic_update_slice_in_dim(k_cache, k_BLKH, index, axis=1).astype(self.dtype)
-            values_BSKH = jax.lax.dynamic_update_slice_in_dim(v_cache, v_BLKH, index, axis=1).astype(self.dtype)
+            update = jax.lax.dynamic_update_slice_in_dim
+            keys_BSKH = update(k_cache, k_BLKH, index, axis=1).astype(self.dtype)
+            values_BSKH = update(v_cache, v_BLKH, index, axis=1).astype(self.dtype)
         out_BLNH = _gqa(q_BLNH, keys_BSKH, values_BSKH, visible_BLS, self.num_kv_heads)
         return self.o_proj(out_BLNH), (k_BLKH, v_BLKH)
 

@@ -10,8 +10,8 @@ x is the post-norm-like stream (re-normalised at every sub-layer entry), y the p
 identity path); both start as the token embedding. The sub-layer runs once and its output feeds both streams.
 
 Deviations from the reference (DeiT/DiT files of Qwen-Applications/SiameseNorm):
-* RMSNorm (with weight, no bias) in place of LayerNorm, as the spec asks for LLMs; the wiring functions take the
-  norms as callables, so the LayerNorm worked example of the spec can be checked exactly.
+* RMSNorm (with weight, no bias) in place of LayerNorm, as the spec asks for LLMs; the wiring functions take
+  the norms as callables, so the LayerNorm worked example of the spec can be checked exactly.
 * No drop-path / adaLN gates.
 """
 
@@ -33,8 +33,9 @@ def depth_scale(layer: jax.Array | int) -> jax.Array:
     return jnp.sqrt(2.0 * (jnp.asarray(layer, jnp.float32) + 1.0))
 
 
-def siamese_sublayer(x: jax.Array, y: jax.Array, sublayer: Callable[[jax.Array], jax.Array], *, post_norm: Norm,
-                     pre_norm: Norm, in_norm: Norm, scale: jax.Array) -> tuple[jax.Array, jax.Array]:
+def siamese_sublayer(x: jax.Array, y: jax.Array, sublayer: Callable[[jax.Array], jax.Array], *,
+                     post_norm: Norm, pre_norm: Norm, in_norm: Norm,
+                     scale: jax.Array) -> tuple[jax.Array, jax.Array]:
     """One sub-layer of the wiring: returns the new (x, y) streams (see the module docstring)."""
     x_bar = post_norm(x)
     z = sublayer(in_norm(x_bar + pre_norm(y)))

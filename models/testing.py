@@ -41,7 +41,7 @@ def hf_config(cfg: TransformerConfig):
 
 
 def random_hf_model(cfg: TransformerConfig, seed: int = 0):
-    """A float32 `AutoModelForCausalLM` for `cfg` with every weight random (norm weights ≈ 1 ± 0.1, biases too).
+    """A float32 `AutoModelForCausalLM` for `cfg` with every weight random (norms ≈ 1 ± 0.1, biases too).
 
     HF initialises norms to one and biases to zero; perturbing them makes parity tests see their placement.
     """

@@ -1,14 +1,15 @@
 """`Transformer`: decoder-only LM (Llama / Qwen2 / Qwen3) with pre-, post- or SiameseNorm blocks.
 
-Layers are stacked: every per-layer parameter has a leading `Y` axis (built with `nnx.vmap`) and the blocks run
-under one `jax.lax.scan` over `nnx.split` state, so compile time does not grow with depth.
+Layers are stacked: every per-layer parameter has a leading `Y` axis (built with `nnx.vmap`) and the blocks
+run under one `jax.lax.scan` over `nnx.split` state, so compile time does not grow with depth.
 
 Choices and deviations from HF `LlamaForCausalLM`:
 * Pre-norm (default, HF): x ← x + Attn(N₁(x)); x ← x + MLP(N₂(x)); hidden = N(x).
 * Post-norm (Vaswani et al. 2017, arXiv:1706.03762): x ← N₁(x + Attn(x)); x ← N₂(x + MLP(x)), with the
   final norm N kept (hidden = N(x)) so every variant feeds the head through the same `norm`. N₁, N₂ are named
   `post_attention_layernorm`, `post_feedforward_layernorm`.
-* SiameseNorm: `jaxrl.models.siamese` (two streams carried through the scan; final `norm(norm_x(x)+norm_y(y))`).
+* SiameseNorm: `jaxrl.models.siamese` (two streams carried through the scan; final
+  `norm(norm_x(x) + norm_y(y))`).
 * Logits are always float32 (the head einsum accumulates in float32), whatever the compute dtype.
 * Positions default to `(#valid cache slots) + cumsum(mask) − 1`, clipped at 0, so left padding, prefill and
   decode all get HF's positions without the caller passing them (an explicit `positions_BL` wins).
@@ -107,8 +108,8 @@ class Transformer(nnx.Module):
             self.norm_x = RMSNorm(cfg.hidden_size, eps=eps, param_dtype=param_dtype)
             self.norm_y = RMSNorm(cfg.hidden_size, eps=eps, param_dtype=param_dtype)
         if not cfg.tie_embeddings:
-            self.lm_head = Proj((cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), "BLD,DV->BLV", num_in=1,
-                                bias=False, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+            self.lm_head = Proj((cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), "BLD,DV->BLV",
+                                num_in=1, bias=False, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
 
     # ------------------------------------------------------------------ construction helpers
 
@@ -163,7 +164,8 @@ class Transformer(nnx.Module):
                              f"{cache.batch} rows x {cache.capacity} slots")
         visible_BLS, valid_BS, prior_B = _visibility(mask_BL, cache)
         if positions_BL is None:
-            positions_BL = jnp.maximum(prior_B[:, None] + jnp.cumsum(mask_BL, axis=-1, dtype=jnp.int32) - 1, 0)
+            counts_BL = prior_B[:, None] + jnp.cumsum(mask_BL, axis=-1, dtype=jnp.int32)
+            positions_BL = jnp.maximum(counts_BL - 1, 0)
         chex.assert_shape(positions_BL, (batch, length))
         cos_BLH, sin_BLH = rope_tables(positions_BL, rope_inv_freq(cfg.head_dim, cfg.rope_theta,
                                                                    cfg.rope_scaling), jnp.dtype(cfg.dtype))
@@ -244,7 +246,9 @@ def set_params(model: Transformer, params: dict) -> None:
     for path, want in flat_expected.items():
         got = flat_given[path]
         if tuple(got.shape) != tuple(want.shape):
-            raise ValueError(f"param {'/'.join(path)}: expected shape {tuple(want.shape)}, found {tuple(got.shape)}")
+            raise ValueError(
+                f"param {'/'.join(path)}: expected shape {tuple(want.shape)}, found {tuple(got.shape)}"
+            )
         values[path] = jnp.asarray(got, dtype=dtype)
     state = nnx.state(model, nnx.Param)
     state.replace_by_pure_dict(_unflatten(values))

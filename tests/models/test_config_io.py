@@ -23,7 +23,8 @@ def test_presets_are_hashable_and_survive_hf_round_trip(name):
 def test_preset_parameter_counts_match_published_sizes():
     """Abstract construction (no allocation) gives the published parameter counts."""
     def count(cfg):
-        return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(Transformer.abstract(cfg), nnx.Param)))
+        leaves = jax.tree.leaves(nnx.state(Transformer.abstract(cfg), nnx.Param))
+        return sum(int(np.prod(x.shape)) for x in leaves)
 
     assert count(TransformerConfig.smollm2_135m()) == 134_515_008
     assert count(TransformerConfig.qwen3_0_6b()) == 596_049_920
@@ -48,7 +49,8 @@ def test_config_rejects_bad_values_with_named_field(change, match):
 
 def test_rope_scaling_validation():
     with pytest.raises(ValueError, match="low_freq_factor < high_freq_factor"):
-        Llama3RopeScaling(factor=8.0, low_freq_factor=4.0, high_freq_factor=1.0, original_max_position_embeddings=8)
+        Llama3RopeScaling(factor=8.0, low_freq_factor=4.0, high_freq_factor=1.0,
+                          original_max_position_embeddings=8)
 
 
 def test_config_from_hf_reads_legacy_and_transformers5_rope_keys():
@@ -61,14 +63,16 @@ def test_config_from_hf_reads_legacy_and_transformers5_rope_keys():
     assert hf_io.config_from_hf(legacy) == new_style
     assert new_style.rope_scaling == testing.TINY_CONFIGS["llama3_rope_scaling"].rope_scaling
     plain = {k: v for k, v in base.items() if k != "rope_parameters"} | {"rope_theta": 5000.0}
-    assert hf_io.config_from_hf(plain).rope_theta == 5000.0 and hf_io.config_from_hf(plain).rope_scaling is None
+    assert hf_io.config_from_hf(plain).rope_theta == 5000.0
+    assert hf_io.config_from_hf(plain).rope_scaling is None
     with pytest.raises(ValueError, match="rope_type 'yarn'"):
         hf_io.config_from_hf(base | {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1.0}})
 
 
 def test_config_from_hf_unknown_architecture_lists_supported():
     d = hf_io.config_to_hf(TransformerConfig.tiny()) | {"architectures": ["GPT2LMHeadModel"]}
-    with pytest.raises(ValueError, match=r"GPT2LMHeadModel.*LlamaForCausalLM.*Qwen2ForCausalLM.*Qwen3ForCausalLM"):
+    supported = r"GPT2LMHeadModel.*LlamaForCausalLM.*Qwen2ForCausalLM.*Qwen3ForCausalLM"
+    with pytest.raises(ValueError, match=supported):
         hf_io.config_from_hf(d)
 
 
@@ -84,7 +88,8 @@ def test_config_to_hf_rejects_switches_the_family_cannot_express():
 
 
 def _tiny_sd(cfg):
-    return dict(hf_io.params_to_hf(cfg, nnx.state(Transformer(cfg, rngs=nnx.Rngs(0)), nnx.Param).to_pure_dict()))
+    params = nnx.state(Transformer(cfg, rngs=nnx.Rngs(0)), nnx.Param).to_pure_dict()
+    return dict(hf_io.params_to_hf(cfg, params))
 
 
 def test_hf_to_params_missing_tensor_is_named():
@@ -108,7 +113,8 @@ def test_hf_names_for_post_and_siamese_and_tied():
     assert "model.layers.0.post_feedforward_layernorm.weight" in post
     assert "model.layers.0.input_layernorm.weight" not in post
     siamese = hf_io.hf_shapes(TransformerConfig.tiny(norm="siamese", tie_embeddings=True))
-    assert {"model.norm_x.weight", "model.norm_y.weight", "model.layers.1.siamese.mlp_in_norm.weight"} <= set(siamese)
+    extra = {"model.norm_x.weight", "model.norm_y.weight", "model.layers.1.siamese.mlp_in_norm.weight"}
+    assert extra <= set(siamese)
     assert "lm_head.weight" not in siamese
     assert sum(".siamese." in k for k in siamese) == 6 * 2
 

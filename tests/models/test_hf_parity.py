@@ -1,4 +1,4 @@
-"""Logits parity with transformers (torch fp32) and exact HF -> jaxrl -> HF round trips on tiny random models."""
+"""Logits parity with transformers (torch fp32) and exact HF -> jaxrl -> HF round trips (tiny models)."""
 
 import jax.numpy as jnp
 import numpy as np

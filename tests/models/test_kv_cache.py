@@ -48,7 +48,8 @@ def test_decode_matches_full_forward_with_left_padding(norm, explicit):
     prefill, decoded, cache = _prefill_then_decode(
         graphdef, state, jnp.asarray(tokens[:, :PROMPT]), jnp.asarray(prompt_mask),
         jnp.asarray(tokens[:, PROMPT:]), cache, explicit)
-    np.testing.assert_allclose(np.asarray(prefill)[prompt_mask], full[:, :PROMPT][prompt_mask], atol=1e-5, rtol=0)
+    np.testing.assert_allclose(np.asarray(prefill)[prompt_mask], full[:, :PROMPT][prompt_mask],
+                               atol=1e-5, rtol=0)
     np.testing.assert_allclose(np.asarray(decoded), full[:, PROMPT:], atol=1e-5, rtol=0)
     assert int(cache.index) == PROMPT + NEW
     expected_valid = np.concatenate([full_mask, np.zeros((3, 2), bool)], axis=1)

@@ -45,7 +45,8 @@ def _perturbed_model(cfg, seed):
     def noisy(path, a):
         a = np.asarray(a)
         is_norm = "norm" in jax.tree_util.keystr(path)
-        return (1.0 if is_norm else 0.0) + rng.normal(0, 0.1, a.shape).astype(np.float32) + (0 if is_norm else a)
+        noise = rng.normal(0, 0.1, a.shape).astype(np.float32)
+        return noise + (1.0 if is_norm else a)
 
     params = jax.tree_util.tree_map_with_path(noisy, params)
     set_params(model, params)
