@@ -16,7 +16,8 @@ act = bytes of `cfg.dtype`, x = b·L tokens:
     remat dots:  2D + (2NH + 2KH)/t + 2F/t +  NL/t   (matmul outputs only)
     remat full:  D                                   (each layer's input only)
   plus, for dots/full, one layer recomputed during backward (the `none` set of one layer), plus the float32
-  logits and their gradient: 2 · 4 · x · V/t.
+  logits and their gradient: 2 · 4 · x · min(C, V/t), where C is the vocabulary chunk of the trainer's
+  checkpointed log-prob computation (`losses.token_logprobs_and_entropy`, C = 8192; None = whole vocabulary).
 * kv_cache    rollout: 2 · Y · (rollout_batch / (data·fsdp)) · S · K/t · H · act, plus the bool slot mask.
 
 Peak = params + optimizer + max(gradients + activations, kv_cache): sampling and the train step do not hold
@@ -123,6 +124,7 @@ def plan_memory(
     remat: str | None = None,
     accelerator: str = "v5p",
     reference_model: bool = False,
+    logits_chunk: int | None = 8192,
 ) -> Plan:
     """Per-device memory of training `model_cfg` on `num_devices` devices laid out by `mesh_cfg`.
 
@@ -133,6 +135,7 @@ def plan_memory(
       remat: "none" | "dots" | "full" (default: `model_cfg.remat`).
       accelerator: a key of `HBM_GIB`.
       reference_model: also hold a frozen copy of the parameters (KL to a reference policy).
+      logits_chunk: vocabulary columns materialised at once by the log-prob computation (None: all).
     """
     remat = model_cfg.remat if remat is None else remat
     if remat not in REMATS:
@@ -153,7 +156,8 @@ def plan_memory(
     per_token = activation_elements_per_token(model_cfg, remat, seq_len, t)
     recompute = 0 if remat == "none" else activation_elements_per_token(model_cfg, "none", seq_len, t)
     acts = tokens * a_bytes * (model_cfg.num_layers * per_token + recompute)
-    acts += 2 * 4 * tokens * (model_cfg.vocab_size // t)
+    vocab_cols = model_cfg.vocab_size // t
+    acts += 2 * 4 * tokens * (vocab_cols if logits_chunk is None else min(logits_chunk, vocab_cols))
     if model_cfg.num_kv_heads % t:
         raise ConfigError(f"kv_cache: num_kv_heads={model_cfg.num_kv_heads} is not divisible by mesh axis "
                           f"tensor={t}")

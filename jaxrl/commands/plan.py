@@ -33,6 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seq-len", type=int, help="override the train sequence length")
     parser.add_argument("--rollout-batch", type=int, help="override the rollout batch")
     parser.add_argument("--rollout-len", type=int, help="override the KV-cache capacity")
+    parser.add_argument("--logits-chunk", type=int, default=8192,
+                        help="vocabulary columns the log-prob computation materialises at once (0: all)")
 
 
 def model_config(model):
@@ -88,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
         batch=args.batch or micro, seq_len=args.seq_len or seq_len,
         rollout_batch=args.rollout_batch or rollout_batch, rollout_len=args.rollout_len or seq_len,
         remat=args.remat, accelerator=args.accelerator, reference_model=cfg.algorithm.kl_beta > 0,
+        logits_chunk=args.logits_chunk or None,
     )
     print(f"batch {args.batch or micro} x {args.seq_len or seq_len} tokens, rollout "
           f"{args.rollout_batch or rollout_batch} x {args.rollout_len or seq_len}, remat "

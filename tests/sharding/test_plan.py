@@ -53,6 +53,12 @@ def test_tiny_remat_and_tensor_parallel_by_hand():
     assert tp.kv_cache == 2 * 2 * 8 * 24 * 1 * 8 * 4 + 8 * 24
 
 
+def test_logits_chunk_bounds_the_logits_term():
+    unchunked = _tiny_plan(logits_chunk=None)
+    assert unchunked.activations == _tiny_plan().activations  # V = 64 < the default chunk of 8192
+    assert _tiny_plan(logits_chunk=16).activations == unchunked.activations - 2 * 4 * 32 * (64 - 16)
+
+
 def test_reference_model_doubles_params_and_bf16_halves():
     assert _tiny_plan(reference_model=True).params == 2 * _tiny_plan().params
     tiny16 = TransformerConfig.tiny(dtype="bfloat16", param_dtype="bfloat16")
