@@ -1,10 +1,10 @@
 """Reading and writing the tensor files of a Hugging Face directory, one tensor at a time.
 
-* Reading: `TensorReader(dir)` finds `model.safetensors` or the sharded `model.safetensors.index.json` and returns
-  each tensor as a numpy array on request (`safe_open`, so only that tensor is ever in host memory). Every failure
-  is a `CheckpointError` naming the file and the tensor, and shapes are checked against what the caller expects.
+* Reading: `TensorReader(dir)` finds `model.safetensors` or the sharded `model.safetensors.index.json` and
+  returns each tensor as a numpy array on request (`safe_open`, so only that tensor is in host memory). Every
+  failure is a `CheckpointError` naming the file and the tensor; shapes are checked against the caller's.
 * Writing: `write_tensors(dir, tensors, max_shard_size)` packs tensors into shards of at most `max_shard_size`
-  bytes (a tensor larger than that gets a shard of its own, as in transformers) and writes the index when there
+  bytes (a larger tensor gets a shard of its own, as in transformers) and writes the index when there
   is more than one shard.
 * `atomic_output_dir(path)`: build a directory next to `path` and rename it into place only on success.
 """
@@ -44,10 +44,11 @@ class TensorReader:
             try:
                 weight_map = json.loads(index.read_text())["weight_map"]
             except (json.JSONDecodeError, KeyError, TypeError) as e:
-                raise CheckpointError(f"{index}: not a safetensors index (need a 'weight_map' object): {e}") from e
+                raise CheckpointError(f"{index}: not a safetensors index (no 'weight_map'): {e}") from e
             for file in sorted(set(weight_map.values())):
                 if not (self.directory / file).is_file():
-                    raise CheckpointError(f"{index} lists shard {file}, which is missing from {self.directory}")
+                    raise CheckpointError(
+                        f"{index} lists shard {file}, which is missing from {self.directory}")
             return dict(weight_map)
         if single.is_file():
             with self._open_raw(single) as f:
@@ -85,7 +86,8 @@ class TensorReader:
             found = self.shape(name)
             if found != tuple(expected_shape):
                 raise CheckpointError(
-                    f"tensor {name!r} in {self.directory / file} has shape {found}, expected {tuple(expected_shape)}"
+                    f"tensor {name!r} in {self.directory / file} has shape {found}, "
+                    f"expected {tuple(expected_shape)}"
                 )
         return self._handle(file).get_tensor(name)
 

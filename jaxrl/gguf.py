@@ -51,7 +51,8 @@ def smollm2_gguf_path() -> Path:
     raise CheckpointError(f"{SMOLLM2_GGUF_NAME} not found in {list(spec.submodule_search_locations)}")
 
 
-def gguf_to_hf_dir(gguf_path: str | os.PathLike, out_dir: str | os.PathLike, *, dtype: str = "float32") -> Path:
+def gguf_to_hf_dir(gguf_path: str | os.PathLike, out_dir: str | os.PathLike, *,
+                   dtype: str = "float32") -> Path:
     """Dequantise a GGUF checkpoint into a normal HF directory (config, safetensors, tokenizer).
 
     Writing is atomic: everything goes to a temporary directory next to `out_dir`, renamed at the end.

@@ -69,7 +69,8 @@ def config_from_pretrained(path: str | os.PathLike, *, dtype: str = "float32",
         raise CheckpointError(f"{where}: {e}") from e
 
 
-def from_pretrained(path: str | os.PathLike, dtype: str = "float32", param_dtype: str | None = None) -> Transformer:
+def from_pretrained(path: str | os.PathLike, dtype: str = "float32",
+                    param_dtype: str | None = None) -> Transformer:
     """Load a local HF directory (config.json + safetensors) into a jaxrl `Transformer`.
 
     Args:
@@ -112,7 +113,7 @@ def hf_config_dict(cfg: TransformerConfig) -> dict[str, Any]:
 
 def save_pretrained(model: Transformer, path: str | os.PathLike, tokenizer=None, *,
                     max_shard_size: int | str = "5GB", overwrite: bool = False) -> Path:
-    """Write `model` as an HF directory: config.json, generation_config.json, safetensors (+ index), tokenizer.
+    """Write `model` as an HF directory: config.json, generation_config.json, safetensors, tokenizer.
 
     Post-norm / SiameseNorm models also get our modeling files (load with `trust_remote_code=True`).
     Atomic: nothing is left at `path` if anything fails; an existing non-empty `path` needs `overwrite=True`.
@@ -122,7 +123,7 @@ def save_pretrained(model: Transformer, path: str | os.PathLike, tokenizer=None,
     params = nnx.state(model, nnx.Param).to_pure_dict()
     config = hf_config_dict(cfg)  # first: an inexpressible config fails before anything is written
     shapes = hf_io.hf_shapes(cfg)
-    # Reshape to the HF layout of `hf_shapes` (a no-op when params_to_hf already yields it; guards the biases).
+    # Reshape to the HF layout of `hf_shapes` (a no-op when params_to_hf already yields it; guards biases).
     tensors = ((name, value.reshape(shapes[name])) for name, value in hf_io.params_to_hf(cfg, params))
     with atomic_output_dir(path, overwrite=overwrite) as tmp:
         write_tensors(tmp, tensors, limit)

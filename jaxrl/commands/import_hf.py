@@ -18,7 +18,7 @@ from jaxrl.errors import UserError
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--hf", help="HF model directory (config.json + safetensors)")
-    source.add_argument("--gguf", help="GGUF file (llama/qwen2/qwen3 architectures; needs torch, gguf, accelerate)")
+    source.add_argument("--gguf", help="GGUF file (llama/qwen2/qwen3; needs torch, gguf, accelerate)")
     parser.add_argument("--out", required=True, help="output jaxrl checkpoint directory (must not exist)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="parameter dtype")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out directory")

@@ -1,4 +1,4 @@
-"""Configuration of jaxrl decoder models exported with post-norm or SiameseNorm (loaded with trust_remote_code).
+"""Configuration of jaxrl decoder models exported with post-norm or SiameseNorm (trust_remote_code).
 
 Written for jaxrl (not derived from another modeling file). Mirrors `jaxrl.models.TransformerConfig`; the
 field names follow transformers' Llama/Qwen configs so the same `config.json` keys mean the same things.
@@ -54,7 +54,8 @@ class JaxrlDecoderConfig(PreTrainedConfig):
                 f"num_key_value_heads={self.num_key_value_heads}"
             )
         if self.rope_parameters.get("rope_type", "default") not in ("default", "llama3"):
-            raise ValueError(f"rope_type {self.rope_parameters.get('rope_type')!r}; allowed: 'default', 'llama3'")
+            kind = self.rope_parameters.get("rope_type")
+            raise ValueError(f"rope_type {kind!r}; allowed: 'default', 'llama3'")
 
 
 __all__ = ["JaxrlDecoderConfig"]

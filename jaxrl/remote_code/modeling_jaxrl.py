@@ -66,7 +66,8 @@ def _rotate_half(x):
 class JaxrlAttention(nn.Module):
     def __init__(self, config):
         super().__init__()
-        d, n, k, h = config.hidden_size, config.num_attention_heads, config.num_key_value_heads, config.head_dim
+        d, n, h = config.hidden_size, config.num_attention_heads, config.head_dim
+        k = config.num_key_value_heads
         self.n, self.k, self.h = n, k, h
         self.q_proj = nn.Linear(d, n * h, bias=config.attention_bias)
         self.k_proj = nn.Linear(d, k * h, bias=config.attention_bias)
@@ -187,7 +188,10 @@ class JaxrlModel(JaxrlPreTrainedModel):
 
     def forward(self, input_ids, attention_mask=None, position_ids=None):
         b, l = input_ids.shape
-        valid = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+        if attention_mask is None:
+            valid = torch.ones_like(input_ids, dtype=torch.bool)
+        else:
+            valid = attention_mask.bool()
         if position_ids is None:
             if attention_mask is None:
                 position_ids = torch.arange(l, device=input_ids.device)[None].expand(b, l)

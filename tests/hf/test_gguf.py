@@ -22,7 +22,7 @@ def test_smollm2_dir_is_a_plain_llama_checkpoint(smollm2_dir):
         up = f.get_tensor("model.layers.3.mlp.up_proj.weight")
     assert emb.dtype == np.float32 and emb.shape == (49152, 576)
     assert len(names) == 2 + 9 * 30  # embed + final norm + 9 tensors per layer; lm_head is tied
-    # Dequantised Q4_1 weights hold at most 16 distinct values per 32-wide block: proves it came from the GGUF.
+    # Dequantised Q4_1 weights hold at most 16 distinct values per 32-wide block: it came from the GGUF.
     assert all(len(np.unique(up[r, :32])) <= 16 for r in range(8))
     assert len(np.unique(up[0, :64])) > 16
 

@@ -1,4 +1,4 @@
-"""Bad HF input: every failure is a CheckpointError naming the file/tensor (and shapes); outputs stay clean."""
+"""Bad HF input: each failure is a CheckpointError naming the file/tensor (and shapes); outputs stay clean."""
 
 import json
 
@@ -37,7 +37,7 @@ def test_missing_directory_config_and_weights(tmp_path, src):
         hf.from_pretrained(tmp_path / "empty")
     d = _copy(src, tmp_path / "noweights")
     (d / "model.safetensors").unlink()
-    with pytest.raises(CheckpointError, match="no model.safetensors or model.safetensors.index.json in .*noweights"):
+    with pytest.raises(CheckpointError, match="no model.safetensors or .* in .*noweights"):
         hf.from_pretrained(d)
 
 
@@ -90,6 +90,6 @@ def test_failed_save_leaves_output_clean(tmp_path, monkeypatch):
 
 def test_pre_norm_switches_the_family_cannot_express(tmp_path):
     model = Transformer(TransformerConfig.tiny(qk_norm=True), rngs=nnx.Rngs(0))  # family llama + qk_norm
-    with pytest.raises(CheckpointError, match="family 'llama' in transformers has qkv_bias=False, qk_norm=False"):
+    with pytest.raises(CheckpointError, match="family 'llama' in transformers has qkv_bias=False, qk_norm="):
         hf.save_pretrained(model, tmp_path / "out")
     assert list(tmp_path.iterdir()) == []

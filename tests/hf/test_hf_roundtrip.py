@@ -68,7 +68,8 @@ def test_sharded_checkpoint_read_and_write(tmp_path):
     torch_model.save_pretrained(tmp_path / "src_sharded", max_shard_size="20KB")
     assert (tmp_path / "src_sharded" / "model.safetensors.index.json").is_file()
     model = hf.from_pretrained(tmp_path / "src_sharded")
-    np.testing.assert_allclose(np.asarray(model(TOKENS)), _torch_logits(torch_model, TOKENS), atol=1e-4, rtol=0)
+    want = _torch_logits(torch_model, TOKENS)
+    np.testing.assert_allclose(np.asarray(model(TOKENS)), want, atol=1e-4, rtol=0)
 
     hf.save_pretrained(model, tmp_path / "out", max_shard_size="16KB")
     index = json.loads((tmp_path / "out" / "model.safetensors.index.json").read_text())

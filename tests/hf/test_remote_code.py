@@ -1,4 +1,4 @@
-"""Post-norm and SiameseNorm export: transformers loads our modeling file (trust_remote_code) with equal logits."""
+"""Post-norm and SiameseNorm export: transformers loads our modeling file (trust_remote_code), same logits."""
 
 import json
 
@@ -14,7 +14,7 @@ TOKENS = np.array([[1, 7, 33, 12, 5, 60, 2, 9, 14, 3], [4, 4, 51, 8, 1, 0, 27, 6
 
 
 def _randomise_norms_and_biases(model, seed=0):
-    """Norm weights of 1 and zero biases would hide a mix-up between the many norms; make them all different."""
+    """Norm weights of 1 and zero biases would hide a mix-up between the many norms: randomise them."""
     params = nnx.state(model, nnx.Param).to_pure_dict()
     flat = {path: value for path, value in _flatten(params)}
     rng = np.random.default_rng(seed)
@@ -55,7 +55,7 @@ CASES = {
 
 @pytest.mark.parametrize("case", [
     "siamese_llama_tied",
-    pytest.param("siamese_qwen3", marks=pytest.mark.slow),  # ~30 s each on 2 shared cores: mostly XLA compiles
+    pytest.param("siamese_qwen3", marks=pytest.mark.slow),  # ~30 s each on 2 shared cores (XLA compiles)
     pytest.param("post_qwen2", marks=pytest.mark.slow),
 ])
 def test_remote_code_logits_match(tmp_path, case):

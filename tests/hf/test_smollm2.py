@@ -42,5 +42,5 @@ def test_smollm2_chat_logits_match_transformers(smollm2_dir):
     np.testing.assert_allclose(got, want, atol=2 * theirs.max(), rtol=0)
     assert np.mean(np.abs(got - want) <= 1e-4) > 0.99999
     np.testing.assert_array_equal(got.argmax(-1), want.argmax(-1))
-    # The model is real: its greedy first answer token is "The" (the answer is "The capital of France is Paris.").
+    # The model is real: its greedy first answer token is "The" ("The capital of France is Paris.").
     assert tok.decode([int(got[0, -1].argmax())]).strip() == "The"
