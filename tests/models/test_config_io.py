@@ -157,3 +157,17 @@ def test_set_params_errors_name_the_parameter():
 def test_config_is_frozen():
     with pytest.raises(dataclasses.FrozenInstanceError):
         TransformerConfig.tiny().num_layers = 3
+
+
+def test_constrain_is_applied_to_block_boundary_activations():
+    seen = []
+
+    def record(x, names):
+        seen.append((x.shape, names))
+        return x
+
+    cfg = TransformerConfig.tiny(norm="siamese")
+    model = Transformer(cfg, rngs=nnx.Rngs(0), constrain=record)
+    model(jax.numpy.zeros((2, 5), jax.numpy.int32))
+    # embedding output, both streams after the (scanned) block, final hidden state
+    assert seen == [((2, 5, 32), ("batch", "length", "embed"))] * 4

