@@ -1,0 +1,94 @@
+"""Runs several tiny trainer configurations in one process (shared imports and compile cache); used by
+test_e2e.py in a subprocess.
+
+usage: python _e2e_runner.py OUT.json BASE_DIR CASE [CASE...]   (CASE names come from `CASES`)
+
+For each case it writes {metrics rows, max |Δparam| between the initial model and the last checkpoint, the
+XLA compilations seen after the first metrics row, error}. Nothing is asserted here.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import traceback
+from pathlib import Path
+
+import jax
+import numpy as np
+from flax import nnx
+
+from _common import BASE, metrics
+
+CASES: dict[str, tuple[str, ...]] = {
+    "grpo": ("algorithm.name=grpo",),
+    "dr_grpo": ("algorithm.name=dr_grpo", "algorithm.agg_mode=seq_mean_token_sum_norm"),
+    "dapo": ("algorithm.name=dapo", "algorithm.clip_high=0.28", "algorithm.dynamic_sampling_max_tries=3"),
+    "rloo": ("algorithm.name=rloo",),
+    "gdpo": ("algorithm.name=gdpo",),
+    "gd2po": ("algorithm.name=gd2po",),
+    "etr": ("algorithm.name=etr", "algorithm.etr_alpha=0.5", "algorithm.etr_beta=0.5"),
+    "clipo": ("algorithm.name=clipo",),
+    "sft_aux": ("algorithm.name=sft_aux", "algorithm.sft_lambda=0.5"),
+    "kl_loss": ("algorithm.name=grpo", "algorithm.kl_beta=0.1", "algorithm.kl_in=loss"),
+    "kl_reward": ("algorithm.name=grpo", "algorithm.kl_beta=0.1", "algorithm.kl_in=reward"),
+    "ppo": ("algorithm.name=grpo", "algorithm.ppo_epochs=2", "algorithm.mini_batches=2"),
+    "grpo3": ("algorithm.name=grpo", "train.steps=3"),
+}
+
+
+class _CompileLog(logging.Handler):
+    """Records 'Finished XLA compilation of <fn>' messages with the number of metrics rows written so far."""
+
+    def __init__(self):
+        super().__init__()
+        self.run_dir: Path | None = None
+        self.events: list[tuple[int, str]] = []
+
+    def emit(self, record):
+        msg = record.getMessage()
+        if "Finished XLA compilation" in msg and self.run_dir is not None:
+            f = self.run_dir / "metrics.jsonl"
+            rows = len(f.read_text().splitlines()) if f.exists() else 0
+            self.events.append((rows, msg.split(" in ")[0]))
+
+
+def _max_param_change(cfg, run_dir: Path) -> float:
+    from jaxrl import build, model_io
+
+    tok = build.build_tokenizer(cfg.model, cfg.tokenizer)
+    init = nnx.state(build.build_model(cfg.model, vocab_size=len(tok), seed=cfg.train.seed), nnx.Param)
+    final, _ = model_io.load_model_checkpoint(run_dir)
+    a, b = init.to_pure_dict(), nnx.state(final, nnx.Param).to_pure_dict()
+    return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in
+               zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True))
+
+
+def main(out: str, base_dir: str, names: list[str]) -> None:
+    from jaxrl.config import load_config
+    from jaxrl.train_loop import train
+
+    jax.config.update("jax_log_compiles", True)
+    handler = _CompileLog()
+    logging.getLogger("jax").addHandler(handler)
+    logging.getLogger("jax").setLevel(logging.WARNING)
+    results = {}
+    for name in names:
+        run_dir = Path(base_dir) / name
+        handler.run_dir, handler.events = run_dir, []
+        try:
+            cfg = load_config(None, [*BASE, *CASES[name]])
+            train(cfg, run_dir)
+            late = [m for rows, m in handler.events if rows >= 1]
+            handler.run_dir = None
+            results[name] = {"rows": metrics(run_dir), "param_change": _max_param_change(cfg, run_dir),
+                             "late_compiles": late, "error": None}
+        except Exception:  # noqa: BLE001 -- reported to the test, which fails with the traceback
+            results[name] = {"error": traceback.format_exc()}
+    handler.run_dir = None
+    Path(out).write_text(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], sys.argv[3:])

@@ -1,0 +1,17 @@
+"""Deterministic user rewards for trainer tests (loaded as `_train_rewards:<name>` with tests/train on the path).
+
+An untrained tiny model emits random characters, so the built-in answer reward is 0 everywhere and every group
+would be degenerate (zero advantage, zero gradient). These rewards vary within a group, so updates are non-zero.
+"""
+
+
+def digit_frac(prompts, completions, **fields):
+    """Fraction of characters that are digits (0 for an empty completion)."""
+    del prompts, fields
+    return [sum(c.isdigit() for c in s) / len(s) if s else 0.0 for s in completions]
+
+
+def short(prompts, completions, completion_length, **fields):
+    """1 - completion_length / 8: prefers completions that stop early."""
+    del prompts, completions, fields
+    return [1.0 - n / 8 for n in completion_length]

@@ -1,0 +1,108 @@
+"""Gradient accumulation equals the full-batch gradient, and ETR(α=β=0) is GRPO through the train step.
+
+Runs in-process on one device of the 8 fake CPU devices (no mesh needed: arrays stay on the default device).
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from jaxrl.algos import ADVANTAGES, AdvantageSpec
+from jaxrl.config import Algo
+from jaxrl.models import Transformer, TransformerConfig
+from jaxrl.train_step import LossSpec, TrainBatch, TrainState, loss_and_grad, train_step
+
+B, L, P_WIDTH = 8, 12, 4
+
+
+@pytest.fixture(scope="module")
+def model_parts():
+    model = Transformer(TransformerConfig.tiny(), rngs=nnx.Rngs(0))
+    graphdef, state = nnx.split(model)
+    return graphdef, state.to_pure_dict()
+
+
+def _batch(seed: int, *, sft_rows: int = 0) -> TrainBatch:
+    """Left-padded prompts of width 4, completions of varied length (one row has none), random old/ref logps."""
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(3, 64, size=(B, L)).astype(np.int32)
+    prompt_len = rng.integers(1, P_WIDTH + 1, size=B)
+    comp_len = rng.integers(1, L - P_WIDTH + 1, size=B)
+    comp_len[3] = 0  # a row with no completion tokens (exercises the seq-mean normaliser)
+    pos = np.arange(L)[None, :]
+    prompt = (pos < P_WIDTH) & (pos >= P_WIDTH - prompt_len[:, None])
+    comp = (pos >= P_WIDTH) & (pos < P_WIDTH + comp_len[:, None])
+    tokens = np.where(prompt | comp, tokens, 0)
+    old = np.where(comp, -rng.uniform(1.0, 5.0, size=(B, L)), 0.0).astype(np.float32)
+    ref = np.where(comp, -rng.uniform(1.0, 5.0, size=(B, L)), 0.0).astype(np.float32)
+    adv = np.where(comp, rng.normal(size=(B, 1)), 0.0).astype(np.float32)
+    sft = np.zeros((B,), np.float32)
+    sft[B - sft_rows:] = 1.0
+    return TrainBatch(jnp.asarray(tokens), jnp.asarray(prompt | comp), jnp.asarray(comp), jnp.asarray(old),
+                      jnp.asarray(ref), jnp.asarray(adv), jnp.full((B,), 0.2, jnp.float32),
+                      jnp.full((B,), 0.28, jnp.float32), jnp.asarray(sft))
+
+
+def _loss_and_grad(params, graphdef, batch, spec):
+    fn = jax.jit(functools.partial(loss_and_grad, graphdef=graphdef, spec=spec))
+    loss, grads, metrics = fn(params, batch=batch)
+    return jax.device_get((loss, grads, metrics))
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
+                                 "seq-mean-token-sum-norm"])
+def test_grad_accum_4_equals_full_batch(model_parts, agg):
+    graphdef, params = model_parts
+    # Every loss term on: clipped PG, KL in the loss, entropy bonus, SFT auxiliary on the last 2 rows.
+    spec = LossSpec(agg=agg, kl_beta=0.1, entropy_coef=0.01, sft_lambda=0.5)
+    batch = _batch(1, sft_rows=2)
+    loss1, g1, m1 = _loss_and_grad(params, graphdef, batch, spec)
+    loss4, g4, m4 = _loss_and_grad(params, graphdef, batch, LossSpec(**{**spec.__dict__, "grad_accum": 4}))
+    assert np.isfinite(loss1) and abs(loss1) > 1e-3
+    np.testing.assert_allclose(loss4, loss1, rtol=1e-5, atol=1e-7)
+    for key in ("pg/loss", "kl/loss", "sft/nll"):  # additive terms add up across micro-batches
+        np.testing.assert_allclose(m4[key], m1[key], rtol=1e-5, atol=1e-7, err_msg=key)
+    leaves1, leaves4 = jax.tree.leaves(g1), jax.tree.leaves(g4)
+    assert max(float(np.abs(x).max()) for x in leaves1) > 1e-4  # the gradient is not trivially zero
+    for a, b in zip(leaves1, leaves4, strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-7)
+
+
+def test_grad_accum_must_divide_batch(model_parts):
+    graphdef, params = model_parts
+    with pytest.raises(ValueError, match="not divisible by grad_accum=3"):
+        loss_and_grad(params, graphdef, _batch(0), LossSpec(grad_accum=3))
+
+
+def test_etr_with_zero_elasticity_is_grpo_bit_for_bit(model_parts):
+    graphdef, params = model_parts
+    rng = np.random.default_rng(3)
+    rewards_NK = rng.normal(size=(B, 2)).astype(np.float32)
+    weights_K = np.asarray([1.0, 0.5], np.float32)
+    batch = _batch(2)
+    mask_NT = np.asarray(batch.loss_mask_BL)[:, P_WIDTH:]
+    spec = AdvantageSpec(group_size=4, clip_low=0.2, clip_high=0.28, etr_alpha=0.0, etr_beta=0.0, etr_adv_max=3.0)
+    grpo = ADVANTAGES[Algo.GRPO](rewards_NK, weights_K, mask_NT, spec)
+    etr = ADVANTAGES[Algo.ETR](rewards_NK, weights_K, mask_NT, spec)
+    assert np.array_equal(etr.adv_NT, grpo.adv_NT)
+    assert np.array_equal(etr.clip_low_N, grpo.clip_low_N) and np.array_equal(etr.clip_high_N, grpo.clip_high_N)
+    tx = optax.adamw(1e-2)
+    step = jax.jit(functools.partial(train_step, graphdef=graphdef, spec=LossSpec(), tx=tx))
+    outs = []
+    for adv in (grpo, etr):
+        adv_BL = np.zeros((B, L), np.float32)
+        adv_BL[:, P_WIDTH:] = adv.adv_NT
+        b = batch.replace(adv_BL=jnp.asarray(adv_BL), clip_low_B=jnp.asarray(adv.clip_low_N),
+                          clip_high_B=jnp.asarray(adv.clip_high_N))
+        state = TrainState(jax.tree.map(jnp.copy, params), tx.init(params), jnp.zeros((), jnp.int32))
+        outs.append(jax.device_get(step(state, b)))
+    (s_grpo, m_grpo), (s_etr, m_etr) = outs
+    assert m_grpo["loss"] == m_etr["loss"] and m_grpo["loss"] != 0
+    for a, b in zip(jax.tree.leaves(s_grpo.params), jax.tree.leaves(s_etr.params), strict=True):
+        assert np.array_equal(a, b)
+    assert any(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(s_grpo.params), jax.tree.leaves(params)))
