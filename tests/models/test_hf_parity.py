@@ -83,3 +83,16 @@ def test_model_params_export_to_the_same_tensors(pair):
     params = nnx.state(model, nnx.Param).to_pure_dict()
     for name, value in hf_io.params_to_hf(cfg, params):
         np.testing.assert_array_equal(value, sd[name], err_msg=name)
+
+
+def test_rope_inverse_frequencies_equal_transformers(pair):
+    """theta and Llama-3 scaling change logits only slightly at short lengths, so compare the frequencies."""
+    from jaxrl.models.layers import rope_inv_freq
+
+    cfg, hf_model, _, _ = pair
+    ours = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+    ref = hf_model.model.rotary_emb.inv_freq.numpy()
+    np.testing.assert_allclose(ours, ref, rtol=1e-6, atol=0)
+    plain = rope_inv_freq(cfg.head_dim, 10000.0, None)
+    changed = cfg.rope_theta != 10000.0 or cfg.rope_scaling is not None
+    assert changed == (not np.allclose(ours, plain, rtol=1e-3))
