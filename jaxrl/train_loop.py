@@ -104,9 +104,13 @@ class Clipo:
     def __init__(self, run: trainer.Run, hidden_dim: int):
         a = run.cfg.algorithm
         self.cfg = losses.ContrastiveHeadConfig(in_dim=hidden_dim, out_dim=a.clipo_head_dim)
-        self.params = losses.init_contrastive_head(self.cfg, jax.random.key(run.cfg.train.seed + 1))
+        # Committed and replicated from the start: the jitted head step returns committed arrays, and an
+        # uncommitted first input would make its second call compile again.
+        rep = jax.sharding.NamedSharding(run.mesh, jax.sharding.PartitionSpec())
+        self.params = jax.device_put(
+            losses.init_contrastive_head(self.cfg, jax.random.key(run.cfg.train.seed + 1)), rep)
         self.tx = optax.adamw(a.clipo_lr, weight_decay=0.01)
-        self.opt_state = self.tx.init(self.params)
+        self.opt_state = jax.device_put(self.tx.init(self.params), rep)
         g, tau = run.cfg.rollout.group_size, a.clipo_tau
 
         def step(head, opt_state, h_BD, correct_B, key):

@@ -12,8 +12,9 @@ Gradient accumulation splits the mini-batch into `spec.grad_accum` equal micro-b
 micro-batch is aggregated with the *full* mini-batch's normaliser (`aggregation_normalizer`), so the accumulated
 loss and gradient equal the full-batch ones exactly (up to float summation order).
 
-A step whose loss or gradient is not finite is skipped: parameters and optimiser state are left unchanged and
-`train/nonfinite` is 1 in the returned metrics (the loop counts consecutive skips and stops the run).
+A step whose loss, gradient or parameter update is not finite is skipped: parameters and optimiser state are
+left unchanged and `train/nonfinite` is 1 in the returned metrics (the loop counts consecutive skips and stops
+the run).
 
 Deviations from verl/TRL: token log-probs are computed from final hidden states in vocabulary chunks in float32
 (`jaxrl.losses.token_logprobs_and_entropy`), never from a materialised [B, L, V] logits tensor.
@@ -174,8 +175,10 @@ def train_step(state: TrainState, batch: TrainBatch, graphdef, spec: LossSpec, t
     chex.assert_rank(batch.tokens_BL, 2)
     loss, grads, metrics = loss_and_grad(state.params, graphdef, batch, spec)
     grad_norm = optax.global_norm(grads)
-    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     updates, new_opt = tx.update(grads, state.opt_state, state.params)
+    # Finite gradients can still give non-finite updates (an infinite learning rate, an overflowing second
+    # moment); such an update would poison the parameters for good, so it is skipped as well.
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & jnp.isfinite(optax.global_norm(updates))
     new_params = optax.apply_updates(state.params, updates)
     keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
     new_state = TrainState(
