@@ -165,6 +165,7 @@ def main() -> None:
 
     import torch
 
+    print(f"load average at start: {os.getloadavg()}")
     print(f"jax {jax.__version__} {jax.devices()}; torch {torch.__version__}, {torch.get_num_threads()} threads")
     hf, model = load_both(args.model)
     vocab, T = hf.config.vocab_size, args.new_tokens
@@ -185,6 +186,9 @@ def main() -> None:
             match = float(np.mean(h["tokens"] == j["tokens"]))
             print(f"jaxrl / transformers: {h['total'] / j['total']:.2f}x tokens/s, "
                   f"TTFT {h['ttft'] / j['ttft']:.2f}x; greedy tokens equal: {match:.1%}", flush=True)
+
+
+    print(f"load average at end: {os.getloadavg()}")
 
 
 if __name__ == "__main__":
