@@ -147,7 +147,9 @@ class Transformer(nnx.Module):
           tokens_BL: [B, L] int token ids.
           positions_BL: [B, L] int RoPE positions, or None (see the module docstring).
           mask_BL: [B, L] bool/int, 1 = real token (padding is never attended as a key), or None (all real).
-          cache: None for a full-sequence forward, or a `KVCache` with B rows and room for L more slots.
+          cache: None for a full-sequence forward, or a `KVCache` with B rows and room for L more slots
+            (`index + L <= capacity` is the caller's duty: under jit the index is traced, and XLA would clamp
+            an out-of-range write onto the last slots).
           return_hidden, return_logits: which of `hidden` [B, L, D] / `logits` [B, L, V] to compute.
 
         Returns:
