@@ -7,6 +7,8 @@ plain object with explicit arguments (a `Transformer`, an optax transformation, 
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 from typing import Any
 
 import optax
@@ -33,20 +35,13 @@ PRESETS = {
 }
 
 
-def preset_config(cfg: ModelConfig, vocab_size: int | None = None) -> TransformerConfig:
-    """The TransformerConfig of a preset with `overrides`, `norm`, `remat`, `dtype` applied.
-
-    Tiny presets follow the tokenizer: their vocabulary is resized to `vocab_size` when given.
-    """
-    if cfg.preset not in PRESETS:
-        raise ConfigError(f"model.preset={cfg.preset!r}: allowed values are {', '.join(map(repr, PRESETS))}")
-    base = PRESETS[cfg.preset]()
+def _apply_overrides(base: TransformerConfig, cfg: ModelConfig, vocab_size: int | None) -> TransformerConfig:
     fields = {f.name for f in dataclasses.fields(TransformerConfig)}
     unknown = sorted(set(cfg.overrides) - fields)
     if unknown:
         raise ConfigError(f"model.overrides: unknown TransformerConfig field(s) {unknown}; known: {sorted(fields)}")
     changes: dict[str, Any] = dict(cfg.overrides)
-    if cfg.preset.startswith("tiny") and vocab_size is not None and "vocab_size" not in changes:
+    if vocab_size is not None and "vocab_size" not in changes:
         changes["vocab_size"] = vocab_size
     if cfg.norm is not None:
         changes["norm"] = cfg.norm
@@ -55,6 +50,34 @@ def preset_config(cfg: ModelConfig, vocab_size: int | None = None) -> Transforme
         return dataclasses.replace(base, **changes)
     except (TypeError, ValueError) as e:
         raise ConfigError(f"model.overrides: {e}") from None
+
+
+def preset_config(cfg: ModelConfig, vocab_size: int | None = None) -> TransformerConfig:
+    """The TransformerConfig of a preset with `overrides`, `norm`, `remat`, `dtype` applied.
+
+    Tiny presets follow the tokenizer: their vocabulary is resized to `vocab_size` when given.
+    """
+    if cfg.preset not in PRESETS:
+        raise ConfigError(f"model.preset={cfg.preset!r}: allowed values are {', '.join(map(repr, PRESETS))}")
+    tiny = cfg.preset.startswith("tiny")
+    return _apply_overrides(PRESETS[cfg.preset](), cfg, vocab_size if tiny else None)
+
+
+def model_config(cfg: ModelConfig) -> TransformerConfig:
+    """The TransformerConfig a `model:` section describes, read without loading any weights."""
+    if cfg.preset is not None:
+        return preset_config(cfg)
+    from jaxrl import model_io
+
+    if cfg.hf_path is not None:
+        file = Path(cfg.hf_path).expanduser() / "config.json"
+        try:
+            base = TransformerConfig.from_hf_config(json.loads(file.read_text()))
+        except OSError as e:
+            raise ConfigError(f"model.hf_path: cannot read {file}: {e.strerror}") from None
+    else:
+        base = model_io.load_config(model_io.resolve_checkpoint(cfg.checkpoint)[0])
+    return _apply_overrides(base, cfg, None)
 
 
 def build_tokenizer(model_cfg: ModelConfig, tok_cfg: TokenizerConfig):

@@ -15,8 +15,6 @@ Exit code 0 when the peak fits the accelerator's HBM, 1 when it does not.
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
 from jaxrl.errors import ConfigError
 
@@ -39,39 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def model_config(model):
     """The TransformerConfig of a `ModelConfig` section (preset / hf_path / checkpoint, then overrides)."""
-    from jaxrl.models import TransformerConfig
+    from jaxrl.build import model_config as resolve
 
-    presets = {
-        "tiny": TransformerConfig.tiny,
-        "tiny_siamese": lambda: TransformerConfig.tiny(norm="siamese"),
-        "smollm2_135m": TransformerConfig.smollm2_135m,
-        "qwen2_5_0_5b": TransformerConfig.qwen2_5_0_5b,
-        "qwen2_5_1_5b": TransformerConfig.qwen2_5_1_5b,
-        "qwen3_0_6b": TransformerConfig.qwen3_0_6b,
-        "qwen3_1_7b": TransformerConfig.qwen3_1_7b,
-        "qwen3_8b": TransformerConfig.qwen3_8b,
-    }
-    if model.preset is not None:
-        if model.preset not in presets:
-            raise ConfigError(f"model.preset={model.preset!r}: allowed values are {', '.join(presets)}")
-        cfg = presets[model.preset]()
-    elif model.hf_path is not None:
-        file = Path(model.hf_path) / "config.json"
-        try:
-            cfg = TransformerConfig.from_hf_config(json.loads(file.read_text()))
-        except OSError as e:
-            raise ConfigError(f"model.hf_path: cannot read {file}: {e.strerror}") from None
-    else:
-        from jaxrl import model_io
-
-        cfg = model_io.load_config(model_io.resolve_checkpoint(model.checkpoint)[0])
-    changes = dict(model.overrides, dtype=model.dtype, remat=model.remat)
-    if model.norm is not None:
-        changes["norm"] = model.norm
-    try:
-        return cfg.replace(**changes)
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"model.overrides: {e}") from None
+    return resolve(model)
 
 
 def run(args: argparse.Namespace) -> int:
