@@ -65,6 +65,24 @@ def init_classifier(debias: DebiasConfig, hidden_size: int, key: jax.Array):
     return clf, classifier_optimizer(debias).init(clf)
 
 
+def rm_objective(r_chosen_B, r_rejected_B, x_NX, a_N, clf, *, gamma, debias: bool):
+    """L = L_BT(r^c, r^r) + γ·Î_CLUB(q_ψ(·|x); a) with ψ = `clf` held fixed (plain L_BT when not `debias`).
+
+    Args:
+      r_chosen_B, r_rejected_B: float32 scores [B].
+      x_NX: pair representations [N, X] (N = B in the RM step); gradients flow to x.
+      a_N: int32 attributes [N]. clf: classifier params (`jaxrl.losses.dir.init_club_classifier`).
+    Returns:
+      (loss, {"rm/bt", "dir/club_mi"}).
+    """
+    bt = dir_lib.bradley_terry_loss(r_chosen_B, r_rejected_B)
+    if not debias:
+        return bt, {"rm/bt": bt}
+    logits_NC = dir_lib.apply_club_classifier(jax.lax.stop_gradient(clf), x_NX)
+    loss, m = dir_lib.dir_loss(r_chosen_B, r_rejected_B, logits_NC, a_N, gamma=gamma)
+    return loss, {"rm/bt": m["dir/bt"], "dir/club_mi": m["dir/club_mi"]}
+
+
 def debias_gamma(debias: DebiasConfig, step: int) -> float:
     """γ at RM step `step` (0-based): 0 while step < warmup_steps (the classifier still trains), then γ."""
     return debias.gamma if debias.enabled and step >= debias.warmup_steps else 0.0
@@ -101,12 +119,7 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
             metrics.update({"dir/clf_nll_before": nll_before, "dir/clf_nll_after": nll_after})
 
         def head_loss(r_c, r_r, x_BX):
-            if not debias.enabled:
-                bt = dir_lib.bradley_terry_loss(r_c, r_r)
-                return bt, {"rm/bt": bt}
-            logits_BC = dir_lib.apply_club_classifier(jax.lax.stop_gradient(clf), x_BX)
-            loss, m = dir_lib.dir_loss(r_c, r_r, logits_BC, batch.a_B, gamma=gamma)
-            return loss, {"rm/bt": m["dir/bt"], "dir/club_mi": m["dir/club_mi"]}
+            return rm_objective(r_c, r_r, x_BX, batch.a_B, clf, gamma=gamma, debias=debias.enabled)
 
         (loss, loss_metrics), cotangents = jax.value_and_grad(head_loss, argnums=(0, 1, 2), has_aux=True)(
             r_c, r_r, x_BX)

@@ -1,0 +1,73 @@
+"""`jaxrl eval-rm CHECKPOINT DATA [--out FILE]`: pairwise accuracy and per-attribute bias statistics.
+
+CHECKPOINT: a train-rm run directory, an RM checkpoint or an HF `*ForSequenceClassification` directory.
+DATA: a .jsonl / .parquet file of {prompt, chosen, rejected}, or `synthetic` (the balanced synthetic eval set;
+`synthetic:sycophancy` / `synthetic:format` for the other planted biases). The JSON report (see
+`jaxrl.reward_model.evaluate`) goes to --out, by default RUN/eval_rm_<data name>.json next to the checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("checkpoint", help="train-rm run directory, RM checkpoint or HF sequence-classification dir")
+    parser.add_argument("data", help="preference pairs (.jsonl / .parquet) or synthetic[:length|sycophancy|format]")
+    parser.add_argument("--out", help="output JSON file (default: inside the checkpoint's run directory)")
+    parser.add_argument("--max-len", type=int, default=512, help="drop pairs longer than this many tokens")
+    parser.add_argument("--size", type=int, default=512, help="number of synthetic pairs")
+    parser.add_argument("--batch-size", type=int, default=64)
+
+
+def run(args: argparse.Namespace) -> int:
+    from jaxrl.errors import UserError
+    from jaxrl.reward_model import data as data_lib
+    from jaxrl.reward_model.evaluate import evaluate_pairs
+
+    model, tokenizer = _load(args.checkpoint)
+    if args.data.startswith("synthetic"):
+        bias = args.data.partition(":")[2] or "length"
+        records = data_lib.synthetic_pairs(args.size, 1, chosen_decorated_rate=0.5, bias=bias)
+        name = f"synthetic_{bias}"
+    else:
+        records, name = data_lib.load_pairs(args.data), Path(args.data).stem
+    if args.max_len < 1:
+        raise UserError(f"--max-len={args.max_len}: must be >= 1")
+    report = evaluate_pairs(model, data_lib.encode_pairs(records, tokenizer, args.max_len), args.batch_size)
+    report.update(checkpoint=str(args.checkpoint), data=str(args.data))
+    out = Path(args.out) if args.out else _run_dir(Path(args.checkpoint)) / f"eval_rm_{name}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps({"accuracy": report["accuracy"], "out": str(out),
+                      **{f"{k}_correlation": v["correlation"] for k, v in report["attributes"].items()}}))
+    return 0
+
+
+def _load(path: str):
+    from jaxrl.errors import CheckpointError
+    from jaxrl.model_io import load_tokenizer
+
+    p = Path(path)
+    if (p / "config.json").is_file():
+        from jaxrl.reward_model.export import import_reward_model
+
+        model, tokenizer = import_reward_model(p), load_tokenizer(p)
+    else:
+        from jaxrl.reward_model.model import load_reward_model
+
+        model, tokenizer = load_reward_model(p)
+    if tokenizer is None:
+        raise CheckpointError(f"{path}: no tokenizer saved with the reward model")
+    return model, tokenizer
+
+
+def _run_dir(checkpoint: Path) -> Path:
+    """RUN for RUN, RUN/checkpoints or RUN/checkpoints/<step>; the directory itself otherwise."""
+    if checkpoint.name.isdigit() and checkpoint.parent.name == "checkpoints":
+        return checkpoint.parent.parent
+    if checkpoint.name == "checkpoints":
+        return checkpoint.parent
+    return checkpoint
