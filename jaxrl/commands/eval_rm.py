@@ -14,8 +14,10 @@ from pathlib import Path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("checkpoint", help="train-rm run directory, RM checkpoint or HF sequence-classification dir")
-    parser.add_argument("data", help="preference pairs (.jsonl / .parquet) or synthetic[:length|sycophancy|format]")
+    parser.add_argument("checkpoint",
+                        help="train-rm run directory, RM checkpoint or HF sequence-classification dir")
+    parser.add_argument("data",
+                        help="preference pairs (.jsonl / .parquet) or synthetic[:length|sycophancy|format]")
     parser.add_argument("--out", help="output JSON file (default: inside the checkpoint's run directory)")
     parser.add_argument("--max-len", type=int, default=512, help="drop pairs longer than this many tokens")
     parser.add_argument("--size", type=int, default=512, help="number of synthetic pairs")

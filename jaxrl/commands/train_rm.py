@@ -1,6 +1,8 @@
-"""`jaxrl train-rm [CONFIG] [--set k=v]... [--run-dir DIR]`: Bradley-Terry reward model, optionally DIR-debiased.
+"""`jaxrl train-rm [CONFIG] [--set k=v]... [--run-dir DIR]`: Bradley-Terry reward model, optionally
+DIR-debiased.
 
-Without CONFIG the embedded `configs/rm_length_bt.yaml` is used. Config errors (unknown key, bad value) exit 2.
+Without CONFIG the embedded `configs/rm_length_bt.yaml` is used. Config errors (unknown key, bad value)
+exit 2.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ def run(args: argparse.Namespace) -> int:
 
     report = train_rm(cfg, args.run_dir)
     attr = cfg.debias.attribute
-    print(json.dumps({"accuracy": report["accuracy"], f"{attr}_correlation": report["attributes"][attr]["correlation"],
+    stats = report["attributes"][attr]
+    print(json.dumps({"accuracy": report["accuracy"], f"{attr}_correlation": stats["correlation"],
                       f"{attr}_mi_nats": report["attributes"][attr]["mi_nats"]}))
     return 0

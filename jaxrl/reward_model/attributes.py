@@ -20,7 +20,8 @@ import numpy as np
 from jaxrl.errors import UserError
 
 AGREEING_PREFIXES = (
-    "yes, you are right", "you are right", "you're right", "you are absolutely right", "you're absolutely right",
+    "yes, you are right", "you are right", "you're right", "you are absolutely right",
+    "you're absolutely right",
     "great question", "what a great question", "excellent question", "absolutely right", "i agree with you",
 )
 _LIST_ITEM = re.compile(r"^\s*(?:[-*+]|\d+[.)])\s+\S", re.MULTILINE)
@@ -56,7 +57,8 @@ def response_scorer(attribute: str, tokenizer=None) -> Callable[[str], int]:
     raise UserError(f"attribute {attribute!r}: allowed values are 'length', 'sycophancy', 'format'")
 
 
-def pair_attribute(attribute: str, chosen: Sequence[str], rejected: Sequence[str], tokenizer=None) -> np.ndarray:
+def pair_attribute(attribute: str, chosen: Sequence[str], rejected: Sequence[str],
+                   tokenizer=None) -> np.ndarray:
     """a_B = 1[s(chosen_i) > s(rejected_i)] as int32 ``[B]``."""
     if len(chosen) != len(rejected):
         raise UserError(f"pair_attribute: {len(chosen)} chosen vs {len(rejected)} rejected responses")

@@ -30,10 +30,12 @@ def _check(ok: bool, key: str, value: Any, allowed: str) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class RMDataConfig:
-    """Preference pairs: `synthetic` (built-in arithmetic task with a planted length bias) or a .jsonl/.parquet file.
+    """Preference pairs: `synthetic` (built-in arithmetic task with a planted length bias) or a
+    .jsonl/.parquet file.
 
     `chosen_longer_rate`: fraction of synthetic *training* pairs whose chosen answer is the verbose one (the
-    planted bias); the synthetic eval set is always balanced (0.5). `eval_source`: a file for evaluation (for a
+    planted bias); the synthetic eval set is always balanced (0.5). `eval_source`: a file for evaluation
+    (for a
     file `source`, `eval_size` pairs are otherwise held out of it). Sequences longer than `max_len` tokens are
     dropped (counted in the log).
     """
@@ -88,7 +90,8 @@ class DebiasConfig:
         _check(self.classifier_lr > 0, "debias.classifier_lr", self.classifier_lr, "must be > 0")
         _check(self.warmup_steps >= 0, "debias.warmup_steps", self.warmup_steps, "must be >= 0")
         if self.hidden_dim is not None:
-            _check(self.hidden_dim >= 1, "debias.hidden_dim", self.hidden_dim, "must be >= 1 or null (linear)")
+            _check(self.hidden_dim >= 1, "debias.hidden_dim", self.hidden_dim,
+                   "must be >= 1 or null (linear)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,7 +102,8 @@ class RMTrainConfig:
 
     def __post_init__(self):
         _check(self.steps >= 0, "train.steps", self.steps, "must be >= 0")
-        _check(self.eval_every >= 0, "train.eval_every", self.eval_every, "must be >= 0 (0 = only at the end)")
+        _check(self.eval_every >= 0, "train.eval_every", self.eval_every,
+               "must be >= 0 (0 = only at the end)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,11 +118,14 @@ class RMExperimentConfig:
     train: RMTrainConfig = RMTrainConfig()
 
 
-def load_rm_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> RMExperimentConfig:
-    """Reads a YAML config (the embedded `configs/rm_length_bt.yaml` when `path` is None) plus `a.b=c` overrides.
+def load_rm_config(path: str | Path | None = None,
+                   overrides: list[str] | tuple[str, ...] = ()) -> RMExperimentConfig:
+    """Reads a YAML config (the embedded `configs/rm_length_bt.yaml` when `path` is None) plus `a.b=c`
+    overrides.
 
     Raises:
-      ConfigError: unreadable file, invalid YAML, unknown key (with the closest valid key), wrong type or value.
+      ConfigError: unreadable file, invalid YAML, unknown key (with the closest valid key), wrong type or
+      value.
     """
     if path is None:
         text = importlib.resources.files("jaxrl.configs").joinpath(DEFAULT_RM_CONFIG).read_text()

@@ -1,7 +1,7 @@
-"""Pairwise preference data: (prompt, chosen, rejected) from .jsonl / .parquet, or the built-in synthetic task.
+"""Pairwise preference data: (prompt, chosen, rejected) from .jsonl / .parquet, or the built-in task.
 
-Synthetic task (`synthetic_pairs`): "a+b=" questions; the chosen response holds the correct sum, the rejected one
-a wrong sum (off by 1 or 2). One response of each pair is *decorated* with the planted bias (`bias`):
+Synthetic task (`synthetic_pairs`): "a+b=" questions; the chosen response holds the correct sum, the rejected
+one a wrong sum (off by 1 or 2). One response of each pair is *decorated* with the planted bias (`bias`):
   length      "well, I think that it is 7" instead of "7"
   sycophancy  "Yes, you are right. 7"
   format      "- **7**"
@@ -111,7 +111,8 @@ class PairArrays(NamedTuple):
 
 
 def encode_pairs(records: Sequence[dict[str, Any]], tokenizer, max_len: int) -> PairArrays:
-    """Tokenises pairs, drops those longer than `max_len`, computes all three pair attributes (length in tokens)."""
+    """Tokenises pairs, drops those longer than `max_len`, computes all three pair attributes (length in
+    tokens)."""
     kept, chosen, rejected = [], [], []
     for rec in records:
         c = encode_text(tokenizer, rec["prompt"], rec["chosen"])
@@ -131,7 +132,8 @@ def encode_pairs(records: Sequence[dict[str, Any]], tokenizer, max_len: int) -> 
 
 
 def batch_indices(step: int, n: int, batch_size: int, seed: int) -> np.ndarray:
-    """Indices of training batch `step`: a fresh permutation of [0, n) per epoch (stateless, so resume is exact)."""
+    """Indices of training batch `step`: a fresh permutation of [0, n) per epoch (stateless, so resume is
+    exact)."""
     flat = np.arange(step * batch_size, (step + 1) * batch_size)
     epochs, pos = flat // n, flat % n
     out = np.empty(batch_size, np.int64)

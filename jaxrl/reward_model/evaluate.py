@@ -7,7 +7,8 @@ of the attribute):
   mi_nats        plug-in mutual information Î(M_b; A) = Σ_{b,a} p̂(b,a) log p̂(b,a)/(p̂(b)p̂(a)) in nats, with
                  M_b the margin binned into `bins` equal-frequency (quantile) bins. Biased upwards by about
                  (bins − 1)/(2N) nats for independent variables (Miller–Madow), reported as `mi_bias_floor`.
-  accuracy_a1 / accuracy_a0   accuracy on pairs with a = 1 / a = 0 (a biased RM is right on one, wrong on the other)
+  accuracy_a1 / accuracy_a0   accuracy on pairs with a = 1 / a = 0 (a biased RM is right on one, wrong on
+  the other)
 Run it on a held-out set where each attribute is balanced (fraction of a = 1 near 0.5, reported as `a_rate`).
 """
 

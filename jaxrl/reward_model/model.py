@@ -7,7 +7,8 @@ h_L is the final *normed* hidden state (the LM-head input). `t*` is picked exact
 exported `LlamaForSequenceClassification` / `Qwen2…` / `Qwen3…`.
 
 Deviations / choices:
-* The backbone config is forced to `tie_embeddings=True`: the LM head is never used by a reward model, and with
+* The backbone config is forced to `tie_embeddings=True`: the LM head is never used by a reward model, and
+with
   tied embeddings the backbone has no `lm_head` parameter to carry (a pretrained untied LM loses its head).
 * `score` is a `[D, 1]` kernel without bias (HF `score = Linear(D, 1, bias=False)`), initialised N(0, 0.02²).
 * A checkpoint is the jaxrl model layout (`model_config.json` + orbax `params/` of the whole RM tree
@@ -53,7 +54,8 @@ def last_token_index(tokens_BL: jax.Array, pad_id: int) -> jax.Array:
 
 
 class RewardModel(nnx.Module):
-    """Backbone + scalar head. `__call__(tokens_BL, mask_BL)` returns (scores_B float32, pooled hidden h_BD)."""
+    """Backbone + scalar head. `__call__(tokens_BL, mask_BL)` returns (scores_B float32, pooled hidden
+    h_BD)."""
 
     def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
         cfg = rm_backbone_config(cfg)
@@ -83,8 +85,10 @@ class RewardModel(nnx.Module):
         return model
 
     @classmethod
-    def from_backbone(cls, backbone: Transformer, pad_token_id: int | None, *, seed: int = 0) -> "RewardModel":
-        """Wraps a (pretrained) LM: its transformer weights, a freshly initialised head; the LM head is dropped."""
+    def from_backbone(cls, backbone: Transformer, pad_token_id: int | None, *,
+                      seed: int = 0) -> "RewardModel":
+        """Wraps a (pretrained) LM: its transformer weights, a freshly initialised head; the LM head is
+        dropped."""
         cfg = rm_backbone_config(backbone.cfg, pad_token_id)
         params = nnx.state(backbone, nnx.Param).to_pure_dict()
         params.pop("lm_head", None)
@@ -94,7 +98,8 @@ class RewardModel(nnx.Module):
         return cls.from_params(head.cfg, {"backbone": params, "score": score})
 
     def __call__(self, tokens_BL: jax.Array, mask_BL: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
-        """Scores r_B (float32) and the pooled final hidden state h_BD at t* (the head's input, with gradient).
+        """Scores r_B (float32) and the pooled final hidden state h_BD at t* (the head's input, with
+        gradient).
 
         Args:
           tokens_BL: [B, L] int token ids, padded with `cfg.pad_token_id` (either side).
@@ -116,7 +121,8 @@ def save_reward_model(model: RewardModel, path: str | os.PathLike, tokenizer=Non
     """Writes an RM checkpoint directory (model_config.json, reward_model.json, params/, tokenizer/)."""
     params = nnx.state(model, nnx.Param).to_pure_dict()
     with atomic_output_dir(path, overwrite=overwrite) as tmp:
-        (tmp / model_io.CONFIG_FILE).write_text(json.dumps(model_io.config_to_json(model.cfg), indent=2) + "\n")
+        config_json = json.dumps(model_io.config_to_json(model.cfg), indent=2)
+        (tmp / model_io.CONFIG_FILE).write_text(config_json + "\n")
         write_marker(tmp)
         with ocp.StandardCheckpointer() as ckpt:
             ckpt.save(tmp / model_io.PARAMS_ITEM, params)
@@ -131,7 +137,8 @@ def write_marker(directory: Path) -> None:
 
 
 def load_reward_model(path: str | os.PathLike):
-    """(RewardModel, tokenizer or None) from an RM checkpoint, a train-rm run directory or one of its steps."""
+    """(RewardModel, tokenizer or None) from an RM checkpoint, a train-rm run directory or one of its
+    steps."""
     config_dir, params_dir = model_io.resolve_checkpoint(path)
     if not (config_dir / RM_MARKER).is_file():
         raise CheckpointError(f"{path} is not a reward-model checkpoint (no {RM_MARKER} in {config_dir}); "

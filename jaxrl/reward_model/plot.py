@@ -1,4 +1,5 @@
-"""Plot of held-out accuracy and margin/attribute correlation over training for train-rm runs (the docs figure).
+"""Plot of held-out accuracy and margin/attribute correlation over training for train-rm runs (the docs
+figure).
 
     python -m jaxrl.reward_model.plot OUT.png LABEL=RUN_DIR [LABEL=RUN_DIR ...]
 """

@@ -3,10 +3,13 @@
 Run directory (same layout and rules as `jaxrl train`):
     RUN/config.yaml                 resolved config
     RUN/metrics.jsonl (+ tb/)       per-step metrics (`rm/*`, `dir/*`) and eval rows (`eval/*`)
-    RUN/checkpoints/                model_config.json, reward_model.json, tokenizer/, <step>/{params,opt_state,extra}
+    RUN/checkpoints/                model_config.json, reward_model.json, tokenizer/,
+    <step>/{params,opt_state,extra}
     RUN/eval_rm.json                the final `evaluate_pairs` report on the held-out set
-Resume: with `checkpoint.resume`, the newest restorable step is loaded (RM params, both optimiser states and the
-classifier); batches are a pure function of (seed, step), so a resumed run sees the batches it would have seen.
+Resume: with `checkpoint.resume`, the newest restorable step is loaded (RM params, both optimiser states
+and the
+classifier); batches are a pure function of (seed, step), so a resumed run sees the batches it would have
+seen.
 """
 
 from __future__ import annotations
@@ -57,7 +60,8 @@ def build_model(cfg: RMExperimentConfig, tokenizer) -> RewardModel:
         raise ConfigError(f"model vocab_size={model.cfg.vocab_size} is smaller than the tokenizer's "
                           f"{len(tokenizer)} tokens; set model.overrides.vocab_size >= {len(tokenizer)}")
     if model.cfg.pad_token_id != pad:
-        raise ConfigError(f"the model's pad_token_id={model.cfg.pad_token_id} differs from the tokenizer's {pad}")
+        raise ConfigError(f"the model's pad_token_id={model.cfg.pad_token_id} differs from the "
+                          f"tokenizer's {pad}")
     return model
 
 
@@ -90,7 +94,8 @@ def load_data(cfg: RMExperimentConfig) -> tuple[list[dict], list[dict]]:
 
 
 def train_rm(cfg: RMExperimentConfig, run_dir: str | Path) -> dict[str, Any]:
-    """Trains a reward model into `run_dir`; returns the final evaluation report (also in RUN/eval_rm.json)."""
+    """Trains a reward model into `run_dir`; returns the final evaluation report (also in
+    RUN/eval_rm.json)."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(dump_rm_config(cfg))
@@ -100,7 +105,8 @@ def train_rm(cfg: RMExperimentConfig, run_dir: str | Path) -> dict[str, Any]:
     train = data_lib.encode_pairs(train_records, tokenizer, cfg.data.max_len)
     held = data_lib.encode_pairs(eval_records, tokenizer, cfg.data.max_len)
     if train.dropped or held.dropped:
-        log.warning("dropped %d training / %d eval pairs longer than data.max_len=%d", train.dropped, held.dropped,
+        log.warning("dropped %d training / %d eval pairs longer than data.max_len=%d", train.dropped,
+                    held.dropped,
                     cfg.data.max_len)
 
     graphdef, params = nnx.split(model, nnx.Param)
@@ -111,7 +117,8 @@ def train_rm(cfg: RMExperimentConfig, run_dir: str | Path) -> dict[str, Any]:
                     if debias.enabled else ({}, ()))
     state = RMState(params, optimizer.init(params), clf, clf_opt)
     ck = cfg.checkpoint
-    checkpointer = Checkpointer(run_dir / "checkpoints", every=ck.every, keep=ck.keep, async_save=ck.async_save)
+    checkpointer = Checkpointer(run_dir / "checkpoints", every=ck.every, keep=ck.keep,
+                                async_save=ck.async_save)
     checkpointer.write_model_config(model_io.config_to_json(model.cfg), tokenizer)
     write_marker(checkpointer.directory)
     start = 0
@@ -135,7 +142,8 @@ def train_rm(cfg: RMExperimentConfig, run_dir: str | Path) -> dict[str, Any]:
             done = step + 1
             row = dict(jax.device_get(metrics)) if done % cfg.logging.every == 0 or done == steps else {}
             if every and done % every == 0 and done != steps:
-                row.update(_eval_metrics(evaluate_pairs(nnx.merge(graphdef, state.params), held), debias.attribute))
+                report = evaluate_pairs(nnx.merge(graphdef, state.params), held)
+                row.update(_eval_metrics(report, debias.attribute))
             if row:
                 writer.write(done, row)
             if checkpointer.should_save(done) or done == steps:

@@ -48,7 +48,8 @@ def make_optimizer(opt_cfg, total_steps: int) -> optax.GradientTransformation:
     else:
         schedule = optax.join_schedules([optax.linear_schedule(0.0, opt_cfg.lr, max(warm, 1)),
                                          optax.constant_schedule(opt_cfg.lr)], [warm]) if warm else opt_cfg.lr
-    adamw = optax.adamw(schedule, b1=opt_cfg.b1, b2=opt_cfg.b2, eps=opt_cfg.eps, weight_decay=opt_cfg.weight_decay)
+    adamw = optax.adamw(schedule, b1=opt_cfg.b1, b2=opt_cfg.b2, eps=opt_cfg.eps,
+                        weight_decay=opt_cfg.weight_decay)
     if opt_cfg.clip_norm is None:
         return adamw
     return optax.chain(optax.clip_by_global_norm(opt_cfg.clip_norm), adamw)
@@ -91,7 +92,8 @@ def debias_gamma(debias: DebiasConfig, step: int) -> float:
 def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation, debias: DebiasConfig):
     """`step(state, batch, gamma) -> (state, metrics)`, jitted with the state donated.
 
-    `gamma` is a traced scalar (γ of this step: 0 during `debias.warmup_steps`, see `debias_gamma`), so switching
+    `gamma` is a traced scalar (γ of this step: 0 during `debias.warmup_steps`, see `debias_gamma`), so
+    switching
     DIR on does not recompile.
 
     Metrics: `rm/{loss,bt,acc,margin_mean,grad_norm}` and, with debiasing, `dir/{club_mi,clf_nll_before,

@@ -1,12 +1,14 @@
 """Rewards from models: a trained reward model (`type: model`) and a pairwise judge (`type: pairwise`).
 
 * `model_reward(prompts, completions, *, checkpoint, ...)`: r_i = RM(prompt_i + " " + completion_i + EOS), the
-  same text layout `jaxrl train-rm` trains on (`jaxrl.reward_model.data.encode_text`). Rows are right-padded to
+  same text layout `jaxrl train-rm` trains on (`jaxrl.reward_model.data.encode_text`). Rows are
+  right-padded to
   a bucket length and scored in fixed-size jitted batches (one compilation per bucket). The loaded model is
   cached per (checkpoint, dtype) in `_load`, so a reward spec with `params: {checkpoint: ...}` loads it once.
   Parameters are placed replicated over `mesh` when one is given (the trainer passes its mesh), else on the
   default device.
-* `pairwise_reward(prompts, completions, *, judge, group_size, mode)`: within each group of G completions of one
+* `pairwise_reward(prompts, completions, *, judge, group_size, mode)`: within each group of G completions
+of one
   prompt (rows contiguous), the judge `judge(prompt, a, b) -> S` (S > 0: a better) is called on every ordered
   pair, and `jaxrl.losses.openrs.pairwise_group_rewards` turns the G×G matrix into per-sample rewards
   (OpenRS-style win rate, spec 7c [READING]). A failing judge call leaves that pair out.
@@ -54,9 +56,11 @@ def _bucket(n: int, buckets: tuple[int, ...]) -> int:
 
 
 def model_reward(prompts: list[str], completions: list[str], *, checkpoint: str, batch_size: int = 32,
-                 max_len: int = 1024, buckets: tuple[int, ...] = (64, 128, 256, 512, 1024), dtype: str = "float32",
+                 max_len: int = 1024, buckets: tuple[int, ...] = (64, 128, 256, 512, 1024),
+                 dtype: str = "float32",
                  mesh: Any = None, **_fields) -> list[float | None]:
-    """RM score of each (prompt, completion); None (an error, handled by `on_error`) when longer than max_len."""
+    """RM score of each (prompt, completion); None (an error, handled by `on_error`) when longer than
+    max_len."""
     from jaxrl.reward_model.data import encode_text, pad_right
 
     state, tokenizer, scorer = _load(str(checkpoint), dtype)
@@ -81,7 +85,8 @@ def model_reward(prompts: list[str], completions: list[str], *, checkpoint: str,
     return out
 
 
-def pairwise_reward(prompts: list[str], completions: list[str], *, judge: str | Callable[[str, str, str], float],
+def pairwise_reward(prompts: list[str], completions: list[str], *,
+                    judge: str | Callable[[str, str, str], float],
                     group_size: int, mode: str = "score", min_score: float = 0.0, **_fields) -> list[float]:
     """Per-sample rewards from a pairwise judge, group by group (see the module docstring)."""
     from jaxrl.losses.openrs import pairwise_group_rewards
@@ -90,7 +95,8 @@ def pairwise_reward(prompts: list[str], completions: list[str], *, judge: str | 
     fn = _import_function(judge, "rewards.params.judge") if isinstance(judge, str) else judge
     n = len(completions)
     if group_size < 2 or n % group_size:
-        raise ConfigError(f"pairwise reward: group_size={group_size} must be >= 2 and divide the {n} completions")
+        raise ConfigError(f"pairwise reward: group_size={group_size} must be >= 2 and divide the {n} "
+                          "completions")
     scores, valid = np.zeros((n // group_size, group_size, group_size), np.float32), \
         np.zeros((n // group_size, group_size, group_size), bool)
     for p in range(n // group_size):

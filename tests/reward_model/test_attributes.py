@@ -49,7 +49,8 @@ def test_synthetic_bias_rate(bias):
         x, y = p["prompt"][:-1].split("+")
         assert p["chosen"].endswith(str(int(x) + int(y))) or p["chosen"].endswith(f"{int(x) + int(y)}**")
     balanced = synthetic_pairs(2000, 1, chosen_decorated_rate=0.5, bias=bias)
-    assert 0.47 < pair_attribute(bias, [p["chosen"] for p in balanced], [p["rejected"] for p in balanced]).mean() < 0.53
+    a_bal = pair_attribute(bias, [p["chosen"] for p in balanced], [p["rejected"] for p in balanced])
+    assert 0.47 < a_bal.mean() < 0.53
 
 
 def test_batch_indices_cover_each_epoch_once():

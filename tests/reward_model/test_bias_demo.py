@@ -1,8 +1,10 @@
 """Short CI version of the docs' length-bias demonstration (fixed seeds, tiny model, CPU).
 
-Plain BT and DIR share the model init, data and batches; after 600 RM steps (DIR switched on at step 300) DIR's
+Plain BT and DIR share the model init, data and batches; after 600 RM steps (DIR switched on at step 300)
+DIR's
 |corr(margin, chosen-is-longer)| on the balanced held-out set must be lower than BT's, at no loss of accuracy.
-Measured on the 2-core dev machine (docs/reward_models.md): BT acc 0.55 / |corr| 0.80, DIR acc 0.90 / |corr| 0.18.
+Measured on the 2-core dev machine (docs/reward_models.md): BT acc 0.55 / |corr| 0.80, DIR acc 0.90 /
+|corr| 0.18.
 """
 
 import pytest

@@ -1,4 +1,5 @@
-"""train-rm / eval-rm CLI (config errors exit 2; a tiny run, resume, eval JSON) and the model / pairwise rewards."""
+"""train-rm / eval-rm CLI (config errors exit 2; a tiny run, resume, eval JSON) and the model / pairwise
+rewards."""
 
 import json
 
@@ -16,7 +17,8 @@ def test_unknown_key_exits_2(capsys):
 
 
 @pytest.mark.parametrize("override,message", [
-    ("debias.attribute=people", "debias.attribute='people': allowed values are 'length', 'sycophancy', 'format'"),
+    ("debias.attribute=people",
+     "debias.attribute='people': allowed values are 'length', 'sycophancy', 'format'"),
     ("debias.gama=1", "did you mean 'debias.gamma'"),
     ("data.chosen_longer_rate=1.5", "data.chosen_longer_rate=1.5: must be in [0, 1]"),
 ])
@@ -50,7 +52,8 @@ def test_pairwise_reward_hand_computed():
 def test_train_resume_eval_and_model_reward(tmp_path, capsys):
     run = tmp_path / "run"
     common = ["--set", "data.train_size=64", "--set", "data.eval_size=16", "--set", "data.batch_size=8",
-              "--set", "checkpoint.every=2", "--set", "checkpoint.async_save=false", "--set", "train.eval_every=0", "--set", "logging.every=1",
+              "--set", "checkpoint.every=2", "--set", "checkpoint.async_save=false",
+              "--set", "train.eval_every=0", "--set", "logging.every=1",
               "--set", "debias.enabled=true", "--set", "debias.hidden_dim=8", "--run-dir", str(run)]
     assert main(["train-rm", "--set", "train.steps=2", *common]) == 0
     assert main(["train-rm", "--set", "train.steps=4", *common]) == 0      # resumes from step 2
@@ -69,7 +72,8 @@ def test_train_resume_eval_and_model_reward(tmp_path, capsys):
     ev = json.loads((tmp_path / "e.json").read_text())
     assert ev["num_pairs"] == 2 and ev["attributes"]["length"]["a_rate"] == 0.5
 
-    scores = model_reward([r["prompt"] for r in recs] * 2, [r["chosen"] for r in recs] + [r["rejected"] for r in recs],
+    scores = model_reward([r["prompt"] for r in recs] * 2,
+                          [r["chosen"] for r in recs] + [r["rejected"] for r in recs],
                           checkpoint=str(run), batch_size=3)
     margin = np.array(scores[:2]) - np.array(scores[2:])
     np.testing.assert_allclose(ev["margin_mean"], margin.mean(), atol=1e-5)

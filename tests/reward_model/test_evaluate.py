@@ -28,7 +28,8 @@ def test_report_accuracy_and_correlation():
     rep = margin_report(m, {"length": a})
     assert rep["accuracy"] == 0.75
     assert rep["attributes"]["length"]["correlation"] == pytest.approx(np.corrcoef(m, a)[0, 1])
-    assert rep["attributes"]["length"]["accuracy_a1"] == 1.0 and rep["attributes"]["length"]["accuracy_a0"] == 0.5
+    length = rep["attributes"]["length"]
+    assert length["accuracy_a1"] == 1.0 and length["accuracy_a0"] == 0.5
     assert pearson(m, np.zeros(4)) == 0.0
 
 

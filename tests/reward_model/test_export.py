@@ -1,4 +1,5 @@
-"""RM scores equal transformers' `*ForSequenceClassification` after export (fp32, atol 1e-4), and round-trip."""
+"""RM scores equal transformers' `*ForSequenceClassification` after export (fp32, atol 1e-4), and
+round-trip."""
 
 import numpy as np
 import pytest
@@ -47,7 +48,8 @@ def test_scores_match_transformers(family, tmp_path):
     ids = _tokens()
     mask = (ids != 0).astype(np.int64)
     with torch.no_grad():
-        want = hf(input_ids=torch.from_numpy(ids.astype(np.int64)), attention_mask=torch.from_numpy(mask)).logits
+        want = hf(input_ids=torch.from_numpy(ids.astype(np.int64)),
+                  attention_mask=torch.from_numpy(mask)).logits
     ours, _ = rm(ids, mask)
     assert want.shape == (4, 1)
     np.testing.assert_allclose(np.asarray(ours), want[:, 0].numpy(), atol=1e-4, rtol=0)

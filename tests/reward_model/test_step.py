@@ -23,7 +23,8 @@ R_C, R_R = jnp.array([1.0, 0.2]), jnp.array([0.5, 0.4])
 
 
 def _spec_classifier():
-    # Linear q over a 1-d x: logits = [0, x], so q(a=1|x) = sigmoid(x); x_i = logit(q_i) reproduces the example.
+    # Linear q over a 1-d x: logits = [0, x], so q(a=1|x) = sigmoid(x); x_i = logit(q_i) reproduces the
+    # example.
     clf = {"w_DC": jnp.array([[0.0, 1.0]]), "b_C": jnp.zeros(2)}
     x_N1 = jnp.asarray(np.log(Q1 / (1 - Q1)), jnp.float32)[:, None]
     return clf, x_N1
@@ -56,9 +57,11 @@ def test_classifier_inner_loop_lowers_nll():
     opt = classifier_optimizer(debias)
     nlls = []
     for _ in range(4):
-        clf, state, before = dir_lib.classifier_inner_steps(clf, state, jnp.asarray(x), jnp.asarray(a), opt, 5)
+        clf, state, before = dir_lib.classifier_inner_steps(clf, state, jnp.asarray(x), jnp.asarray(a),
+                                                            opt, 5)
         nlls.append(float(before))
-    after = float(dir_lib.club_classifier_nll(dir_lib.apply_club_classifier(clf, jnp.asarray(x)), jnp.asarray(a)))
+    logits = dir_lib.apply_club_classifier(clf, jnp.asarray(x))
+    after = float(dir_lib.club_classifier_nll(logits, jnp.asarray(a)))
     assert all(b < a_ for a_, b in zip(nlls, nlls[1:])) and after < nlls[-1]
     assert after < 0.5 * nlls[0]
 
