@@ -35,9 +35,8 @@ class RMDataConfig:
 
     `chosen_longer_rate`: fraction of synthetic *training* pairs whose chosen answer is the verbose one (the
     planted bias); the synthetic eval set is always balanced (0.5). `eval_source`: a file for evaluation
-    (for a
-    file `source`, `eval_size` pairs are otherwise held out of it). Sequences longer than `max_len` tokens are
-    dropped (counted in the log).
+    (for a file `source`, `eval_size` pairs are otherwise held out of it). Sequences longer than `max_len`
+    tokens are dropped (counted in the log).
     """
 
     source: str = "synthetic"

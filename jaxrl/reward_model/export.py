@@ -1,10 +1,9 @@
 """HF export/import of reward models as `{Llama,Qwen2,Qwen3}ForSequenceClassification` with num_labels = 1.
 
 Layout written: config.json (the family's CausalLM config keys, `architectures` set to the sequence
-classification class, one label, `pad_token_id` set), `model.safetensors` with the backbone under `model.*`
-(the
-`jaxrl.models.hf_io` table) plus `score.weight` `[1, D]`, and the tokenizer when given. transformers pools the
-logits at the rightmost token ≠ pad_token_id, which is the token `RewardModel` reads, so
+classification class, one label, `pad_token_id` set), `model.safetensors` with the backbone under
+`model.*` (the `jaxrl.models.hf_io` table) plus `score.weight` `[1, D]`, and the tokenizer when given.
+transformers pools the logits at the rightmost token ≠ pad_token_id, which is the token `RewardModel` reads, so
 `AutoModelForSequenceClassification.from_pretrained(dir)(ids).logits[:, 0]` equals our scores.
 Only pre-norm models have a standard architecture; post-norm / SiameseNorm reward models cannot be exported.
 """

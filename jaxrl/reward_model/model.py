@@ -7,9 +7,9 @@ h_L is the final *normed* hidden state (the LM-head input). `t*` is picked exact
 exported `LlamaForSequenceClassification` / `Qwen2…` / `Qwen3…`.
 
 Deviations / choices:
-* The backbone config is forced to `tie_embeddings=True`: the LM head is never used by a reward model, and
-with
-  tied embeddings the backbone has no `lm_head` parameter to carry (a pretrained untied LM loses its head).
+* The backbone config is forced to `tie_embeddings=True`: the LM head is never used by a reward model,
+  and with tied embeddings the backbone has no `lm_head` parameter to carry (a pretrained untied LM loses
+  its head).
 * `score` is a `[D, 1]` kernel without bias (HF `score = Linear(D, 1, bias=False)`), initialised N(0, 0.02²).
 * A checkpoint is the jaxrl model layout (`model_config.json` + orbax `params/` of the whole RM tree
   `{backbone, score}`) plus a `reward_model.json` marker; trainer run directories are read too.

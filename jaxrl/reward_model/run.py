@@ -3,13 +3,11 @@
 Run directory (same layout and rules as `jaxrl train`):
     RUN/config.yaml                 resolved config
     RUN/metrics.jsonl (+ tb/)       per-step metrics (`rm/*`, `dir/*`) and eval rows (`eval/*`)
-    RUN/checkpoints/                model_config.json, reward_model.json, tokenizer/,
-    <step>/{params,opt_state,extra}
+    RUN/checkpoints/                model_config.json, reward_model.json, tokenizer/
+    RUN/checkpoints/<step>/         params, opt_state ({rm, clf, clf_opt}), extra
     RUN/eval_rm.json                the final `evaluate_pairs` report on the held-out set
-Resume: with `checkpoint.resume`, the newest restorable step is loaded (RM params, both optimiser states
-and the
-classifier); batches are a pure function of (seed, step), so a resumed run sees the batches it would have
-seen.
+Resume: with `checkpoint.resume`, the newest restorable step is loaded (RM params, both optimiser states and
+the classifier); batches are a pure function of (seed, step), so a resumed run sees the same batches.
 """
 
 from __future__ import annotations
