@@ -1,0 +1,190 @@
+"""Tokens/s of one GRPO update: jaxrl's jitted train step vs TRL's GRPOTrainer loss + AdamW step (torch CPU).
+
+    .venv/bin/python benchmarks/train_step.py [--batch 16] [--prompt 32] [--completion 96] [--steps 5]
+
+Same model (a Llama-architecture transformer written once with `jaxrl.hf.save_pretrained` and loaded by both
+sides), same batch (B rows of prompt + completion tokens, random advantages, old log-probs, masks), same loss
+(token-mean clipped surrogate, ε = 0.2, β = 0: TRL `loss_type="bnpo"`), same optimiser (AdamW, grad-norm clip 1).
+Each side runs in its own child process so that its peak host memory (ru_maxrss) is its own; the update is
+timed after one warm-up (compile) call, median of `--steps` calls; tokens/s counts all B·L tokens of the batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+MODEL = dict(vocab_size=2048, hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=4, head_dim=32,
+             mlp_dim=768, rope_theta=10000.0, rms_norm_eps=1e-6, max_position_embeddings=512, family="llama",
+             tie_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+
+
+def make_inputs(b: int, lp: int, lc: int, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    prompt = rng.integers(3, MODEL["vocab_size"], size=(b, lp))
+    plen = rng.integers(lp // 2, lp + 1, size=b)
+    pmask = np.arange(lp)[None, :] >= lp - plen[:, None]  # left padding
+    comp = rng.integers(3, MODEL["vocab_size"], size=(b, lc))
+    clen = rng.integers(lc // 2, lc + 1, size=b)
+    cmask = np.arange(lc)[None, :] < clen[:, None]
+    return dict(prompt_ids=np.where(pmask, prompt, 0), prompt_mask=pmask, completion_ids=np.where(cmask, comp, 0),
+                completion_mask=cmask, advantages=rng.normal(size=b).astype(np.float32),
+                old_logp=np.where(cmask, -rng.uniform(6.0, 9.0, size=(b, lc)), 0.0).astype(np.float32))
+
+
+def _peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def run_jaxrl(model_dir: str, args, out) -> None:
+    import functools
+
+    import jax
+    import jax.numpy as jnp
+    import optax
+    from flax import nnx
+
+    from jaxrl import hf
+    from jaxrl.train_step import LossSpec, TrainBatch, TrainState, train_step
+
+    model = hf.from_pretrained(model_dir)
+    graphdef, params = nnx.split(model)
+    params = params.to_pure_dict()
+    x = make_inputs(args.batch, args.prompt, args.completion)
+    tokens = np.concatenate([x["prompt_ids"], x["completion_ids"]], 1).astype(np.int32)
+    mask = np.concatenate([x["prompt_mask"], x["completion_mask"]], 1)
+    loss_mask = np.concatenate([np.zeros_like(x["prompt_mask"]), x["completion_mask"]], 1)
+    old = np.concatenate([np.zeros(x["prompt_mask"].shape, np.float32), x["old_logp"]], 1)
+    adv = loss_mask * x["advantages"][:, None]
+    b = args.batch
+    batch = TrainBatch(tokens, mask, loss_mask, old, np.zeros_like(old), adv.astype(np.float32),
+                       np.full((b,), 0.2, np.float32), np.full((b,), 0.2, np.float32), np.zeros((b,), np.float32))
+    batch = jax.device_put(batch)
+    tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-6))
+    step = jax.jit(functools.partial(train_step, graphdef=graphdef, spec=LossSpec(), tx=tx), donate_argnums=0)
+    state = TrainState(params, tx.init(params), jnp.zeros((), jnp.int32))
+    t0 = time.perf_counter()
+    state, m = step(state, batch)
+    jax.block_until_ready(m["loss"])
+    compile_s = time.perf_counter() - t0
+    times = []
+    for _ in range(args.steps):
+        t0 = time.perf_counter()
+        state, m = step(state, batch)
+        jax.block_until_ready((state.params, m["loss"]))
+        times.append(time.perf_counter() - t0)
+    out.put(dict(side="jaxrl", step_s=statistics.median(times), first_call_s=compile_s,
+                 loss=float(m["loss"]), peak_rss_mib=_peak_rss_mib(), step_cache_size=step._cache_size()))
+
+
+def run_trl(model_dir: str, args, out) -> None:
+    import datasets
+    import torch
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+    from trl import GRPOConfig, GRPOTrainer
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    tok = PreTrainedTokenizerFast(tokenizer_object=_tiny_tokenizer(), pad_token="<pad>", eos_token="<eos>")
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = GRPOConfig(output_dir=tmp, use_cpu=True, bf16=False, report_to=[], loss_type="bnpo", beta=0.0,
+                         epsilon=0.2, num_generations=2, per_device_train_batch_size=2,
+                         max_completion_length=args.completion, logging_steps=1000)
+        trainer = GRPOTrainer(model=model, reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+                              args=cfg, train_dataset=datasets.Dataset.from_dict({"prompt": ["a"] * 4}),
+                              processing_class=tok)
+        x = make_inputs(args.batch, args.prompt, args.completion)
+        inputs = dict(prompt_ids=torch.as_tensor(x["prompt_ids"]), prompt_mask=torch.as_tensor(x["prompt_mask"]).long(),
+                      completion_ids=torch.as_tensor(x["completion_ids"]),
+                      completion_mask=torch.as_tensor(x["completion_mask"]).long(),
+                      advantages=torch.as_tensor(x["advantages"]), old_per_token_logps=torch.as_tensor(x["old_logp"]),
+                      num_items_in_batch=torch.as_tensor(float(x["completion_mask"].sum())))
+        trainer.current_gradient_accumulation_steps = 1  # normally set by Trainer.train's loop
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
+        model.train()
+
+        def update():
+            loss = trainer._compute_loss(model, inputs)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return float(loss.detach())
+
+        t0 = time.perf_counter()
+        update()
+        first = time.perf_counter() - t0
+        times = []
+        for _ in range(args.steps):
+            t0 = time.perf_counter()
+            loss = update()
+            times.append(time.perf_counter() - t0)
+    out.put(dict(side="trl", step_s=statistics.median(times), first_call_s=first, loss=loss,
+                 peak_rss_mib=_peak_rss_mib(), torch_threads=torch.get_num_threads()))
+
+
+def _tiny_tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"<pad>": 0, "<bos>": 1, "<eos>": 2, **{chr(97 + i): 3 + i for i in range(26)}}
+    t = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    t.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    return t
+
+
+def _child(fn, model_dir, args):
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=fn, args=(model_dir, args, q))
+    p.start()
+    while True:
+        try:
+            return q.get(timeout=1.0)
+        except Exception:  # noqa: BLE001 -- queue.Empty: check the child is still alive
+            if not p.is_alive():
+                raise RuntimeError(f"{fn.__name__} exited with code {p.exitcode} without a result") from None
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--prompt", type=int, default=32)
+    ap.add_argument("--completion", type=int, default=96)
+    ap.add_argument("--steps", type=int, default=5)
+    args = ap.parse_args(argv)
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    from flax import nnx
+
+    from jaxrl import hf
+    from jaxrl.models import Transformer, TransformerConfig
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = os.path.join(tmp, "model")
+        hf.save_pretrained(Transformer(TransformerConfig(**MODEL), rngs=nnx.Rngs(0)), model_dir)
+        jx = _child(run_jaxrl, model_dir, args)
+        tr = _child(run_trl, model_dir, args)
+    tokens = args.batch * (args.prompt + args.completion)
+    for r in (jx, tr):
+        r["tokens_per_s"] = tokens / r["step_s"]
+    report = dict(batch=args.batch, seq_len=args.prompt + args.completion, tokens_per_update=tokens,
+                  jaxrl=jx, trl=tr, speedup=jx["tokens_per_s"] / tr["tokens_per_s"])
+    print(json.dumps(report, indent=2))
+    print(f"GRPO update, B={args.batch} L={args.prompt + args.completion}: jaxrl {jx['tokens_per_s']:.0f} tok/s "
+          f"({jx['step_s'] * 1e3:.1f} ms, peak RSS {jx['peak_rss_mib']:.0f} MiB) vs TRL {tr['tokens_per_s']:.0f} "
+          f"tok/s ({tr['step_s'] * 1e3:.1f} ms, peak RSS {tr['peak_rss_mib']:.0f} MiB): ratio {report['speedup']:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
