@@ -22,6 +22,7 @@ from jaxrl.errors import ConfigError, UserError
 from jaxrl.rewards.answers import exact_answer, math_answer
 from jaxrl.rewards.countdown import countdown
 from jaxrl.rewards.gym import reasoning_gym_score
+from jaxrl.rewards.model_reward import model_reward, pairwise_reward
 from jaxrl.rewards.shaping import format_reward, length_penalty, overlong_penalty
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,8 @@ BUILTINS: dict[str, Callable[..., list[float]]] = {
     "overlong": overlong_penalty,
     "countdown": countdown,
     "reasoning_gym": reasoning_gym_score,
+    "model": model_reward,  # params: {checkpoint: RM run dir / HF SequenceClassification dir}
+    "pairwise": pairwise_reward,  # params: {judge: "module:function", group_size: G}
 }
 
 
