@@ -4,9 +4,9 @@
 
 Same model (a Llama-architecture transformer written once with `jaxrl.hf.save_pretrained` and loaded by both
 sides), same batch (B rows of prompt + completion tokens, random advantages, old log-probs, masks), same loss
-(token-mean clipped surrogate, ε = 0.2, β = 0: TRL `loss_type="bnpo"`), same optimiser (AdamW, grad-norm clip 1).
+(token-mean clipped surrogate, ε = 0.2, β = 0: TRL `loss_type="bnpo"`), same optimiser (AdamW, clip norm 1).
 Each side runs in its own child process so that its peak host memory (ru_maxrss) is its own; the update is
-timed after one warm-up (compile) call, median of `--steps` calls; tokens/s counts all B·L tokens of the batch.
+timed after one warm-up (compile) call, median of `--steps` calls; tokens/s counts all B·L batch tokens.
 """
 
 from __future__ import annotations
@@ -36,8 +36,9 @@ def make_inputs(b: int, lp: int, lc: int, seed: int = 0) -> dict[str, np.ndarray
     comp = rng.integers(3, MODEL["vocab_size"], size=(b, lc))
     clen = rng.integers(lc // 2, lc + 1, size=b)
     cmask = np.arange(lc)[None, :] < clen[:, None]
-    return dict(prompt_ids=np.where(pmask, prompt, 0), prompt_mask=pmask, completion_ids=np.where(cmask, comp, 0),
-                completion_mask=cmask, advantages=rng.normal(size=b).astype(np.float32),
+    return dict(prompt_ids=np.where(pmask, prompt, 0), prompt_mask=pmask,
+                completion_ids=np.where(cmask, comp, 0), completion_mask=cmask,
+                advantages=rng.normal(size=b).astype(np.float32),
                 old_logp=np.where(cmask, -rng.uniform(6.0, 9.0, size=(b, lc)), 0.0).astype(np.float32))
 
 
@@ -66,8 +67,9 @@ def run_jaxrl(model_dir: str, args, out) -> None:
     old = np.concatenate([np.zeros(x["prompt_mask"].shape, np.float32), x["old_logp"]], 1)
     adv = loss_mask * x["advantages"][:, None]
     b = args.batch
-    batch = TrainBatch(tokens, mask, loss_mask, old, np.zeros_like(old), adv.astype(np.float32),
-                       np.full((b,), 0.2, np.float32), np.full((b,), 0.2, np.float32), np.zeros((b,), np.float32))
+    clip_B = np.full((b,), 0.2, np.float32)
+    batch = TrainBatch(tokens, mask, loss_mask, old, np.zeros_like(old), adv.astype(np.float32), clip_B,
+                       clip_B, np.zeros((b,), np.float32))
     batch = jax.device_put(batch)
     tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-6))
     step = jax.jit(functools.partial(train_step, graphdef=graphdef, spec=LossSpec(), tx=tx), donate_argnums=0)
@@ -103,10 +105,10 @@ def run_trl(model_dir: str, args, out) -> None:
                               args=cfg, train_dataset=datasets.Dataset.from_dict({"prompt": ["a"] * 4}),
                               processing_class=tok)
         x = make_inputs(args.batch, args.prompt, args.completion)
-        inputs = dict(prompt_ids=torch.as_tensor(x["prompt_ids"]), prompt_mask=torch.as_tensor(x["prompt_mask"]).long(),
-                      completion_ids=torch.as_tensor(x["completion_ids"]),
-                      completion_mask=torch.as_tensor(x["completion_mask"]).long(),
-                      advantages=torch.as_tensor(x["advantages"]), old_per_token_logps=torch.as_tensor(x["old_logp"]),
+        t = {k: torch.as_tensor(v) for k, v in x.items()}
+        inputs = dict(prompt_ids=t["prompt_ids"], prompt_mask=t["prompt_mask"].long(),
+                      completion_ids=t["completion_ids"], completion_mask=t["completion_mask"].long(),
+                      advantages=t["advantages"], old_per_token_logps=t["old_logp"],
                       num_items_in_batch=torch.as_tensor(float(x["completion_mask"].sum())))
         trainer.current_gradient_accumulation_steps = 1  # normally set by Trainer.train's loop
         opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
@@ -180,9 +182,11 @@ def main(argv=None) -> int:
     report = dict(batch=args.batch, seq_len=args.prompt + args.completion, tokens_per_update=tokens,
                   jaxrl=jx, trl=tr, speedup=jx["tokens_per_s"] / tr["tokens_per_s"])
     print(json.dumps(report, indent=2))
-    print(f"GRPO update, B={args.batch} L={args.prompt + args.completion}: jaxrl {jx['tokens_per_s']:.0f} tok/s "
-          f"({jx['step_s'] * 1e3:.1f} ms, peak RSS {jx['peak_rss_mib']:.0f} MiB) vs TRL {tr['tokens_per_s']:.0f} "
-          f"tok/s ({tr['step_s'] * 1e3:.1f} ms, peak RSS {tr['peak_rss_mib']:.0f} MiB): ratio {report['speedup']:.2f}x")
+    line = [f"GRPO update, B={args.batch} L={args.prompt + args.completion}:"]
+    for name, r in (("jaxrl", jx), ("TRL", tr)):
+        line.append(f"{name} {r['tokens_per_s']:.0f} tok/s ({r['step_s'] * 1e3:.1f} ms/update, peak RSS "
+                    f"{r['peak_rss_mib']:.0f} MiB, loss {r['loss']:.6f})")
+    print(" ".join(line[:2]), "vs", line[2], f"-> jaxrl/TRL ratio {report['speedup']:.2f}x")
     return 0
 
 

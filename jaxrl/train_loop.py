@@ -23,6 +23,7 @@ from jaxrl.algos import ADVANTAGES
 from jaxrl.build import advantage_spec, sampling_spec
 from jaxrl.config import Algo, ExperimentConfig
 from jaxrl.data.pipeline import Encoder, eval_batches, make_splits, train_iterator
+from jaxrl.errors import CheckpointError
 from jaxrl.metrics import MetricsWriter
 from jaxrl.train_step import LossSpec, TrainState, train_step
 
@@ -132,6 +133,18 @@ class Clipo:
         self._step = jax.jit(step)
         self._pooled = jax.jit(pooled)
 
+    def state_json(self) -> list:
+        """Head parameters and optimiser state as JSON lists (float32 values round-trip exactly)."""
+        return [np.asarray(x).tolist() for x in jax.tree.leaves((self.params, self.opt_state))]
+
+    def load_state(self, data: list) -> None:
+        """Inverse of `state_json` (shapes, dtypes and shardings from the freshly initialised head)."""
+        leaves, treedef = jax.tree.flatten((self.params, self.opt_state))
+        if len(data) != len(leaves):
+            raise CheckpointError(f"CLIPO head state has {len(data)} arrays, expected {len(leaves)}")
+        new = [jax.device_put(np.asarray(d, x.dtype).reshape(x.shape), x.sharding) for d, x in zip(data, leaves)]
+        self.params, self.opt_state = jax.tree.unflatten(treedef, new)
+
     def bonus(self, params, ro: rollout_lib.Rollout, key) -> tuple[np.ndarray, dict[str, float]]:
         h_BD = self._pooled(params, ro.tokens_BL, ro.mask_BL, ro.loss_mask_BL)
         correct_B = jnp.asarray(np.nan_to_num(ro.rewards_NK[:, 0]) > 0)
@@ -212,6 +225,7 @@ def train(cfg: ExperimentConfig, run_dir: str | Path) -> dict[str, Any]:
     clipo = Clipo(run, model.cfg.hidden_size) if cfg.algorithm.name is Algo.CLIPO else None
     del model
     start, nonfinite_run = 0, 0
+    initial = state
     restored = ckpt.restore_latest(state.params, state.opt_state) if cfg.checkpoint.resume else None
     if restored is not None:
         start = restored.step
@@ -219,14 +233,24 @@ def train(cfg: ExperimentConfig, run_dir: str | Path) -> dict[str, Any]:
         data_it.set_state(restored.extra["data_state"])
         nonfinite_run = int(restored.extra.get("nonfinite_run", 0))
         if clipo is not None and "clipo" in restored.extra:
-            log.warning("CLIPO head state is not checkpointed; it restarts from its initialisation")
+            clipo.load_state(restored.extra["clipo"])
+        elif clipo is not None:
+            log.warning("checkpoint has no CLIPO head state; the head restarts from its initialisation")
+        if run.ref_params is not None and cfg.sft_warmup.steps > 0:
+            # The reference policy is the warm-started model, which is not checkpointed: replay the
+            # (deterministic) warm start from the initial parameters to rebuild it exactly.
+            run.ref_params = sft_warm_start(run, initial, train_records, encoder)[0].params
         log.info("resumed from step %d in %s", start, ckpt.directory)
     elif cfg.sft_warmup.steps > 0:
         state, curve = sft_warm_start(run, state, train_records, encoder)
         log.info("SFT warm start: NLL %.3f -> %.3f over %d steps", curve[0], curve[-1], len(curve))
+        if run.ref_params is not None:  # KL is measured against the policy RL starts from
+            run.ref_params = jax.tree.map(jnp.copy, state.params)
+    del initial
     last: dict[str, Any] = {}
     extra = lambda step: {"data_state": data_it.get_state(), "nonfinite_run": nonfinite_run,
-                          "rng": ckpt_lib.key_to_json(jax.random.key(cfg.train.seed))}
+                          "rng": ckpt_lib.key_to_json(jax.random.key(cfg.train.seed)),
+                          **({"clipo": clipo.state_json()} if clipo is not None else {})}
     with MetricsWriter(run_dir, resume_step=start, total_steps=cfg.train.steps if cfg.logging.progress_bar else None,
                        tensorboard=cfg.logging.tensorboard) as writer, ckpt_lib.PreemptionGuard() as guard:
         if start == 0 and cfg.train.eval_every:

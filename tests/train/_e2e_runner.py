@@ -82,8 +82,9 @@ def main(out: str, base_dir: str, names: list[str]) -> None:
             train(cfg, run_dir)
             late = [m for rows, m in handler.events if rows >= 1]
             handler.run_dir = None
-            results[name] = {"rows": metrics(run_dir), "param_change": _max_param_change(cfg, run_dir),
-                             "late_compiles": late, "error": None}
+            rows = metrics(run_dir, drop_timing=False)
+            results[name] = {"rows": rows, "late_compiles": late, "error": None,
+                             "param_change": _max_param_change(cfg, run_dir)}
         except Exception:  # noqa: BLE001 -- reported to the test, which fails with the traceback
             results[name] = {"error": traceback.format_exc()}
     handler.run_dir = None

@@ -1,7 +1,7 @@
-"""Deterministic user rewards for trainer tests (loaded as `_train_rewards:<name>` with tests/train on the path).
+"""Deterministic user rewards for trainer tests (`_train_rewards:<name>`, with tests/train on the path).
 
 An untrained tiny model emits random characters, so the built-in answer reward is 0 everywhere and every group
-would be degenerate (zero advantage, zero gradient). These rewards vary within a group, so updates are non-zero.
+would be degenerate (zero advantage, zero gradient). These rewards vary within a group: updates are non-zero.
 """
 
 

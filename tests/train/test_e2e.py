@@ -25,8 +25,8 @@ pytestmark = pytest.mark.slow  # one subprocess runs 13 tiny 2-3 step trainings 
 def results(tmp_path_factory):
     base = tmp_path_factory.mktemp("e2e")
     out = base / "results.json"
-    proc = subprocess.run([sys.executable, str(HERE / "_e2e_runner.py"), str(out), str(base), *CASES], cwd=ROOT,
-                          env=env(), capture_output=True, text=True, timeout=1800)
+    cmd = [sys.executable, str(HERE / "_e2e_runner.py"), str(out), str(base), *CASES]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(out.read_text())
 

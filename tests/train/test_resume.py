@@ -141,3 +141,17 @@ def test_nonfinite_updates_are_skipped_then_the_run_stops_with_a_checkpoint(tmp_
     init = nnx.state(build.build_model(cfg.model, vocab_size=len(tok), seed=cfg.train.seed), nnx.Param)
     for a, b in zip(_params(tmp_path, 2), jax.tree.leaves(init.to_pure_dict()), strict=True):
         assert np.array_equal(a, b), "a skipped step must leave the parameters unchanged"
+
+
+def test_resume_restores_clipo_head_and_warm_started_reference(tmp_path):
+    """CLIPO's head/optimiser state and the KL reference (the SFT-warm-started model) survive a restart."""
+    extra = ("algorithm.name=clipo", "algorithm.kl_beta=0.1", "sft_warmup.steps=2", "sft_warmup.batch_size=4",
+             "checkpoint.every=2")
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    _ok(run_train(whole, *extra, "train.steps=4"))
+    _ok(run_train(split, *extra, "train.steps=2"))
+    _ok(run_train(split, *extra, "train.steps=4"))  # resumes from step 2
+    rows = metrics(whole)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4] and rows[3]["clipo/head_loss"] > 0
+    assert abs(rows[0]["kl"]) < 1e-5 and rows[3]["kl"] > 1e-4  # KL to the warm-started model starts at 0
+    assert metrics(split) == rows
