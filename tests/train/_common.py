@@ -2,8 +2,8 @@
 
 The trainer runs in subprocesses with ONE CPU device (`--xla_force_host_platform_device_count=1`) instead
 of the 8 fake devices of tests/conftest.py: sharded programs compile several times slower on this 2-core
-machine, and sharding correctness is covered by tests/sharding. Subprocesses share a persistent XLA compilation cache under
-.cache/ (gitignored), so the same shapes compile once across the runs of a session.
+machine, and sharding correctness is covered by tests/sharding. Subprocesses share a persistent XLA
+compilation cache under .cache/ (gitignored), so the same shapes compile once across the runs of a session.
 """
 
 from __future__ import annotations
