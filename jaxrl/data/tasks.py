@@ -21,15 +21,18 @@ from jaxrl.errors import ConfigError
 _OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 
 
-def arithmetic(n: int, seed: int, *, max_operand: int = 50, ops: str = "+-") -> list[dict[str, Any]]:
-    """`n` problems "What is a + b?" with 0 <= a, b <= max_operand; for "-" a >= b so answers are >= 0."""
+def arithmetic(n: int, seed: int, *, max_operand: int = 50, ops: str = "+-",
+               max_second: int | None = None) -> list[dict[str, Any]]:
+    """`n` problems "What is a + b?" with 0 <= a <= max_operand and 0 <= b <= max_second (default max_operand);
+    for "-" the larger operand comes first so answers are >= 0."""
     bad = set(ops) - set(_OPS)
     if not ops or bad:
         raise ConfigError(f"data.params.ops={ops!r}: use a non-empty string of the operators '+', '-', '*'")
     rng = np.random.default_rng(seed)
     out = []
     for _ in range(n):
-        a, b = (int(x) for x in rng.integers(0, max_operand + 1, size=2))
+        a = int(rng.integers(0, max_operand + 1))
+        b = int(rng.integers(0, (max_operand if max_second is None else max_second) + 1))
         op = ops[int(rng.integers(len(ops)))]
         if op == "-" and a < b:
             a, b = b, a
