@@ -79,8 +79,9 @@ def _dynamic_sampling(run, params, records, step, first: rollout_lib.Rollout) ->
     cfg = run.cfg
     g, p = cfg.rollout.group_size, len(records)
     parts, tries = [first], 0
-    keep = lambda ro: np.asarray(losses.dynamic_sampling_mask(jnp.asarray(
-        np.nan_to_num(rollout_lib_reward(ro))), g)).reshape(-1, g)[:, 0]
+    # A group is kept when its rewards are not all equal (`losses.dynamic_sampling_mask`), computed on the host:
+    # the merged batch changes size every round, and a jnp version would compile for each size.
+    keep = lambda ro: np.ptp(rollout_lib_reward(ro).reshape(-1, g), axis=1) > 0
     while sum(int(keep(x).sum()) for x in parts) < p and tries < cfg.algorithm.dynamic_sampling_max_tries:
         tries += 1
         parts.append(rollout_lib.collect(run.graphdef, params, records, run.tokenizer, cfg.rewards,

@@ -24,7 +24,9 @@ from _common import BASE, metrics
 CASES: dict[str, tuple[str, ...]] = {
     "grpo": ("algorithm.name=grpo",),
     "dr_grpo": ("algorithm.name=dr_grpo", "algorithm.agg_mode=seq_mean_token_sum_norm"),
-    "dapo": ("algorithm.name=dapo", "algorithm.clip_high=0.28", "algorithm.dynamic_sampling_max_tries=3"),
+    # Only the length reward: a group whose 4 completions all hit max_new_tokens is degenerate and resampled.
+    "dapo": ("algorithm.name=dapo", "algorithm.clip_high=0.28", "algorithm.dynamic_sampling_max_tries=3",
+             "rewards=[{name: short, type: function, function: '_train_rewards:short'}]", "train.steps=3"),
     "rloo": ("algorithm.name=rloo",),
     "gdpo": ("algorithm.name=gdpo",),
     "gd2po": ("algorithm.name=gd2po",),
