@@ -39,10 +39,29 @@ __all__ = [
 ]
 
 
-def generate(model: nnx.Module, prompts: Sequence[Sequence[int]], **kwargs) -> Generation:
+def generate(
+    model: nnx.Module,
+    prompts: Sequence[Sequence[int]],
+    *,
+    max_new_tokens: int,
+    num_samples: int = 1,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    eos_ids: Sequence[int] = (),
+    seed: int | jax.Array = 0,
+    pad_id: int = 0,
+    prompt_buckets: Sequence[int] | None = DEFAULT_PROMPT_BUCKETS,
+    gen_buckets: Sequence[int] | None = DEFAULT_GEN_BUCKETS,
+    batch_sharding: jax.sharding.Sharding | None = None,
+) -> Generation:
     """Samples `num_samples` completions per prompt from an NNX `Transformer`; see `generate_from_state`."""
     graphdef, state = nnx.split(model)
-    return generate_from_state(graphdef, state, prompts, **kwargs)
+    return generate_from_state(
+        graphdef, state, prompts, max_new_tokens=max_new_tokens, num_samples=num_samples,
+        temperature=temperature, top_k=top_k, top_p=top_p, eos_ids=eos_ids, seed=seed, pad_id=pad_id,
+        prompt_buckets=prompt_buckets, gen_buckets=gen_buckets, batch_sharding=batch_sharding,
+    )
 
 
 def generate_from_state(
@@ -88,7 +107,7 @@ def generate_from_state(
     Returns:
       Generation with tokens/logprobs [P·G, T], lengths/finished/prompt_index [P·G].
     """
-    cfg = graphdef_config(graphdef, state)
+    cfg = _config_of(graphdef, state)
     vocab = int(cfg.vocab_size)
     prompt_ids = check_prompts(prompts, vocab)
     eos = check_settings(
@@ -106,7 +125,7 @@ def generate_from_state(
     tokens_PL, mask_PL = left_pad(prompt_ids, width, pad_id)
     if batch_sharding is not None:
         tokens_PL, mask_PL = jax.device_put((tokens_PL, mask_PL), batch_sharding)
-    key = jax.random.key(seed) if isinstance(seed, int) else seed
+    key = jax.random.key(int(seed)) if isinstance(seed, (int, np.integer)) else seed
     eos_E = np.asarray(eos or (-1,), np.int32)
     tokens_BT, logp_BT, length_B, finished_B = rollout(
         graphdef, state, tokens_PL, mask_PL, key,
@@ -125,6 +144,6 @@ def generate_from_state(
     )
 
 
-def graphdef_config(graphdef: nnx.GraphDef, state: nnx.State):
+def _config_of(graphdef: nnx.GraphDef, state: nnx.State):
     """The `TransformerConfig` of a split model (merged abstractly; no arrays are copied)."""
     return nnx.merge(graphdef, state).cfg

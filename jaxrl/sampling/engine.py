@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 
+import chex
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -83,6 +84,10 @@ def rollout(
     """
     global _trace_count
     _trace_count += 1
+    chex.assert_rank(tokens_PL, 2)
+    chex.assert_equal_shape([tokens_PL, mask_PL])
+    chex.assert_rank([temperature, top_p, max_new_tokens, pad_id], 0)
+    chex.assert_rank(eos_E, 1)
     model = nnx.merge(graphdef, state)
     num_prompts, width = tokens_PL.shape
     rows = num_prompts * num_samples
