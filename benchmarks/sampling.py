@@ -108,7 +108,8 @@ def bench_jaxrl(model, prompts: list[list[int]], new_tokens: int, repeats: int) 
 
 
 def measured_bandwidth(num_bytes: int, batch: int, width: int = 1024, repeats: int = 5) -> float:
-    """Bytes/s of a jitted scan of [batch, width] @ [width, width] fp32 matmuls over `num_bytes` of weights."""
+    """Bytes/s of a jitted scan of [batch, width] @ [width, width] fp32 matmuls over `num_bytes` of weights.
+    """
     n = max(1, num_bytes // (4 * width * width))
     w_NDD = jax.random.normal(jax.random.key(0), (n, width, width), jnp.float32) / np.sqrt(width)
     x_BD = jnp.ones((batch, width), jnp.float32)
@@ -166,7 +167,8 @@ def main() -> None:
     import torch
 
     print(f"load average at start: {os.getloadavg()}")
-    print(f"jax {jax.__version__} {jax.devices()}; torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(f"jax {jax.__version__} {jax.devices()}; torch {torch.__version__}, "
+          f"{torch.get_num_threads()} threads")
     hf, model = load_both(args.model)
     vocab, T = hf.config.vocab_size, args.new_tokens
     for i, batch in enumerate([args.batch, *args.scaling]):

@@ -1,4 +1,4 @@
-"""`jaxrl sample` end to end on a tiny random model that carries the real SmolLM2 tokenizer and chat template."""
+"""`jaxrl sample` end to end on a tiny random model carrying the real SmolLM2 tokenizer and chat template."""
 
 import shutil
 
@@ -18,10 +18,10 @@ def model_dir(tmp_path_factory):
 
     src = ensure_smollm2_hf_dir("float32")
     out = tmp_path_factory.mktemp("tiny_smol")
-    config = transformers.LlamaConfig(vocab_size=49152, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                                      max_position_embeddings=256, tie_word_embeddings=True, bos_token_id=1,
-                                      eos_token_id=2, pad_token_id=2)
+    config = transformers.LlamaConfig(vocab_size=49152, hidden_size=32, intermediate_size=48,
+                                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                      head_dim=8, max_position_embeddings=256, tie_word_embeddings=True,
+                                      bos_token_id=1, eos_token_id=2, pad_token_id=2)
     torch.manual_seed(0)
     transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(out)
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
@@ -34,7 +34,8 @@ def test_sample_prints_the_generated_completions(model_dir, capsys):
     from jaxrl.model_io import load_model
 
     rc = cli.main(["sample", "--checkpoint", str(model_dir), "--prompt", "Hello there", "--prompt", "2+2?",
-                   "--chat", "--num-samples", "2", "--max-new-tokens", "6", "--temperature", "0.8", "--seed", "4"])
+                   "--chat", "--num-samples", "2", "--max-new-tokens", "6", "--temperature", "0.8",
+                   "--seed", "4"])
     assert rc == 0
     printed = capsys.readouterr().out
     model, tok = load_model(model_dir)

@@ -1,4 +1,4 @@
-"""`generate` on a random tiny Transformer: logprobs vs teacher forcing, EOS, groups, determinism, compiles."""
+"""`generate` on a random tiny Transformer: logprobs vs teacher forcing, EOS, groups, seeds, compiles."""
 
 import jax
 import jax.numpy as jnp
@@ -20,7 +20,7 @@ def model():
 
 
 def _teacher_forced_logp(model, prompts, completions):
-    """float64 log-softmax [B, T, V] at the completion positions: one left-padded forward over prompt + completion."""
+    """float64 log-softmax [B, T, V] at the completion positions, from one left-padded forward pass."""
     seqs = [list(p) + list(c) for p, c in zip(prompts, completions)]
     width = max(map(len, seqs))
     tokens = np.zeros((len(seqs), width), np.int32)
@@ -62,7 +62,8 @@ def test_eos_stops_row_and_pads(model):
         np.testing.assert_array_equal(np.asarray(gen.tokens[p, :n]), tokens[p, :n])
         assert np.all(np.asarray(gen.tokens[p, n:]) == 63)
         assert np.all(np.asarray(gen.logprobs[p, n:]) == 0.0)
-        np.testing.assert_allclose(np.asarray(gen.logprobs[p, :n]), np.asarray(free.logprobs[p, :n]), atol=1e-6)
+        np.testing.assert_allclose(np.asarray(gen.logprobs[p, :n]), np.asarray(free.logprobs[p, :n]),
+                                   atol=1e-6)
     assert int(gen.lengths[0]) <= 3
 
 
@@ -152,7 +153,8 @@ def test_same_tokens_on_one_and_eight_devices(model):
     ([], dict(), "non-empty list"),
     ([[1, 2]], dict(eos_ids=(64,)), r"eos_ids \[64\] are outside the vocabulary \[0, 64\)"),
     ([[1, 2]], dict(temperature=-1.0), "temperature must be >= 0"),
-    ([[1] * 20], dict(prompt_buckets=(8, 16)), r"prompt of 20 tokens exceeds the largest prompt bucket \(16\)"),
+    ([[1] * 20], dict(prompt_buckets=(8, 16)),
+     r"prompt of 20 tokens exceeds the largest prompt bucket \(16\)"),
     ([[1] * 100], dict(max_new_tokens=40), "exceeds max_position_embeddings"),
 ])
 def test_bad_input_is_a_clear_error(model, prompts, kwargs, match):
