@@ -1,13 +1,13 @@
 """Algorithm table: how each selectable algorithm turns rewards into advantages and clip bounds.
 
-One explicit, greppable mapping (STYLE.md principle 15): `ADVANTAGES[Algo]`. Every entry is a function of arrays
-plus a small frozen `AdvantageSpec` (read from the experiment config once, at the edge):
+One explicit, greppable mapping (STYLE.md principle 15): `ADVANTAGES[Algo]`. Every entry is a function of
+arrays plus a small frozen `AdvantageSpec` (read from the experiment config once, at the edge):
 
     (rewards_NK, weights_K, completion_mask_NT, spec) -> Advantages(adv_NT, clip_low_N, clip_high_N, metrics)
 
 Advantages are per token (`adv_NT`) so that token-level estimators (GD²PO, verl-style GDPO) and sequence-level
-ones (broadcast over the completion mask) share one train step. Rewards that failed with `on_error: skip` arrive
-as NaN: single-reward estimators leave them out of the group statistics and give them advantage 0 (TRL
+ones (broadcast over the completion mask) share one train step. Rewards that failed with `on_error: skip`
+arrive as NaN: single-reward estimators leave them out of the group statistics and give them advantage 0 (TRL
 semantics); multi-reward estimators treat them as 0 (the NVlabs GDPO fork's choice).
 
 | algo     | rewards combined            | advantage                          | clip bounds            |
@@ -87,7 +87,8 @@ def _rloo(rewards_NK, weights_K, mask_NT, spec):
 
 def _gdpo(rewards_NK, weights_K, mask_NT, spec):
     r_NK = jnp.asarray(np.nan_to_num(rewards_NK))
-    return _finish(losses.gdpo_advantages(r_NK, spec.group_size, weights=weights_K, eps=spec.eps), mask_NT, spec)
+    adv_N = losses.gdpo_advantages(r_NK, spec.group_size, weights=weights_K, eps=spec.eps)
+    return _finish(adv_N, mask_NT, spec)
 
 
 def _gd2po(rewards_NK, weights_K, mask_NT, spec):

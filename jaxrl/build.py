@@ -1,7 +1,7 @@
 """Builders at the edge: experiment config sections -> model, tokenizer, optimiser, loss spec.
 
-This is the only place (with the trainer loop) that reads `ExperimentConfig` fields; everything it returns is a
-plain object with explicit arguments (a `Transformer`, an optax transformation, frozen specs).
+This is the only place (with the trainer loop) that reads `ExperimentConfig` fields; everything it returns is
+a plain object with explicit arguments (a `Transformer`, an optax transformation, frozen specs).
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ def _apply_overrides(base: TransformerConfig, cfg: ModelConfig, vocab_size: int 
     fields = {f.name for f in dataclasses.fields(TransformerConfig)}
     unknown = sorted(set(cfg.overrides) - fields)
     if unknown:
-        raise ConfigError(f"model.overrides: unknown TransformerConfig field(s) {unknown}; known: {sorted(fields)}")
+        raise ConfigError(f"model.overrides: unknown TransformerConfig field(s) {unknown}; "
+                          f"known: {sorted(fields)}")
     changes: dict[str, Any] = dict(cfg.overrides)
     if vocab_size is not None and "vocab_size" not in changes:
         changes["vocab_size"] = vocab_size
@@ -81,7 +82,8 @@ def model_config(cfg: ModelConfig) -> TransformerConfig:
 
 
 def build_tokenizer(model_cfg: ModelConfig, tok_cfg: TokenizerConfig):
-    """The tokenizer: the config's, else the one saved with an HF directory / jaxrl checkpoint, else built in."""
+    """The tokenizer: the config's, else the one saved with the HF directory / jaxrl checkpoint, else the
+    built-in one."""
     from jaxrl import model_io, tokenizer as tokenizer_lib
 
     if tok_cfg.kind == "hf":
@@ -108,7 +110,8 @@ def build_model(cfg: ModelConfig, *, vocab_size: int, seed: int, constrain: Cons
 
 
 def build_optimizer(cfg: OptimizerConfig, total_steps: int) -> optax.GradientTransformation:
-    """AdamW with linear warm-up, then constant or cosine decay to `lr * final_lr_frac`, after global-norm clip."""
+    """AdamW with linear warm-up, then constant or cosine decay to `lr * final_lr_frac`, after a global-norm
+    clip."""
     decay_steps = max(total_steps - cfg.warmup_steps, 1)
     if cfg.schedule == "cosine":
         after = optax.cosine_decay_schedule(cfg.lr, decay_steps, alpha=cfg.final_lr_frac)

@@ -1,7 +1,8 @@
 """From a batch of prompts to a scored, padded batch of full sequences (prompt + completion).
 
-`collect(...)` samples G completions per prompt with `jaxrl.sampling`, decodes and scores them with the configured
-rewards, and lays the result out as `[B, L]` arrays (L = prompt bucket + completion width) for the train step:
+`collect(...)` samples G completions per prompt with `jaxrl.sampling`, decodes and scores them with the
+configured rewards, and lays the result out as `[B, L]` arrays (L = prompt bucket + completion width) for the
+train step:
 
     tokens_BL   = [left-padded prompt | completion, padded after EOS]
     mask_BL     = real tokens;  loss_mask_BL = completion tokens (incl. EOS)
@@ -92,8 +93,9 @@ def collect(graphdef, params, records: list[dict[str, Any]], tokenizer, reward_s
     pad_id = int(tokenizer.pad_token_id)
     gen = generate_from_state(
         graphdef, params, prompt_ids, max_new_tokens=spec.max_new_tokens, num_samples=spec.group_size,
-        temperature=spec.temperature, top_k=spec.top_k, top_p=spec.top_p, eos_ids=(int(tokenizer.eos_token_id),),
-        seed=seed, pad_id=pad_id, prompt_buckets=spec.prompt_buckets or None, gen_buckets=spec.gen_buckets or None,
+        temperature=spec.temperature, top_k=spec.top_k, top_p=spec.top_p,
+        eos_ids=(int(tokenizer.eos_token_id),), seed=seed, pad_id=pad_id,
+        prompt_buckets=spec.prompt_buckets or None, gen_buckets=spec.gen_buckets or None,
     )
     tokens, mask, loss_mask, old_logp, width = sequences(prompt_ids, gen, spec.group_size, pad_id,
                                                          spec.prompt_buckets)
@@ -122,7 +124,8 @@ def concat(parts: Sequence[Rollout], group_size: int, pad_id: int, max_groups: i
 
     cat = lambda name, fill: np.concatenate([left(getattr(p, name), p, fill) for p in parts], axis=0)
     out = Rollout(
-        cat("tokens_BL", pad_id), cat("mask_BL", False), cat("loss_mask_BL", False), cat("old_logp_BL", 0.0), width,
+        cat("tokens_BL", pad_id), cat("mask_BL", False), cat("loss_mask_BL", False), cat("old_logp_BL", 0.0),
+        width,
         np.concatenate([p.rewards_NK for p in parts]), parts[0].weights_K, parts[0].reward_names,
         [r for p in parts for r in p.records], [c for p in parts for c in p.completions],
         np.concatenate([p.lengths_N for p in parts]), np.concatenate([p.finished_N for p in parts]),
@@ -139,5 +142,6 @@ def select_groups(r: Rollout, groups: np.ndarray, group_size: int) -> Rollout:
     return dataclasses.replace(
         r, tokens_BL=r.tokens_BL[rows], mask_BL=r.mask_BL[rows], loss_mask_BL=r.loss_mask_BL[rows],
         old_logp_BL=r.old_logp_BL[rows], rewards_NK=r.rewards_NK[rows], records=[r.records[i] for i in rows],
-        completions=[r.completions[i] for i in rows], lengths_N=r.lengths_N[rows], finished_N=r.finished_N[rows],
+        completions=[r.completions[i] for i in rows], lengths_N=r.lengths_N[rows],
+        finished_N=r.finished_N[rows],
     )

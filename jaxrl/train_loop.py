@@ -37,12 +37,14 @@ def _seed(cfg: ExperimentConfig, step: int, stream: int) -> jax.Array:
 
 
 def sft_warm_start(run: trainer.Run, state: TrainState, records, encoder) -> tuple[TrainState, list[float]]:
-    """Supervised warm start on reference targets with its own AdamW (lr `sft_warmup.lr`); returns NLL curve."""
+    """Supervised warm start on reference targets with its own AdamW (lr `sft_warmup.lr`); returns (state,
+    NLL curve)."""
     cfg = run.cfg
     w = cfg.sft_warmup
     tx = optax.adamw(w.lr)
     spec = LossSpec(policy_weight=0.0, sft_lambda=1.0)
-    step_fn = jax.jit(functools.partial(train_step, graphdef=run.graphdef, spec=spec, tx=tx), donate_argnums=0)
+    step_fn = jax.jit(functools.partial(train_step, graphdef=run.graphdef, spec=spec, tx=tx),
+                      donate_argnums=0)
     sft_state = TrainState(state.params, tx.init(state.params), jnp.zeros((), jnp.int32))
     rng = np.random.default_rng([cfg.train.seed, 7])
     gen_width = cfg.rollout.max_new_tokens
@@ -74,13 +76,14 @@ def evaluate(run: trainer.Run, params, records, encoder) -> dict[str, float]:
     return out
 
 
-def _dynamic_sampling(run, params, records, step, first: rollout_lib.Rollout) -> tuple[rollout_lib.Rollout, dict]:
+def _dynamic_sampling(run, params, records, step, first: rollout_lib.Rollout
+                      ) -> tuple[rollout_lib.Rollout, dict]:
     """DAPO: resample until the batch is full of groups whose rewards are not all equal (or tries run out)."""
     cfg = run.cfg
     g, p = cfg.rollout.group_size, len(records)
     parts, tries = [first], 0
-    # A group is kept when its rewards are not all equal (`losses.dynamic_sampling_mask`), computed on the host:
-    # the merged batch changes size every round, and a jnp version would compile for each size.
+    # A group is kept when its rewards are not all equal (`losses.dynamic_sampling_mask`), computed on the
+    # host: the merged batch changes size every round, and a jnp version would compile for each size.
     keep = lambda ro: np.ptp(rollout_lib_reward(ro).reshape(-1, g), axis=1) > 0
     while sum(int(keep(x).sum()) for x in parts) < p and tries < cfg.algorithm.dynamic_sampling_max_tries:
         tries += 1
@@ -143,13 +146,15 @@ class Clipo:
         leaves, treedef = jax.tree.flatten((self.params, self.opt_state))
         if len(data) != len(leaves):
             raise CheckpointError(f"CLIPO head state has {len(data)} arrays, expected {len(leaves)}")
-        new = [jax.device_put(np.asarray(d, x.dtype).reshape(x.shape), x.sharding) for d, x in zip(data, leaves)]
+        new = [jax.device_put(np.asarray(d, x.dtype).reshape(x.shape), x.sharding)
+               for d, x in zip(data, leaves)]
         self.params, self.opt_state = jax.tree.unflatten(treedef, new)
 
     def bonus(self, params, ro: rollout_lib.Rollout, key) -> tuple[np.ndarray, dict[str, float]]:
         h_BD = self._pooled(params, ro.tokens_BL, ro.mask_BL, ro.loss_mask_BL)
         correct_B = jnp.asarray(np.nan_to_num(ro.rewards_NK[:, 0]) > 0)
-        self.params, self.opt_state, bonus_B, metrics = self._step(self.params, self.opt_state, h_BD, correct_B, key)
+        self.params, self.opt_state, bonus_B, metrics = self._step(self.params, self.opt_state, h_BD,
+                                                                   correct_B, key)
         out = {k: float(v) for k, v in metrics.items()}
         out["clipo/bonus_mean"] = float(jnp.mean(bonus_B))
         return np.asarray(bonus_B, np.float32), out
@@ -166,8 +171,8 @@ def rl_step(run: trainer.Run, state: TrainState, records, encoder, step: int, cl
     """One RL step: rollout, rewards, advantages, update. Returns (state, metrics)."""
     cfg = run.cfg
     t0 = time.perf_counter()
-    ro = rollout_lib.collect(run.graphdef, state.params, records, run.tokenizer, cfg.rewards, sampling_spec(cfg),
-                             seed=_seed(cfg, step, 0))
+    ro = rollout_lib.collect(run.graphdef, state.params, records, run.tokenizer, cfg.rewards,
+                             sampling_spec(cfg), seed=_seed(cfg, step, 0))
     metrics = dict(ro.metrics)
     if cfg.algorithm.dynamic_sampling_max_tries > 0:
         ro, metrics = _dynamic_sampling(run, state.params, records, step, ro)
@@ -188,11 +193,13 @@ def rl_step(run: trainer.Run, state: TrainState, records, encoder, step: int, cl
         kl_N = np.asarray(jnp.sum(jnp.where(ro.loss_mask_BL, kl_BL, 0.0), axis=1))
         metrics["kl"] = float(kl_N.mean())
         ro = _add_reward_column(ro, -cfg.algorithm.kl_beta * kl_N, "kl_penalty")
-    adv = ADVANTAGES[cfg.algorithm.name](ro.rewards_NK, ro.weights_K, ro.completion_mask_NT, advantage_spec(cfg))
+    adv = ADVANTAGES[cfg.algorithm.name](ro.rewards_NK, ro.weights_K, ro.completion_mask_NT,
+                                         advantage_spec(cfg))
     metrics.update(adv.metrics)
     sft = None
     if cfg.algorithm.name is Algo.SFT_AUX:
-        sft = trainer.sft_rows(records, run.tokenizer, ro.prompt_width, ro.tokens_BL.shape[1] - ro.prompt_width)
+        gen_width = ro.tokens_BL.shape[1] - ro.prompt_width
+        sft = trainer.sft_rows(records, run.tokenizer, ro.prompt_width, gen_width)
     batch = trainer.assemble(run, state.params, ro, adv, sft_rows=sft)
     t2 = time.perf_counter()
     if not actor_frozen:
@@ -220,8 +227,8 @@ def train(cfg: ExperimentConfig, run_dir: str | Path) -> dict[str, Any]:
     encoder = Encoder(run.tokenizer, d.system_prompt, d.target_format)
     data_it = train_iterator(train_records, encoder, batch_size=d.prompts_per_step, seed=d.seed,
                              process_index=jax.process_index(), process_count=jax.process_count())
-    ckpt = ckpt_lib.Checkpointer(run_dir / "checkpoints", every=cfg.checkpoint.every, keep=cfg.checkpoint.keep,
-                                 async_save=cfg.checkpoint.async_save)
+    ckpt = ckpt_lib.Checkpointer(run_dir / "checkpoints", every=cfg.checkpoint.every,
+                                 keep=cfg.checkpoint.keep, async_save=cfg.checkpoint.async_save)
     trainer.save_model_config(ckpt, model, run.tokenizer)
     clipo = Clipo(run, model.cfg.hidden_size) if cfg.algorithm.name is Algo.CLIPO else None
     del model
@@ -252,7 +259,8 @@ def train(cfg: ExperimentConfig, run_dir: str | Path) -> dict[str, Any]:
     extra = lambda step: {"data_state": data_it.get_state(), "nonfinite_run": nonfinite_run,
                           "rng": ckpt_lib.key_to_json(jax.random.key(cfg.train.seed)),
                           **({"clipo": clipo.state_json()} if clipo is not None else {})}
-    with MetricsWriter(run_dir, resume_step=start, total_steps=cfg.train.steps if cfg.logging.progress_bar else None,
+    bar_steps = cfg.train.steps if cfg.logging.progress_bar else None
+    with MetricsWriter(run_dir, resume_step=start, total_steps=bar_steps,
                        tensorboard=cfg.logging.tensorboard) as writer, ckpt_lib.PreemptionGuard() as guard:
         if start == 0 and cfg.train.eval_every:
             writer.write(0, evaluate(run, state.params, eval_records, encoder))
@@ -277,7 +285,8 @@ def train(cfg: ExperimentConfig, run_dir: str | Path) -> dict[str, Any]:
                 ckpt.close()
                 raise trainer.NonFiniteError(
                     f"{nonfinite_run} consecutive steps had a non-finite loss or gradient (limit "
-                    f"optimizer.max_nonfinite_steps={cfg.optimizer.max_nonfinite_steps}); stopped at step {step} "
+                    f"optimizer.max_nonfinite_steps={cfg.optimizer.max_nonfinite_steps}); stopped at step "
+                    f"{step} "
                     f"with a checkpoint in {ckpt.directory}")
             if stop:
                 log.warning("stopping after step %d (preemption); checkpoint saved", step)

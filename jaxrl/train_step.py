@@ -1,23 +1,23 @@
 """The jitted RL update: one optimiser step over a mini-batch of rollouts, with gradient accumulation.
 
-`train_step(state, batch, graphdef, spec)` is a pure function of arrays (jitted by the caller with donated state),
-so the train loop stays a thin functional loop (STYLE.md principle 14):
+`train_step(state, batch, graphdef, spec)` is a pure function of arrays (jitted by the caller with donated
+state), so the train loop stays a thin functional loop (STYLE.md principle 14):
 
     loss = policy_loss(logp, old_logp, A, m; eps_low_i, eps_high_i, c)        # jaxrl.losses.policy_loss
          + beta * aggregate(k(logp, ref_logp), m)                             # KL in the loss (optional)
          - lambda_H * aggregate(H, m)                                         # entropy bonus (optional)
          + lambda_SFT * sft_nll(logp*, m*)                                    # AFRL SFT auxiliary (optional)
 
-Gradient accumulation splits the mini-batch into `spec.grad_accum` equal micro-batches and scans over them; each
-micro-batch is aggregated with the *full* mini-batch's normaliser (`aggregation_normalizer`), so the accumulated
-loss and gradient equal the full-batch ones exactly (up to float summation order).
+Gradient accumulation splits the mini-batch into `spec.grad_accum` equal micro-batches and scans over them;
+each micro-batch is aggregated with the *full* mini-batch's normaliser (`aggregation_normalizer`), so the
+accumulated loss and gradient equal the full-batch ones exactly (up to float summation order).
 
 A step whose loss, gradient or parameter update is not finite is skipped: parameters and optimiser state are
 left unchanged and `train/nonfinite` is 1 in the returned metrics (the loop counts consecutive skips and stops
 the run).
 
-Deviations from verl/TRL: token log-probs are computed from final hidden states in vocabulary chunks in float32
-(`jaxrl.losses.token_logprobs_and_entropy`), never from a materialised [B, L, V] logits tensor.
+Deviations from verl/TRL: token log-probs are computed from final hidden states in vocabulary chunks in
+float32 (`jaxrl.losses.token_logprobs_and_entropy`), never from a materialised [B, L, V] logits tensor.
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ class TrainState:
 class TrainBatch:
     """A mini-batch of full sequences (prompt, left-padded, then completion, right-padded), length L.
 
-    Per-token arrays are aligned with `tokens_BL`: `old_logp_BL[b, t]` is the log-prob of token t. The loss uses
-    positions 1..L-1 as targets, predicted from hidden states 0..L-2.
+    Per-token arrays are aligned with `tokens_BL`: `old_logp_BL[b, t]` is the log-prob of token t. The loss
+    uses positions 1..L-1 as targets, predicted from hidden states 0..L-2.
     """
 
     tokens_BL: jax.Array  # int32
@@ -170,7 +170,8 @@ def loss_and_grad(params, graphdef, batch: TrainBatch, spec: LossSpec):
 _ADDITIVE = frozenset({"loss", "pg/loss", "kl/loss", "entropy/loss", "sft/nll"})
 
 
-def train_step(state: TrainState, batch: TrainBatch, graphdef, spec: LossSpec, tx: optax.GradientTransformation):
+def train_step(state: TrainState, batch: TrainBatch, graphdef, spec: LossSpec,
+               tx: optax.GradientTransformation):
     """One optimiser update; skips (and flags) the update when the loss or gradients are not finite."""
     chex.assert_rank(batch.tokens_BL, 2)
     loss, grads, metrics = loss_and_grad(state.params, graphdef, batch, spec)
@@ -190,7 +191,7 @@ def train_step(state: TrainState, batch: TrainBatch, graphdef, spec: LossSpec, t
 
 
 def sequence_logprobs(params, graphdef, tokens_BL, mask_BL, *, chunk: int, temperature: float = 1.0):
-    """Per-token log-probs aligned with `tokens_BL` (position 0 gets 0): old/reference log-prob recomputation."""
+    """Per-token log-probs aligned with `tokens_BL` (position 0 gets 0), for old / reference log-probs."""
     model = nnx.merge(graphdef, params)
     logp_BT, _, _ = token_logprobs(model, tokens_BL, mask_BL, chunk=chunk, temperature=temperature)
     return jnp.pad(logp_BT, ((0, 0), (1, 0)))

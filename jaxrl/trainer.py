@@ -8,8 +8,9 @@
         state, m  = train_step(state, batch)            # jitted, donated; PPO epochs x mini-batches
         hooks: metrics, samples, eval, checkpoint       # between steps, never inside the jitted step
 
-Reproducibility: every random choice is derived from (train.seed, step) with `fold_in`, and the data iterator's
-position is checkpointed, so a resumed run repeats exactly the steps an uninterrupted run would take.
+Reproducibility: every random choice is derived from (train.seed, step) with `fold_in`, and the data
+iterator's position is checkpointed, so a resumed run repeats exactly the steps an uninterrupted run would
+take.
 """
 
 from __future__ import annotations
@@ -95,7 +96,8 @@ def setup(cfg: ExperimentConfig, run_dir: Path) -> tuple[Run, TrainState, Any]:
     logprob_fn = jax.jit(logprobs)
     # beta = 0 keeps no reference model in memory.
     ref_params = jax.tree.map(jnp.copy, params) if cfg.algorithm.kl_beta > 0 else None
-    run = Run(cfg, run_dir, mesh, graphdef, tokenizer, tx, spec, state_sharding, step_fn, logprob_fn, ref_params)
+    run = Run(cfg, run_dir, mesh, graphdef, tokenizer, tx, spec, state_sharding, step_fn, logprob_fn,
+              ref_params)
     return run, state, model
 
 
@@ -116,7 +118,8 @@ def assemble(run: Run, params, ro: rollout_lib.Rollout, adv, *, sft_rows=None) -
         batch = jax.tree.map(lambda a, b: np.concatenate([a, b], axis=0), batch, sft_rows)
     batch = _shard_batch(run, batch)
     if not run.cfg.rollout.logprobs_from_sampler:
-        batch = batch.replace(old_logp_BL=run.logprob_fn(params, batch.tokens_BL, batch.mask_BL) * batch.loss_mask_BL)
+        old_BL = run.logprob_fn(params, batch.tokens_BL, batch.mask_BL) * batch.loss_mask_BL
+        batch = batch.replace(old_logp_BL=old_BL)
     if run.spec.kl_beta > 0:
         batch = batch.replace(ref_logp_BL=run.logprob_fn(run.ref_params, batch.tokens_BL, batch.mask_BL))
     return batch
@@ -153,8 +156,8 @@ def update(run: Run, state: TrainState, batch: TrainBatch, step: int) -> tuple[T
         order = rng.permutation(n) if a.mini_batches > 1 else np.arange(n)
         for j in range(a.mini_batches):
             rows = order[j * size:(j + 1) * size]
-            mb = batch if a.mini_batches == 1 else _shard_batch(run, jax.tree.map(lambda x: np.asarray(x)[rows],
-                                                                                  batch))
+            take = lambda x: np.asarray(x)[rows]  # noqa: B023 -- used immediately, inside this iteration
+            mb = batch if a.mini_batches == 1 else _shard_batch(run, jax.tree.map(take, batch))
             state, metrics = run.step_fn(state, mb)
             collected.append(metrics)
     host = jax.device_get(collected)
