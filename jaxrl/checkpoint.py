@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import signal
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -29,6 +30,7 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
 
 from jaxrl.errors import CheckpointError
 
@@ -73,7 +75,9 @@ class Checkpointer:
     """
 
     def __init__(self, directory: str | os.PathLike, *, every: int, keep: int, async_save: bool = True):
-        self.directory = Path(directory).absolute()
+        # epath: local paths and object stores (gs://...) alike, so a preempted TPU VM resumes from GCS.
+        text = os.fspath(directory)
+        self.directory = epath.Path(text if "://" in text else os.path.abspath(text))
         self.every = every
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep, create=True, cleanup_tmp_directories=True, enable_async_checkpointing=async_save
@@ -102,9 +106,14 @@ class Checkpointer:
         self.directory.mkdir(parents=True, exist_ok=True)
         tmp = self.directory / f".{MODEL_CONFIG}.tmp"
         tmp.write_text(json.dumps(model_config, indent=2) + "\n")
-        os.replace(tmp, self.directory / MODEL_CONFIG)
+        tmp.replace(self.directory / MODEL_CONFIG)
         if tokenizer is not None:
-            tokenizer.save_pretrained(str(self.directory / "tokenizer"))
+            with tempfile.TemporaryDirectory() as local:
+                tokenizer.save_pretrained(local)
+                target = self.directory / "tokenizer"
+                target.mkdir(parents=True, exist_ok=True)
+                for f in Path(local).iterdir():
+                    (target / f.name).write_bytes(f.read_bytes())
 
     def steps(self) -> list[int]:
         return sorted(self.manager.all_steps())

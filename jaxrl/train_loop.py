@@ -215,8 +215,11 @@ def rl_step(run: trainer.Run, state: TrainState, records, encoder, step: int, cl
     return state, metrics, ro
 
 
-def train(cfg: ExperimentConfig, run_dir: str | Path) -> dict[str, Any]:
-    """Runs (or resumes) the experiment in `run_dir`; returns the last metrics row."""
+def train(cfg: ExperimentConfig, run_dir: str | Path, checkpoint_dir: str | None = None) -> dict[str, Any]:
+    """Runs (or resumes) the experiment in `run_dir`; returns the last metrics row.
+
+    `checkpoint_dir` (default RUN/checkpoints) may be an object-store URL such as gs://bucket/run/checkpoints.
+    """
     run_dir = Path(run_dir)
     trainer.write_resolved_config(cfg, run_dir)
     run, state, model = trainer.setup(cfg, run_dir)
@@ -227,7 +230,7 @@ def train(cfg: ExperimentConfig, run_dir: str | Path) -> dict[str, Any]:
     encoder = Encoder(run.tokenizer, d.system_prompt, d.target_format)
     data_it = train_iterator(train_records, encoder, batch_size=d.prompts_per_step, seed=d.seed,
                              process_index=jax.process_index(), process_count=jax.process_count())
-    ckpt = ckpt_lib.Checkpointer(run_dir / "checkpoints", every=cfg.checkpoint.every,
+    ckpt = ckpt_lib.Checkpointer(checkpoint_dir or run_dir / "checkpoints", every=cfg.checkpoint.every,
                                  keep=cfg.checkpoint.keep, async_save=cfg.checkpoint.async_save)
     trainer.save_model_config(ckpt, model, run.tokenizer)
     clipo = Clipo(run, model.cfg.hidden_size) if cfg.algorithm.name is Algo.CLIPO else None

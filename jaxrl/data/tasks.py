@@ -22,9 +22,9 @@ _OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * 
 
 
 def arithmetic(n: int, seed: int, *, max_operand: int = 50, ops: str = "+-",
-               max_second: int | None = None) -> list[dict[str, Any]]:
-    """`n` problems "What is a + b?" with 0 <= a <= max_operand and 0 <= b <= max_second (default max_operand);
-    for "-" the larger operand comes first so answers are >= 0."""
+               max_second: int | None = None, second_step: int = 1) -> list[dict[str, Any]]:
+    """`n` problems "What is a + b?" with 0 <= a <= max_operand and b a multiple of `second_step` in
+    [0, max_second] (default max_operand); for "-" the larger operand comes first so answers are >= 0."""
     bad = set(ops) - set(_OPS)
     if not ops or bad:
         raise ConfigError(f"data.params.ops={ops!r}: use a non-empty string of the operators '+', '-', '*'")
@@ -32,7 +32,8 @@ def arithmetic(n: int, seed: int, *, max_operand: int = 50, ops: str = "+-",
     out = []
     for _ in range(n):
         a = int(rng.integers(0, max_operand + 1))
-        b = int(rng.integers(0, (max_operand if max_second is None else max_second) + 1))
+        top = max_operand if max_second is None else max_second
+        b = second_step * int(rng.integers(0, top // second_step + 1))
         op = ops[int(rng.integers(len(ops)))]
         if op == "-" and a < b:
             a, b = b, a
