@@ -204,3 +204,34 @@ def apply_override(cls: type, raw: dict[str, Any], item: str) -> dict[str, Any]:
             raise ConfigError(f"--set {key}: '{'.'.join(parts[: i + 1])}' holds {child!r}, not a mapping")
         node, tp = child, child_tp
     return raw
+
+
+def load_yaml_config(cls: type, path, overrides, default_name: str) -> Any:
+    """`cls` from a YAML file (or the packaged `jaxrl.configs/<default_name>` when `path` is None) plus dotted
+    `key=value` overrides; every problem is one `ConfigError` naming the file or the full dotted key."""
+    import importlib.resources
+    from pathlib import Path
+
+    if path is None:
+        text = importlib.resources.files("jaxrl.configs").joinpath(default_name).read_text()
+        where = f"<embedded {default_name}>"
+    else:
+        try:
+            text, where = Path(path).read_text(), str(path)
+        except OSError as e:
+            raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{where}: invalid YAML: {str(e).splitlines()[0]}") from None
+    raw = {} if raw is None else raw
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: the top level must be a mapping of sections, got {type(raw).__name__}")
+    for item in overrides:
+        raw = apply_override(cls, raw, item)
+    return from_dict(cls, raw, "")
+
+
+def dump_yaml_config(cfg: Any) -> str:
+    """The resolved config as YAML (loads back to an equal config)."""
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False, default_flow_style=False, width=110)

@@ -23,9 +23,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-import yaml
 
-from jaxrl._config_io import apply_override, from_dict, to_dict
+from jaxrl._config_io import dump_yaml_config, load_yaml_config
 from jaxrl.errors import ConfigError
 from jaxrl.sharding.mesh import MeshConfig
 
@@ -427,28 +426,12 @@ def load_config(
       ConfigError: unreadable file, YAML error, unknown key (with the closest valid key), wrong type or
         invalid value; the message names the full dotted key.
     """
-    if path is None:
-        text, where = default_config_text(), f"<embedded {DEFAULT_CONFIG}>"
-    else:
-        try:
-            text, where = Path(path).read_text(), str(path)
-        except OSError as e:
-            raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{where}: invalid YAML: {str(e).splitlines()[0]}") from None
-    raw = {} if raw is None else raw
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{where}: the top level must be a mapping of sections, got {type(raw).__name__}")
-    for item in overrides:
-        raw = apply_override(ExperimentConfig, raw, item)
-    return from_dict(ExperimentConfig, raw, "")
+    return load_yaml_config(ExperimentConfig, path, overrides, DEFAULT_CONFIG)
 
 
 def dump_config(cfg: ExperimentConfig) -> str:
     """The resolved config as YAML; `load_config` of it gives back an equal `ExperimentConfig`."""
-    return yaml.safe_dump(to_dict(cfg), sort_keys=False, default_flow_style=False, width=110)
+    return dump_yaml_config(cfg)
 
 
 def save_config(cfg: ExperimentConfig, run_dir: str | Path) -> Path:

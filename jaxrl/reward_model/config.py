@@ -8,13 +8,11 @@ machinery (unknown keys with close matches, dotted overrides, type checks) is `j
 from __future__ import annotations
 
 import dataclasses
-import importlib.resources
 from pathlib import Path
 from typing import Any
 
-import yaml
 
-from jaxrl._config_io import apply_override, from_dict, to_dict
+from jaxrl._config_io import dump_yaml_config, load_yaml_config
 from jaxrl.config import CheckpointConfig, LoggingConfig, ModelConfig, OptimizerConfig, TokenizerConfig
 from jaxrl.errors import ConfigError
 
@@ -126,26 +124,9 @@ def load_rm_config(path: str | Path | None = None,
       ConfigError: unreadable file, invalid YAML, unknown key (with the closest valid key), wrong type or
       value.
     """
-    if path is None:
-        text = importlib.resources.files("jaxrl.configs").joinpath(DEFAULT_RM_CONFIG).read_text()
-        where = f"<embedded {DEFAULT_RM_CONFIG}>"
-    else:
-        try:
-            text, where = Path(path).read_text(), str(path)
-        except OSError as e:
-            raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{where}: invalid YAML: {str(e).splitlines()[0]}") from None
-    raw = {} if raw is None else raw
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{where}: the top level must be a mapping of sections, got {type(raw).__name__}")
-    for item in overrides:
-        raw = apply_override(RMExperimentConfig, raw, item)
-    return from_dict(RMExperimentConfig, raw, "")
+    return load_yaml_config(RMExperimentConfig, path, overrides, DEFAULT_RM_CONFIG)
 
 
 def dump_rm_config(cfg: RMExperimentConfig) -> str:
     """The resolved config as YAML (loads back to an equal config)."""
-    return yaml.safe_dump(to_dict(cfg), sort_keys=False, default_flow_style=False, width=110)
+    return dump_yaml_config(cfg)
