@@ -1,5 +1,5 @@
 # jaxrl: two entry points for a fresh machine (Python 3.11 + pip).
-#   make quickstart   create .venv, install jaxrl, run `jaxrl train` on the embedded default config
+#   make quickstart   create .venv, install jaxrl, run `jaxrl train` on the embedded default config, export to HF
 #   make test         create .venv, install jaxrl with test extras, run the whole test suite
 PY ?= python3
 VENV ?= .venv
@@ -27,7 +27,8 @@ install: $(VENV)/.installed-core
 install-test: $(VENV)/.installed
 
 quickstart: install
-	$(BIN)/jaxrl train
+	$(BIN)/jaxrl train --run-dir runs/quickstart
+	$(BIN)/jaxrl export-hf --checkpoint runs/quickstart --out runs/quickstart/hf --overwrite
 
 test: install-test
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
