@@ -70,9 +70,8 @@ def setup(cfg: ExperimentConfig, run_dir: Path) -> tuple[Run, TrainState, Any]:
     mesh = make_mesh(cfg.mesh)
     rules = RULES[cfg.mesh.rules]
     tokenizer = build.build_tokenizer(cfg.model, cfg.tokenizer)
-    with jax.set_mesh(mesh):
-        model = build.build_model(cfg.model, vocab_size=len(tokenizer), seed=cfg.train.seed,
-                                  constrain=make_constrain(mesh, rules))
+    model = build.build_model(cfg.model, vocab_size=len(tokenizer), seed=cfg.train.seed,
+                              constrain=make_constrain(mesh, rules))
     graphdef, params_state = nnx.split(model)
     tx = build.build_optimizer(cfg.optimizer, cfg.train.steps)
     param_sharding = state_shardings(params_state, mesh, rules)

@@ -62,7 +62,9 @@ def make_splits(
 
 @dataclasses.dataclass(frozen=True)
 class Encoder:
-    """Adds `prompt_ids` (chat template + generation prompt), `target`, `target_ids` (+eos) to a record."""
+    """Adds `prompt_ids` (chat template + generation prompt), `sft_target`, `target_ids` (+eos) to a record.
+
+    The SFT text goes under `sft_target`, never `target`: countdown records carry their numeric `target`."""
 
     tokenizer: Any
     system_prompt: str | None = None
@@ -86,7 +88,7 @@ class Encoder:
         return {
             **record,
             "prompt_ids": self.prompt_ids(record["prompt"]),
-            "target": target,
+            "sft_target": target,
             "target_ids": target_ids,
         }
 

@@ -90,11 +90,14 @@ def test_encoder_targets(encoder):
     rec = encoder({"prompt": "What is 1 + 2?", "answer": "3"})
     tok = encoder.tokenizer
     assert tok.decode(rec["prompt_ids"]) == "<|user|>What is 1 + 2?<|assistant|>"
-    assert rec["target"] == "<answer>3</answer>" and rec["target_ids"][-1] == tok.eos_token_id
-    assert tok.decode(rec["target_ids"][:-1]) == rec["target"]
+    assert rec["sft_target"] == "<answer>3</answer>" and rec["target_ids"][-1] == tok.eos_token_id
+    assert tok.decode(rec["target_ids"][:-1]) == rec["sft_target"]
     latex = Encoder(tok, system_prompt="Be brief.", target_format="\\boxed{{answer}}")
-    assert latex({"prompt": "x", "answer": "\\frac{1}{2}"})["target"] == "\\boxed{\\frac{1}{2}}"
+    assert latex({"prompt": "x", "answer": "\\frac{1}{2}"})["sft_target"] == "\\boxed{\\frac{1}{2}}"
     assert tok.decode(latex.prompt_ids("x")) == "<|system|>Be brief.<|user|>x<|assistant|>"
+    # dataset fields survive encoding: a countdown record keeps its numeric `target` for the reward
+    cd = encoder({"prompt": "Make 7", "answer": "3 + 4", "numbers": [3, 4], "target": 7})
+    assert cd["target"] == 7 and cd["numbers"] == [3, 4] and cd["sft_target"] == "<answer>3 + 4</answer>"
 
 
 def _prompts(it, n):
