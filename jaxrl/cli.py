@@ -1,6 +1,7 @@
 """The `jaxrl` command line: parse arguments and hand over to one subcommand module.
 
-Each subcommand lives in `jaxrl/commands/<name>.py` and exposes `add_arguments(parser)` and `run(args) -> int`.
+Each subcommand lives in `jaxrl/commands/<name>.py` and exposes `add_arguments(parser)` and
+`run(args) -> int`.
 Modules are imported only when their subcommand runs, so `jaxrl --help` stays fast and a subcommand's heavy
 dependencies (torch for export checks, gcloud for launch) are never touched by another.
 

@@ -2,7 +2,9 @@
 
 
 class UserError(Exception):
-    """Bad input from the user: a config key, a path, a tensor shape. The message says what, where, and what is allowed."""
+    """Bad input from the user: a config key, a path, a tensor shape.
+
+    The message says what was wrong, where, and what is allowed."""
 
 
 class ConfigError(UserError):

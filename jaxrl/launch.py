@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 from pathlib import PurePosixPath
-from typing import Callable, Sequence
+from typing import Callable
 
 from jaxrl.errors import UserError
 

@@ -102,7 +102,7 @@ def collect(graphdef, params, records: list[dict[str, Any]], tokenizer, reward_s
     lengths = np.asarray(gen.lengths)
     completions = decode(tokenizer, np.asarray(gen.tokens), lengths)
     rep = [r for r in records for _ in range(spec.group_size)]
-    internal = ("prompt", "prompt_ids", "sft_target", "target_ids")  # added by the encoder, not dataset fields
+    internal = ("prompt", "prompt_ids", "sft_target", "target_ids")  # encoder outputs, not dataset fields
     fields = {k: [r[k] for r in rep] for k in records[0] if k not in internal}
     fields["completion_length"] = [int(n) for n in lengths]
     rewards_NK, info = rewards_lib.score(reward_specs, [r["prompt"] for r in rep], completions, fields)

@@ -18,7 +18,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from jaxrl import checkpoint as ckpt_lib, losses, rewards as rewards_lib, rollout as rollout_lib, trainer
+from jaxrl import checkpoint as ckpt_lib, losses, rollout as rollout_lib, trainer
 from jaxrl.algos import ADVANTAGES
 from jaxrl.build import advantage_spec, sampling_spec
 from jaxrl.config import Algo, ExperimentConfig

@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import time
 from pathlib import Path
 from typing import Any
 
@@ -28,12 +27,9 @@ import numpy as np
 import optax
 from flax import nnx
 
-from jaxrl import build, checkpoint as ckpt_lib, losses, model_io, rollout as rollout_lib
-from jaxrl.algos import ADVANTAGES
-from jaxrl.config import Algo, ExperimentConfig, dump_config
-from jaxrl.data.pipeline import Encoder, eval_batches, make_splits, train_iterator
+from jaxrl import build, checkpoint as ckpt_lib, model_io, rollout as rollout_lib
+from jaxrl.config import ExperimentConfig, dump_config
 from jaxrl.errors import UserError
-from jaxrl.metrics import MetricsWriter
 from jaxrl.sharding import RULES, batch_shardings, make_constrain, make_mesh, state_shardings
 from jaxrl.train_step import LossSpec, TrainBatch, TrainState, sequence_logprobs, train_step
 

@@ -1,9 +1,9 @@
 """Multi-reward combiners: plain weighted sum, Reference-Frozen Normalization, Tri-Factor Adaptive Weighting.
 
 READING, not verified equations: "Quark Medical Alignment" (arXiv:2602.11661) names Reference-Frozen
-Normalization and Tri-Factor Adaptive Dynamic Weighting (weakness-aware, risk-prioritised, redundancy-reducing) but
-publishes no code or formulas that we could read. The forms below follow the project spec (section 7h) and every factor is
-pluggable:
+Normalization and Tri-Factor Adaptive Dynamic Weighting (weakness-aware, risk-prioritised,
+redundancy-reducing) but publishes no code or formulas that we could read. The forms below follow the project
+spec (section 7h) and every factor is pluggable:
 
   reference-frozen norm:  r~_k = (r_k - mu_k^ref) / (sigma_k^ref + eps), with mu^ref, sigma^ref measured once
                           on the frozen reference policy's outputs and then kept fixed
@@ -14,7 +14,8 @@ pluggable:
   combined reward:        R_i = sum_k w_k r~_ik, then GRPO/PPO advantages.
 
 Choices: sigma^ref is the unbiased std; a constant reward column has correlation 0 with the others; with
-K = 1, f_red = 1. The weights are treated as constants (stop_gradient) because they are a schedule, not a loss term.
+K = 1, f_red = 1. The weights are treated as constants (stop_gradient) because they are a schedule, not a
+loss term.
 """
 
 from collections.abc import Callable

@@ -13,8 +13,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override one config value by its dotted key, e.g. --set optimizer.lr=1e-5")
     parser.add_argument("--run-dir", default=None,
-                        help="run directory (default: runs/<config name>); a gs:// URL keeps the checkpoints there "
-                             "(so a re-created TPU VM resumes) and the metrics in runs/<config name>")
+                        help="run directory (default: runs/<config name>); a gs:// URL keeps the checkpoints "
+                             "there (so a re-created TPU VM resumes) and the metrics in runs/<config name>")
     parser.add_argument("--coordinator", default=None, help="multi-host: coordinator HOST:PORT")
     parser.add_argument("--num-processes", type=int, default=None, help="multi-host: number of processes")
     parser.add_argument("--process-id", type=int, default=None, help="multi-host: this process's index")
