@@ -19,7 +19,7 @@ import optax
 from flax import nnx
 
 from jaxrl import checkpoint as ckpt_lib, losses, rollout as rollout_lib, trainer
-from jaxrl.algos import ADVANTAGES
+from jaxrl.algos import ADVANTAGES, combined_reward
 from jaxrl.build import advantage_spec, sampling_spec
 from jaxrl.config import Algo, ExperimentConfig
 from jaxrl.data.pipeline import Encoder, eval_batches, make_splits, train_iterator
@@ -84,7 +84,7 @@ def _dynamic_sampling(run, params, records, step, first: rollout_lib.Rollout
     parts, tries = [first], 0
     # A group is kept when its rewards are not all equal (`losses.dynamic_sampling_mask`), computed on the
     # host: the merged batch changes size every round, and a jnp version would compile for each size.
-    keep = lambda ro: np.ptp(rollout_lib_reward(ro).reshape(-1, g), axis=1) > 0
+    keep = lambda ro: np.ptp(total_reward(ro).reshape(-1, g), axis=1) > 0
     while sum(int(keep(x).sum()) for x in parts) < p and tries < cfg.algorithm.dynamic_sampling_max_tries:
         tries += 1
         parts.append(rollout_lib.collect(run.graphdef, params, records, run.tokenizer, cfg.rewards,
@@ -99,8 +99,9 @@ def _dynamic_sampling(run, params, records, step, first: rollout_lib.Rollout
     return out, out.metrics
 
 
-def rollout_lib_reward(ro: rollout_lib.Rollout) -> np.ndarray:
-    return (np.nan_to_num(ro.rewards_NK) * ro.weights_K[None]).sum(axis=1)
+def total_reward(ro: rollout_lib.Rollout) -> np.ndarray:
+    """The weighted sum of a rollout's rewards per sample, with skipped (NaN) rewards counted as 0."""
+    return combined_reward(np.nan_to_num(ro.rewards_NK), ro.weights_K)
 
 
 class Clipo:
@@ -177,7 +178,7 @@ def rl_step(run: trainer.Run, state: TrainState, records, encoder, step: int, cl
     if cfg.algorithm.dynamic_sampling_max_tries > 0:
         ro, metrics = _dynamic_sampling(run, state.params, records, step, ro)
     g = cfg.rollout.group_size
-    total_NK = rollout_lib_reward(ro)
+    total_NK = total_reward(ro)
     metrics["reward/mean"] = float(total_NK.mean())
     metrics["frac_zero_std_groups"] = float(np.mean(total_NK.reshape(-1, g).std(axis=1) == 0))
     t1 = time.perf_counter()
@@ -278,7 +279,7 @@ def train(cfg: ExperimentConfig, run_dir: str | Path, checkpoint_dir: str | None
             if step % cfg.logging.sample_every == 0 and cfg.logging.num_samples:
                 k = cfg.logging.num_samples
                 writer.write_samples(step, [r["prompt"] for r in ro.records[:k]], ro.completions[:k],
-                                     list(rollout_lib_reward(ro)[:k]))
+                                     list(total_reward(ro)[:k]))
             last = {"step": step, **metrics}
             stop = guard.should_stop()
             too_many = nonfinite_run >= cfg.optimizer.max_nonfinite_steps
