@@ -130,6 +130,19 @@ def load_tokenizer(directory: str | os.PathLike):
     return None
 
 
+def restore_params(params_dir: Path, abstract: nnx.Module, what: str) -> dict:
+    """The orbax `params` item at `params_dir`, restored onto the first device in the shapes and dtypes of the
+    abstract module's parameters; an unreadable or mismatching item is a CheckpointError naming `what`."""
+    target = nnx.state(abstract, nnx.Param).to_pure_dict()
+    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    target = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding), target)
+    try:
+        with ocp.StandardCheckpointer() as checkpointer:
+            return checkpointer.restore(params_dir.absolute(), target)
+    except (ValueError, KeyError, FileNotFoundError) as e:
+        raise CheckpointError(f"cannot restore {what}: {e}") from e
+
+
 def load_model_checkpoint(path: str | os.PathLike, *, dtype: str | None = None):
     """Load a jaxrl model checkpoint, trainer run directory or trainer step directory.
 
@@ -144,15 +157,8 @@ def load_model_checkpoint(path: str | os.PathLike, *, dtype: str | None = None):
     cfg = load_config(config_dir)
     if dtype is not None:
         cfg = cfg.replace(dtype=dtype, param_dtype=dtype)
-    target = nnx.state(abstract_model(cfg), nnx.Param).to_pure_dict()
-    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    target = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding), target)
-    try:
-        with ocp.StandardCheckpointer() as checkpointer:
-            params = checkpointer.restore(params_dir.absolute(), target)
-    except (ValueError, KeyError, FileNotFoundError) as e:
-        raise CheckpointError(f"cannot restore parameters from {params_dir} for the config in "
-                              f"{config_dir / CONFIG_FILE}: {e}") from e
+    params = restore_params(params_dir, abstract_model(cfg),
+                            f"parameters from {params_dir} for the config in {config_dir / CONFIG_FILE}")
     return model_from_params(cfg, params, where=str(params_dir)), load_tokenizer(config_dir)
 
 

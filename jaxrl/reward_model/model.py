@@ -144,12 +144,6 @@ def load_reward_model(path: str | os.PathLike):
         raise CheckpointError(f"{path} is not a reward-model checkpoint (no {RM_MARKER} in {config_dir}); "
                               "train one with `jaxrl train-rm` or import one with jaxrl.reward_model.export")
     cfg = model_io.load_config(config_dir)
-    target = nnx.state(RewardModel.abstract(cfg), nnx.Param).to_pure_dict()
-    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    target = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding), target)
-    try:
-        with ocp.StandardCheckpointer() as ckpt:
-            params = ckpt.restore(params_dir.absolute(), target)
-    except (ValueError, KeyError, FileNotFoundError) as e:
-        raise CheckpointError(f"cannot restore reward-model parameters from {params_dir}: {e}") from e
+    params = model_io.restore_params(params_dir, RewardModel.abstract(cfg),
+                                     f"reward-model parameters from {params_dir}")
     return RewardModel.from_params(cfg, params), model_io.load_tokenizer(config_dir)
