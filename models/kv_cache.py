@@ -1,6 +1,7 @@
 """`KVCache`: fixed-capacity key/value cache, a pytree usable inside `jax.jit` and `lax.while_loop`.
 
-Layout (docs/DESIGN.md): `k`, `v` are `[Y, B, S, K, H]` (layers, rows, slots, kv heads, head dim);
+Layout (docs/DESIGN.md): `k`, `v` are `[Y, B, K, S, H]` (layers, rows, kv heads, slots, head dim: each
+head's slots are contiguous, the layout the attention dots read without a transpose);
 `valid_BS` marks slots that hold a real (non-padding) key; `index` is the next slot to write, shared by all
 rows, so a left-padded prompt batch fills slots `[0, L)` together and decoding appends one slot per step.
 Keys are stored after RoPE, so a slot never needs its position again.
@@ -19,8 +20,8 @@ from jaxrl.models.config import TransformerConfig
 class KVCache:
     """Keys/values of every layer for B rows and S slots."""
 
-    k: jax.Array  # [Y, B, S, K, H]
-    v: jax.Array  # [Y, B, S, K, H]
+    k: jax.Array  # [Y, B, K, S, H]
+    v: jax.Array  # [Y, B, K, S, H]
     valid_BS: jax.Array  # [B, S] bool
     index: jax.Array  # int32 scalar
 
@@ -30,7 +31,7 @@ class KVCache:
         if batch <= 0 or capacity <= 0:
             raise ValueError(f"KVCache.init needs batch > 0 and capacity > 0, got {batch} and {capacity}")
         dtype = jnp.dtype(cfg.dtype if dtype is None else dtype)
-        shape = (cfg.num_layers, batch, capacity, cfg.num_kv_heads, cfg.head_dim)
+        shape = (cfg.num_layers, batch, cfg.num_kv_heads, capacity, cfg.head_dim)
         return cls(
             k=jnp.zeros(shape, dtype),
             v=jnp.zeros(shape, dtype),

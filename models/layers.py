@@ -159,18 +159,27 @@ class Attention(nnx.Module):
         else:
             self.q_norm = self.k_norm = None
 
-    def __call__(self, x_BLD, cos_BLH, sin_BLH, visible_BLS, cache_kv=None, index=None):
-        """Attends the L queries of `x_BLD` over S key slots.
+    def __call__(self, x_BLD, cos_BLH, sin_BLH, visible, cache_kv=None):
+        """Attends the L queries of `x_BLD` over their own keys and, with a cache, the S cached slots.
+
+        With a cache the new keys are *not* written into the layer's cache slice here: the scores over the
+        old slots and over the L new keys are computed separately and share one softmax,
+
+            softmax([q·K_oldᵀ, q·K_newᵀ] / √H + mask) · [V_old; V_new],
+
+        which is the same attention as over the updated cache (only the summation order differs), and the
+        caller writes all layers' new keys into the cache with one in-place update after the layer scan.
+        In decode (L = 1) this avoids copying the layer's whole `[B, K, S, H]` slice every step.
 
         Args:
           x_BLD: [B, L, D] input.
           cos_BLH, sin_BLH: [B, L, H] RoPE tables of the query/new-key positions.
-          visible_BLS: [B, L, S] bool, which key slots each query may see (S = L without a cache).
-          cache_kv: None, or (k_BSKH, v_BSKH) of this layer; new keys are written at slots [index, index+L).
-          index: int32 scalar, first slot to write (only with `cache_kv`).
+          visible: without a cache, [B, L, L] bool (which keys each query sees); with a cache, the pair
+            ([B, L, S] visible old slots, [B, L, L] visible new keys).
+          cache_kv: None, or (k_BKSH, v_BKSH) of this layer.
 
         Returns:
-          ([B, L, D] output, (k_BLKH, v_BLKH) the new keys/values after RoPE, in the cache dtype if any).
+          ([B, L, D] output, (k_BKLH, v_BKLH) the new keys/values after RoPE, in the cache dtype if any).
         """
         q_BLNH = self.q_proj(x_BLD)
         k_BLKH = self.k_proj(x_BLD)
@@ -178,25 +187,42 @@ class Attention(nnx.Module):
         if self.q_norm is not None:
             q_BLNH, k_BLKH = self.q_norm(q_BLNH), self.k_norm(k_BLKH)
         q_BLNH = apply_rope(q_BLNH, cos_BLH, sin_BLH)
-        k_BLKH = apply_rope(k_BLKH, cos_BLH, sin_BLH)
+        k_BKLH = apply_rope(k_BLKH, cos_BLH, sin_BLH).transpose(0, 2, 1, 3)
+        v_BKLH = v_BLKH.transpose(0, 2, 1, 3)
+        b, l, n, h = q_BLNH.shape
+        q_BLKGH = q_BLNH.reshape(b, l, self.num_kv_heads, n // self.num_kv_heads, h)
         if cache_kv is None:
-            keys_BSKH, values_BSKH = k_BLKH, v_BLKH
+            scores_BKGLS = _masked_scores(q_BLKGH, k_BKLH, visible)
+            probs_BKGLS = jax.nn.softmax(scores_BKGLS, axis=-1).astype(self.dtype)
+            out_BLKGH = _mix(probs_BKGLS, v_BKLH)
         else:
             k_cache, v_cache = cache_kv
-            k_BLKH, v_BLKH = k_BLKH.astype(k_cache.dtype), v_BLKH.astype(v_cache.dtype)
-            update = jax.lax.dynamic_update_slice_in_dim
-            keys_BSKH = update(k_cache, k_BLKH, index, axis=1).astype(self.dtype)
-            values_BSKH = update(v_cache, v_BLKH, index, axis=1).astype(self.dtype)
-        out_BLNH = _gqa(q_BLNH, keys_BSKH, values_BSKH, visible_BLS, self.num_kv_heads)
-        return self.o_proj(out_BLNH), (k_BLKH, v_BLKH)
+            k_BKLH, v_BKLH = k_BKLH.astype(k_cache.dtype), v_BKLH.astype(v_cache.dtype)
+            visible_old_BLS, visible_new_BLL = visible
+            old_BKGLS = _masked_scores(q_BLKGH, k_cache.astype(self.dtype), visible_old_BLS)
+            new_BKGLL = _masked_scores(q_BLKGH, k_BKLH.astype(self.dtype), visible_new_BLL)
+            slots = old_BKGLS.shape[-1]
+            probs = jax.nn.softmax(jnp.concatenate([old_BKGLS, new_BKGLL], axis=-1), axis=-1)
+            probs = probs.astype(self.dtype)
+            out_BLKGH = (_mix(probs[..., :slots], v_cache.astype(self.dtype))
+                         + _mix(probs[..., slots:], v_BKLH.astype(self.dtype)))
+        return self.o_proj(out_BLKGH.reshape(b, l, n, h)), (k_BKLH, v_BKLH)
 
 
-def _gqa(q_BLNH, k_BSKH, v_BSKH, visible_BLS, num_kv_heads: int) -> jax.Array:
-    b, l, n, h = q_BLNH.shape
-    q_BLKGH = q_BLNH.reshape(b, l, num_kv_heads, n // num_kv_heads, h)
-    scores_BKGLS = jnp.einsum("BLKGH,BSKH->BKGLS", q_BLKGH, k_BSKH, preferred_element_type=jnp.float32)
-    scores_BKGLS = scores_BKGLS / jnp.sqrt(jnp.float32(h))
-    scores_BKGLS = jnp.where(visible_BLS[:, None, None, :, :], scores_BKGLS, MASK_VALUE)
-    probs_BKGLS = jax.nn.softmax(scores_BKGLS, axis=-1).astype(v_BSKH.dtype)
-    out_BLKGH = jnp.einsum("BKGLS,BSKH->BLKGH", probs_BKGLS, v_BSKH)
-    return out_BLKGH.reshape(b, l, n, h)
+def _masked_scores(q_BLKGH, k_BKSH, visible_BLS) -> jax.Array:
+    """q·kᵀ/√H [B, K, G, L, S] in float32, MASK_VALUE where a key is not visible."""
+    scores_BKGLS = jnp.einsum("BLKGH,BKSH->BKGLS", q_BLKGH, k_BKSH, preferred_element_type=jnp.float32)
+    scores_BKGLS = scores_BKGLS / jnp.sqrt(jnp.float32(q_BLKGH.shape[-1]))
+    return jnp.where(visible_BLS[:, None, None, :, :], scores_BKGLS, MASK_VALUE)
+
+
+def _mix(probs_BKGLS, v_BKSH) -> jax.Array:
+    """Σ_s p·v → [B, L, K, G, H].
+
+    For one query (decode) this is a broadcast multiply-reduce over S: on XLA:CPU it streams V once, where the
+    equivalent batched [G, S] @ [S, H] dot per (row, head) measured ~3x slower (benchmarks/RESULTS.md).
+    """
+    if probs_BKGLS.shape[3] == 1:
+        out_BKGH = jnp.sum(probs_BKGLS[:, :, :, 0, :, None] * v_BKSH[:, :, None], axis=-2)
+        return out_BKGH[:, None]
+    return jnp.einsum("BKGLS,BKSH->BLKGH", probs_BKGLS, v_BKSH)

@@ -62,12 +62,12 @@ class Block(nnx.Module):
         else:
             self.siamese = siamese.SiameseNorms(dim, eps=eps, param_dtype=param_dtype)
 
-    def __call__(self, carry, layer, cos_BLH, sin_BLH, visible_BLS, cache_kv, index):
-        """carry: x [B, L, D] (or (x, y) for siamese) → (new carry, (k_BLKH, v_BLKH))."""
+    def __call__(self, carry, layer, cos_BLH, sin_BLH, visible, cache_kv):
+        """carry: x [B, L, D] (or (x, y) for siamese) → (new carry, (k_BKLH, v_BKLH))."""
         new_kv = []
 
         def attn(u_BLD):
-            out_BLD, kv = self.self_attn(u_BLD, cos_BLH, sin_BLH, visible_BLS, cache_kv, index)
+            out_BLD, kv = self.self_attn(u_BLD, cos_BLH, sin_BLH, visible, cache_kv)
             new_kv.append(kv)
             return out_BLD
 
@@ -164,7 +164,7 @@ class Transformer(nnx.Module):
         if cache is not None and (cache.batch != batch or length > cache.capacity):
             raise ValueError(f"forward of tokens {tokens_BL.shape} does not fit a cache of "
                              f"{cache.batch} rows x {cache.capacity} slots")
-        visible_BLS, valid_BS, prior_B = _visibility(mask_BL, cache)
+        visible, valid_BS, prior_B = _visibility(mask_BL, cache)
         if positions_BL is None:
             counts_BL = prior_B[:, None] + jnp.cumsum(mask_BL, axis=-1, dtype=jnp.int32)
             positions_BL = jnp.maximum(counts_BL - 1, 0)
@@ -174,7 +174,7 @@ class Transformer(nnx.Module):
 
         x_BLD = self.constrain(self.embed_tokens(tokens_BL), _ACT_BLD)
         carry = (x_BLD, x_BLD) if cfg.norm == "siamese" else x_BLD
-        carry, new_kv = self._run_layers(carry, cos_BLH, sin_BLH, visible_BLS, cache)
+        carry, new_kv = self._run_layers(carry, cos_BLH, sin_BLH, visible, cache)
         if cfg.norm == "siamese":
             hidden_BLD = siamese.siamese_merge(*carry, norm_x=self.norm_x, norm_y=self.norm_y, norm=self.norm)
         else:
@@ -187,24 +187,23 @@ class Transformer(nnx.Module):
                                     preferred_element_type=jnp.float32)
         new_cache = None
         if cache is not None:
-            k_YBLKH, v_YBLKH = new_kv
+            k_YBKLH, v_YBKLH = new_kv
             new_cache = KVCache(
-                k=jax.lax.dynamic_update_slice_in_dim(cache.k, k_YBLKH, cache.index, axis=2),
-                v=jax.lax.dynamic_update_slice_in_dim(cache.v, v_YBLKH, cache.index, axis=2),
+                k=jax.lax.dynamic_update_slice_in_dim(cache.k, k_YBKLH, cache.index, axis=3),
+                v=jax.lax.dynamic_update_slice_in_dim(cache.v, v_YBKLH, cache.index, axis=3),
                 valid_BS=valid_BS,
                 index=cache.index + length,
             )
         return ModelOutput(logits_BLV, hidden_BLD if return_hidden else None, new_cache)
 
-    def _run_layers(self, carry, cos_BLH, sin_BLH, visible_BLS, cache):
+    def _run_layers(self, carry, cos_BLH, sin_BLH, visible, cache):
         graphdef, state = nnx.split(self.layers)
-        index = None if cache is None else cache.index
         constrain = self.constrain
 
         def body(carry, xs):
             layer_state, layer, kv = xs
             block = nnx.merge(graphdef, layer_state)
-            carry, new_kv = block(carry, layer, cos_BLH, sin_BLH, visible_BLS, kv, index)
+            carry, new_kv = block(carry, layer, cos_BLH, sin_BLH, visible, kv)
             carry = jax.tree.map(lambda a: constrain(a, _ACT_BLD), carry)
             return carry, (new_kv if kv is not None else None)
 
@@ -216,16 +215,21 @@ class Transformer(nnx.Module):
 
 
 def _visibility(mask_BL, cache):
-    """(visible_BLS, valid_BS after this call, #valid slots before this call per row)."""
+    """(visible, valid_BS after this call, #valid slots before this call per row).
+
+    `visible` is [B, L, L] without a cache; with one, the pair ([B, L, S] visible old slots — valid and before
+    `index` — , [B, L, L] visible new keys), matching `Attention`'s separate old/new scores.
+    """
     batch, length = mask_BL.shape
     if cache is None:
         causal_LS = jnp.arange(length)[:, None] >= jnp.arange(length)[None, :]
         return mask_BL[:, None, :] & causal_LS[None], None, jnp.zeros((batch,), jnp.int32)
     prior_B = jnp.sum(cache.valid_BS, axis=-1, dtype=jnp.int32)
     valid_BS = jax.lax.dynamic_update_slice_in_dim(cache.valid_BS, mask_BL, cache.index, axis=1)
-    query_slots_L = cache.index + jnp.arange(length)
-    causal_LS = jnp.arange(cache.capacity)[None, :] <= query_slots_L[:, None]
-    return valid_BS[:, None, :] & causal_LS[None], valid_BS, prior_B
+    old_BS = cache.valid_BS & (jnp.arange(cache.capacity) < cache.index)[None, :]
+    causal_LL = jnp.arange(length)[:, None] >= jnp.arange(length)[None, :]
+    visible_old_BLS = jnp.broadcast_to(old_BS[:, None, :], (batch, length, cache.capacity))
+    return (visible_old_BLS, mask_BL[:, None, :] & causal_LL[None]), valid_BS, prior_B
 
 
 def set_params(model: Transformer, params: dict) -> None:

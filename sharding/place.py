@@ -25,8 +25,8 @@ from jaxrl.sharding.rules import Rules, check_divisible, logical_to_spec, spec_a
 
 # Logical names of the KV-cache fields (`jaxrl.models.KVCache`): k, v are [Y, B, S, K, H].
 KV_CACHE_NAMES: dict[str, LogicalNames] = {
-    "k": ("layers", "batch", "length", "kv_heads", "head_dim"),
-    "v": ("layers", "batch", "length", "kv_heads", "head_dim"),
+    "k": ("layers", "batch", "kv_heads", "length", "head_dim"),
+    "v": ("layers", "batch", "kv_heads", "length", "head_dim"),
     "valid_BS": ("batch", "length"),
     "index": (),
 }

@@ -66,7 +66,7 @@ def test_repeat_makes_contiguous_copies_that_decode_identically():
     mask = jnp.array([[0, 1, 1], [1, 1, 1]], bool)
     out = model.forward(prompt, None, mask, cache=KVCache.init(cfg, 2, 6))
     rep = out.cache.repeat(3)
-    assert rep.k.shape == (cfg.num_layers, 6, 6, cfg.num_kv_heads, cfg.head_dim)
+    assert rep.k.shape == (cfg.num_layers, 6, cfg.num_kv_heads, 6, cfg.head_dim)
     np.testing.assert_array_equal(np.asarray(rep.k[:, 3]), np.asarray(out.cache.k[:, 1]))
     np.testing.assert_array_equal(np.asarray(rep.valid_BS), np.repeat(np.asarray(out.cache.valid_BS), 3, 0))
     assert int(rep.index) == 3
@@ -78,7 +78,7 @@ def test_repeat_makes_contiguous_copies_that_decode_identically():
 def test_cache_init_layout_and_bad_input():
     cfg = TransformerConfig.tiny()
     cache = KVCache.init(cfg, 2, 7, "bfloat16")
-    assert cache.k.shape == cache.v.shape == (2, 2, 7, 2, 8) and cache.k.dtype == jnp.bfloat16
+    assert cache.k.shape == cache.v.shape == (2, 2, 2, 7, 8) and cache.k.dtype == jnp.bfloat16
     assert cache.valid_BS.shape == (2, 7) and not cache.valid_BS.any() and int(cache.index) == 0
     assert KVCache.init(cfg, 1, 3).k.dtype == jnp.float32
     with pytest.raises(ValueError, match="capacity"):

@@ -59,5 +59,5 @@ def test_kv_cache_specs_for_qwen3_8b():
     cache = jax.eval_shape(lambda: KVCache.init(cfg, 8, 64))
     sh = kv_cache_shardings(cache, make_mesh(MeshConfig(data=2, fsdp=1, tensor=4, rules="fsdp_tp")), FSDP_TP)
     assert isinstance(sh, KVCache)
-    assert sh.k.spec == sh.v.spec == P(None, ("data", "fsdp"), None, "tensor", None)
+    assert sh.k.spec == sh.v.spec == P(None, ("data", "fsdp"), "tensor", None, None)
     assert sh.valid_BS.spec == P(("data", "fsdp"), None) and sh.index.spec == P()

@@ -90,13 +90,13 @@ def test_indivisible_parameter_names_path_dimension_size_axis(mesh_tp):
 def test_kv_cache_and_batch_shardings():
     mesh = make_mesh(MeshConfig(data=2, fsdp=1, tensor=4, rules="fsdp_tp"))
     cache = {
-        "k": jax.ShapeDtypeStruct((3, 4, 16, 8, 2), jnp.bfloat16),
-        "v": jax.ShapeDtypeStruct((3, 4, 16, 8, 2), jnp.bfloat16),
+        "k": jax.ShapeDtypeStruct((3, 4, 8, 16, 2), jnp.bfloat16),
+        "v": jax.ShapeDtypeStruct((3, 4, 8, 16, 2), jnp.bfloat16),
         "valid_BS": jax.ShapeDtypeStruct((4, 16), jnp.bool_),
         "index": jax.ShapeDtypeStruct((), jnp.int32),
     }
     sh = kv_cache_shardings(cache, mesh, FSDP_TP)
-    assert sh["k"].spec == P(None, ("data", "fsdp"), None, "tensor", None)
+    assert sh["k"].spec == P(None, ("data", "fsdp"), "tensor", None, None)
     assert sh["valid_BS"].spec == P(("data", "fsdp"), None)
     assert sh["index"].spec == P()
     assert kv_cache_shardings(cache, mesh, FSDP)["v"].spec == P(None, ("data", "fsdp"), None, None, None)
