@@ -93,7 +93,9 @@ def rollout(
     rows = num_prompts * num_samples
 
     # Prefill the P prompts once.
+    # The barrier keeps XLA from constant-folding the prefill's (all-masked) scores over the empty cache.
     cache = KVCache.init(model.cfg, num_prompts, width + gen_width, model.cfg.dtype)
+    cache = jax.lax.optimization_barrier(cache)
     positions_PL = jnp.maximum(jnp.cumsum(mask_PL.astype(jnp.int32), axis=-1) - 1, 0)
     out = model.forward(
         tokens_PL, positions_PL, mask_PL, cache=cache, return_hidden=True, return_logits=False
