@@ -125,9 +125,9 @@ class DataConfig:
     path.
 
     `prompts_per_step` is the global number of prompts per RL step (split over hosts); `eval_size` prompts are
-    held out; `target_format` turns a reference answer into the SFT target (warm start, sft_aux); `params` go
-    to
-    the built-in generator or reasoning-gym.
+    held out; `target_format` turns a reference answer into the SFT target (warm start, sft_aux), or, when
+    `target_formats` is given, each record's target uses one of those styles, picked by a hash of its prompt
+    (demonstrations in mixed styles); `params` go to the built-in generator or reasoning-gym.
     """
 
     source: str = "arithmetic"
@@ -138,6 +138,7 @@ class DataConfig:
     eval_size: int = 64
     system_prompt: str | None = None
     target_format: str = "<answer>{answer}</answer>"
+    target_formats: tuple[str, ...] = ()
     params: dict[str, Any] = dataclasses.field(default_factory=dict)
     seed: int = 0
 
@@ -146,12 +147,15 @@ class DataConfig:
         for name in ("prompts_per_step", "train_size"):
             _check(getattr(self, name) >= 1, f"data.{name}", getattr(self, name), "must be >= 1")
         _check(self.eval_size >= 0, "data.eval_size", self.eval_size, "must be >= 0")
-        _check(
-            "{answer}" in self.target_format,
-            "data.target_format",
-            self.target_format,
-            "must contain the placeholder {answer} (the SFT target is the answer in the expected format)",
-        )
+        for key, fmt in [("data.target_format", self.target_format)] + [
+            (f"data.target_formats[{i}]", f) for i, f in enumerate(self.target_formats)
+        ]:
+            _check(
+                "{answer}" in fmt,
+                key,
+                fmt,
+                "must contain the placeholder {answer} (the SFT target is the answer in the expected format)",
+            )
 
 
 @dataclasses.dataclass(frozen=True)

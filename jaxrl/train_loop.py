@@ -51,9 +51,9 @@ def sft_warm_start(run: trainer.Run, state: TrainState, records, encoder) -> tup
     width = max(len(encoder(r)["prompt_ids"]) for r in records[:256])
     width = min(b for b in cfg.rollout.prompt_buckets if b >= width) if cfg.rollout.prompt_buckets else width
     curve = []
-    for _ in range(w.steps):
+    for k in range(w.steps):
         idx = rng.choice(len(records), size=w.batch_size, replace=False)
-        batch = trainer.sft_rows([encoder(records[i]) for i in idx], run.tokenizer, width, gen_width)
+        batch = trainer.sft_rows([encoder(records[i], k) for i in idx], run.tokenizer, width, gen_width)
         sft_state, metrics = step_fn(sft_state, trainer._shard_batch(run, batch))
         curve.append(float(metrics["sft/nll"]))
     return TrainState(sft_state.params, state.opt_state, state.step), curve
@@ -228,7 +228,7 @@ def train(cfg: ExperimentConfig, run_dir: str | Path, checkpoint_dir: str | None
     train_records, eval_records = make_splits(d.source, train_size=d.train_size, eval_size=d.eval_size,
                                               seed=d.seed, params=d.params, prompt_field=d.prompt_field,
                                               answer_field=d.answer_field)
-    encoder = Encoder(run.tokenizer, d.system_prompt, d.target_format)
+    encoder = Encoder(run.tokenizer, d.system_prompt, d.target_format, tuple(d.target_formats))
     data_it = train_iterator(train_records, encoder, batch_size=d.prompts_per_step, seed=d.seed,
                              process_index=jax.process_index(), process_count=jax.process_count())
     ckpt = ckpt_lib.Checkpointer(checkpoint_dir or run_dir / "checkpoints", every=cfg.checkpoint.every,

@@ -7,6 +7,8 @@ in-process (no worker processes), reshuffled every epoch, and its position is a 
 
 from __future__ import annotations
 
+import zlib
+
 import dataclasses
 from typing import Any, Iterator, Sequence
 
@@ -64,11 +66,15 @@ def make_splits(
 class Encoder:
     """Adds `prompt_ids` (chat template + generation prompt), `sft_target`, `target_ids` (+eos) to a record.
 
-    The SFT text goes under `sft_target`, never `target`: countdown records carry their numeric `target`."""
+    The SFT text goes under `sft_target`, never `target`: countdown records carry their numeric `target`.
+    With `target_formats`, a record's target style is `target_formats[crc32(f"{variant}:{prompt}") % n]`: a
+    deterministic function of the prompt and of `variant` (the SFT warm start passes its step, so each prompt
+    is shown in every style over the run and replayed warm starts see the same targets)."""
 
     tokenizer: Any
     system_prompt: str | None = None
     target_format: str = "<answer>{answer}</answer>"
+    target_formats: tuple[str, ...] = ()
 
     def prompt_ids(self, prompt: str) -> list[int]:
         messages = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
@@ -76,12 +82,16 @@ class Encoder:
         text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
-    def target(self, answer: str) -> str:
+    def target(self, answer: str, prompt: str = "", variant: int = 0) -> str:
+        fmt = self.target_format
+        if self.target_formats:
+            key = f"{variant}:{prompt}".encode("utf-8")
+            fmt = self.target_formats[zlib.crc32(key) % len(self.target_formats)]
         # str.replace, not str.format: LaTeX answers contain braces.
-        return self.target_format.replace("{answer}", answer)
+        return fmt.replace("{answer}", answer)
 
-    def __call__(self, record: dict[str, Any]) -> dict[str, Any]:
-        target = self.target(record["answer"])
+    def __call__(self, record: dict[str, Any], variant: int = 0) -> dict[str, Any]:
+        target = self.target(record["answer"], record["prompt"], variant)
         target_ids = list(self.tokenizer.encode(target, add_special_tokens=False)) + [
             self.tokenizer.eos_token_id
         ]

@@ -1,17 +1,14 @@
 """Answer extraction and comparison for verifiable-answer rewards (exact answer and math answer).
 
-`extract_answer` looks, in order, for the last `<answer>...</answer>`, the last `\\boxed{...}`, the text after
-the
-last `####` (GSM8K style), and finally the last number in the text. `math_equal` compares numerically when
-both
-sides parse as numbers (integers, decimals, `a/b`, `\\frac{a}{b}`, thousands separators), and otherwise asks
-`math-verify` (when installed, and only on the main thread: it uses `signal.alarm`, see shared ENV.md 3d)
-before
-falling back to normalised string equality.
+`extract_answer` looks, in order, for the last `<answer>...</answer>`, the last `\\boxed{...}`, the text after the
+last `####` (GSM8K style), and finally the last number in the text; with `tags_only=True` only the tagged answer
+counts (a reward that demands the answer format). `math_equal` compares numerically when both sides parse as
+numbers (integers, decimals, `a/b`, `\\frac{a}{b}`, thousands separators), and otherwise asks `math-verify`
+(when installed, and only on the main thread: it uses `signal.alarm`, see shared ENV.md 3d) before falling back
+to normalised string equality.
 
 Deviation from TRL/verl reward helpers: math-verify is tried only when the cheap numeric comparison cannot
-decide,
-because it costs ~60 ms per pair on CPU and arithmetic answers never need it.
+decide, because it costs ~60 ms per pair on CPU and arithmetic answers never need it.
 """
 
 from __future__ import annotations
@@ -39,13 +36,15 @@ def _last_boxed(text: str) -> str | None:
     return None  # unbalanced braces: no answer rather than a guess
 
 
-def extract_answer(text: str) -> str | None:
+def extract_answer(text: str, *, tags_only: bool = False) -> str | None:
     """The final answer written in `text`, or None when there is none (see module docstring for the order)."""
     tags = _ANSWER_TAG.findall(text)
     if tags:
         inner = tags[-1].strip()
         boxed = _last_boxed(inner)
         return boxed.strip() if boxed is not None else inner
+    if tags_only:
+        return None
     boxed = _last_boxed(text)
     if boxed is not None:
         return boxed.strip()
@@ -128,24 +127,29 @@ def gold_answer(reference: object) -> str:
 
 
 def math_answer(
-    prompts: list[str], completions: list[str], *, answer: list, use_math_verify: bool = True, **_fields
+    prompts: list[str], completions: list[str], *, answer: list, use_math_verify: bool = True,
+    tags_only: bool = False, **_fields
 ) -> list[float]:
-    """1.0 where the completion's final answer equals the `answer` field mathematically, else 0.0."""
+    """1.0 where the completion's final answer equals the `answer` field mathematically, else 0.0.
+
+    `tags_only`: only an answer inside `<answer></answer>` counts (untagged text scores 0)."""
     del prompts
     out = []
     for completion, ref in zip(completions, answer, strict=True):
-        pred = extract_answer(completion)
+        pred = extract_answer(completion, tags_only=tags_only)
         out.append(
             float(pred is not None and math_equal(gold_answer(ref), pred, use_math_verify=use_math_verify))
         )
     return out
 
 
-def exact_answer(prompts: list[str], completions: list[str], *, answer: list, **_fields) -> list[float]:
-    """1.0 where the extracted final answer equals the reference string after `normalize`, else 0.0."""
+def exact_answer(prompts: list[str], completions: list[str], *, answer: list, tags_only: bool = False,
+                 **_fields) -> list[float]:
+    """1.0 where the extracted final answer equals the reference string after `normalize`, else 0.0
+    (`tags_only` as in `math_answer`)."""
     del prompts
     out = []
     for completion, ref in zip(completions, answer, strict=True):
-        pred = extract_answer(completion)
+        pred = extract_answer(completion, tags_only=tags_only)
         out.append(float(pred is not None and normalize(pred) == normalize(gold_answer(ref))))
     return out

@@ -5,6 +5,7 @@ import json
 import numpy as np
 import pytest
 
+from jaxrl.config import DataConfig
 from jaxrl.data import Encoder, arithmetic, countdown, eval_batches, make_splits, pad_left, train_iterator
 from jaxrl.errors import ConfigError, UserError
 from jaxrl.rewards import countdown as countdown_reward
@@ -98,6 +99,19 @@ def test_encoder_targets(encoder):
     # dataset fields survive encoding: a countdown record keeps its numeric `target` for the reward
     cd = encoder({"prompt": "Make 7", "answer": "3 + 4", "numbers": [3, 4], "target": 7})
     assert cd["target"] == 7 and cd["numbers"] == [3, 4] and cd["sft_target"] == "<answer>3 + 4</answer>"
+
+
+def test_encoder_mixed_target_formats(encoder):
+    formats = ("<answer>{answer}</answer>", "The answer is {answer}.", "{answer}")
+    enc = Encoder(encoder.tokenizer, target_formats=formats)
+    rec = {"prompt": "What is 1 + 2?", "answer": "3"}
+    targets = [enc(rec, k)["sft_target"] for k in range(300)]
+    assert targets == [enc(rec, k)["sft_target"] for k in range(300)]  # deterministic in (prompt, variant)
+    counts = {f.replace("{answer}", "3"): targets.count(f.replace("{answer}", "3")) for f in formats}
+    assert sum(counts.values()) == 300 and min(counts.values()) >= 70, counts  # every style, roughly evenly
+    assert encoder(rec, 5)["sft_target"] == "<answer>3</answer>"  # a single target_format ignores the variant
+    with pytest.raises(ConfigError, match=r"data.target_formats\[1\]"):
+        DataConfig(target_formats=("<answer>{answer}</answer>", "no placeholder"))
 
 
 def _prompts(it, n):

@@ -41,6 +41,17 @@ def test_extract_answer(text, expected):
     assert extract_answer(text) == expected
 
 
+def test_tags_only_rewards_ignore_untagged_answers():
+    completions = ["The answer is 7.", "<answer>7</answer>", "<answer>6</answer> so 7", "7 <answer> 7 </answer>"]
+    assert extract_answer(completions[0], tags_only=True) is None
+    assert extract_answer(completions[2], tags_only=True) == "6"
+    refs = ["7"] * 4
+    assert math_answer([""] * 4, completions, answer=refs, tags_only=True) == [0.0, 1.0, 0.0, 1.0]
+    assert exact_answer([""] * 4, completions, answer=refs, tags_only=True) == [0.0, 1.0, 0.0, 1.0]
+    # the default still falls back to the last number in the text
+    assert math_answer([""] * 4, completions, answer=refs) == [1.0, 1.0, 0.0, 1.0]
+
+
 @pytest.mark.parametrize(
     "text, value",
     [
