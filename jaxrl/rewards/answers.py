@@ -1,11 +1,11 @@
 """Answer extraction and comparison for verifiable-answer rewards (exact answer and math answer).
 
-`extract_answer` looks, in order, for the last `<answer>...</answer>`, the last `\\boxed{...}`, the text after the
-last `####` (GSM8K style), and finally the last number in the text; with `tags_only=True` only the tagged answer
-counts (a reward that demands the answer format). `math_equal` compares numerically when both sides parse as
-numbers (integers, decimals, `a/b`, `\\frac{a}{b}`, thousands separators), and otherwise asks `math-verify`
-(when installed, and only on the main thread: it uses `signal.alarm`, see shared ENV.md 3d) before falling back
-to normalised string equality.
+`extract_answer` looks, in order, for the last `<answer>...</answer>`, the last `\\boxed{...}`, the text after
+the last `####` (GSM8K style), and finally the last number in the text; with `tags_only=True` only the tagged
+answer counts (a reward that demands the answer format). `math_equal` compares numerically when both sides
+parse as numbers (integers, decimals, `a/b`, `\\frac{a}{b}`, thousands separators), and otherwise asks
+`math-verify` (when installed, and only on the main thread: it uses `signal.alarm`, see shared ENV.md 3d)
+before falling back to normalised string equality.
 
 Deviation from TRL/verl reward helpers: math-verify is tried only when the cheap numeric comparison cannot
 decide, because it costs ~60 ms per pair on CPU and arithmetic answers never need it.

@@ -42,7 +42,8 @@ def test_extract_answer(text, expected):
 
 
 def test_tags_only_rewards_ignore_untagged_answers():
-    completions = ["The answer is 7.", "<answer>7</answer>", "<answer>6</answer> so 7", "7 <answer> 7 </answer>"]
+    completions = ["The answer is 7.", "<answer>7</answer>", "<answer>6</answer> so 7",
+                   "7 <answer> 7 </answer>"]
     assert extract_answer(completions[0], tags_only=True) is None
     assert extract_answer(completions[2], tags_only=True) == "6"
     refs = ["7"] * 4
