@@ -127,7 +127,7 @@ class DataConfig:
     `prompts_per_step` is the global number of prompts per RL step (split over hosts); `eval_size` prompts are
     held out; `target_format` turns a reference answer into the SFT target (warm start, sft_aux), or, when
     `target_formats` is given, each record's target uses one of those styles, picked by a hash of its prompt
-    (demonstrations in mixed styles); `params` go to the built-in generator or reasoning-gym.
+    and the warm-start step (demonstrations in mixed styles); `params` go to the built-in generator or reasoning-gym.
     """
 
     source: str = "arithmetic"

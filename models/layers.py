@@ -202,10 +202,10 @@ class Attention(nnx.Module):
             old_BKGLS = _masked_scores(q_BLKGH, k_cache.astype(self.dtype), visible_old_BLS)
             new_BKGLL = _masked_scores(q_BLKGH, k_BKLH.astype(self.dtype), visible_new_BLL)
             slots = old_BKGLS.shape[-1]
-            probs = jax.nn.softmax(jnp.concatenate([old_BKGLS, new_BKGLL], axis=-1), axis=-1)
-            probs = probs.astype(self.dtype)
-            out_BLKGH = (_mix(probs[..., :slots], v_cache.astype(self.dtype))
-                         + _mix(probs[..., slots:], v_BKLH.astype(self.dtype)))
+            probs_BKGLT = jax.nn.softmax(jnp.concatenate([old_BKGLS, new_BKGLL], axis=-1), axis=-1)
+            probs_BKGLT = probs_BKGLT.astype(self.dtype)  # T = S old slots + L new keys
+            out_BLKGH = (_mix(probs_BKGLT[..., :slots], v_cache.astype(self.dtype))
+                         + _mix(probs_BKGLT[..., slots:], v_BKLH.astype(self.dtype)))
         return self.o_proj(out_BLKGH.reshape(b, l, n, h)), (k_BKLH, v_BKLH)
 
 

@@ -7,9 +7,8 @@ in-process (no worker processes), reshuffled every epoch, and its position is a 
 
 from __future__ import annotations
 
-import zlib
-
 import dataclasses
+import zlib
 from typing import Any, Iterator, Sequence
 
 import grain
