@@ -6,6 +6,7 @@ Modules are imported only when their subcommand runs, so `jaxrl --help` stays fa
 dependencies (torch for export checks, gcloud for launch) are never touched by another.
 
 User errors raise `jaxrl.errors.UserError`; they are printed as one line on stderr and exit with code 2.
+Before anything imports jax, `jaxrl.host_memory.configure_from_env()` sets the host allocator up for XLA:CPU.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import importlib
 import os
 import sys
 
+from jaxrl import host_memory
 from jaxrl.errors import UserError
 
 # name -> (module, one-line help). Explicit and greppable; no registry.
@@ -39,6 +41,11 @@ def _set_offline_defaults() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     _set_offline_defaults()
+    try:
+        host_memory.configure_from_env()  # before any subcommand imports jax (see jaxrl.host_memory)
+    except ValueError as e:
+        print(f"jaxrl: error: {e}", file=sys.stderr)
+        return 2
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="jaxrl")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

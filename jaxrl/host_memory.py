@@ -1,0 +1,76 @@
+"""Host allocator setting for XLA:CPU runs: reuse freed buffers instead of page-faulting them back in.
+
+XLA:CPU allocates each execution's temporary buffers (hundreds of MB for a training step) with glibc `malloc`
+from a worker thread. A request that large does not fit a thread's arena (at most 64 MiB), so glibc serves it
+with a fresh `mmap` and unmaps it on `free`: every step then faults its whole working set back in, one minor
+fault per 4 KiB page, each page zeroed by the kernel. On the project's 2-core VM this was ~98,000 faults and
+20-25% of the time of one GRPO update of the `benchmarks/train_step.py` model (benchmarks/RESULTS.md).
+
+`keep_freed_buffers()` sets, through mallopt(3), before any XLA thread allocates:
+
+    M_ARENA_MAX      = 1        every thread allocates from the main heap, which (unlike a thread arena)
+                                grows to any size,
+    M_MMAP_MAX       = 0        no request is served by a private mmap,
+    M_TRIM_THRESHOLD = 1 GiB    up to 1 GiB of free memory at the top of the heap stays mapped,
+
+so the next step reuses the previous step's pages. Peak memory is unchanged (the step needs it anyway); the
+process keeps it mapped until exit instead of returning it between steps. One arena serialises `malloc`
+across threads, which costs nothing measurable on a few CPU cores but could on a many-core accelerator host
+where XLA does not allocate its buffers from host `malloc` at all; hence the `auto` mode below.
+
+`JAXRL_HOST_MALLOC` chooses: `auto` (default: keep when no accelerator device node is visible), `keep`,
+or `default` (leave glibc alone). Only glibc on Linux is touched; elsewhere this is a no-op.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import glob
+import os
+import sys
+
+ENV_VAR = "JAXRL_HOST_MALLOC"
+_MODES = ("auto", "keep", "default")
+# mallopt(3) parameter numbers from glibc's <malloc.h>.
+_M_TRIM_THRESHOLD, _M_MMAP_MAX, _M_ARENA_MAX = -1, -4, -8
+_TRIM_BYTES = 1 << 30
+_ACCELERATOR_NODES = ("/dev/accel*", "/dev/vfio/[0-9]*", "/dev/nvidia[0-9]*")
+
+
+def _glibc():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return libc if hasattr(libc, "mallopt") and hasattr(libc, "gnu_get_libc_version") else None
+    except OSError:
+        return None
+
+
+def keep_freed_buffers() -> bool:
+    """Applies the settings of the module docstring; True if glibc accepted all three."""
+    libc = _glibc()
+    if libc is None:
+        return False
+    settings = ((_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, _TRIM_BYTES))
+    return all(libc.mallopt(param, value) == 1 for param, value in settings)
+
+
+def accelerator_visible() -> bool:
+    """Whether a TPU (/dev/accel*, /dev/vfio/N) or NVIDIA GPU device node exists on this host."""
+    return any(glob.glob(pattern) for pattern in _ACCELERATOR_NODES)
+
+
+def configure_from_env(environ=os.environ) -> bool:
+    """Reads `JAXRL_HOST_MALLOC` and applies it; returns whether the buffers are now kept.
+
+    Call before JAX starts its CPU threads (the `jaxrl` CLI does, before importing jax).
+    Raises ValueError for a value outside auto / keep / default.
+    """
+    mode = environ.get(ENV_VAR, "auto").strip().lower() or "auto"
+    if mode not in _MODES:
+        raise ValueError(f"{ENV_VAR}={environ[ENV_VAR]!r} is not one of {', '.join(_MODES)}")
+    if mode == "default" or (mode == "auto" and accelerator_visible()):
+        return False
+    return keep_freed_buffers()
