@@ -46,7 +46,7 @@ def _apply_overrides(base: TransformerConfig, cfg: ModelConfig, vocab_size: int 
         changes["vocab_size"] = vocab_size
     if cfg.norm is not None:
         changes["norm"] = cfg.norm
-    changes.update(remat=cfg.remat, dtype=cfg.dtype)
+    changes.update(remat=cfg.remat, scan_layers=cfg.scan_layers, dtype=cfg.dtype)
     try:
         return dataclasses.replace(base, **changes)
     except (TypeError, ValueError) as e:
@@ -54,7 +54,7 @@ def _apply_overrides(base: TransformerConfig, cfg: ModelConfig, vocab_size: int 
 
 
 def preset_config(cfg: ModelConfig, vocab_size: int | None = None) -> TransformerConfig:
-    """The TransformerConfig of a preset with `overrides`, `norm`, `remat`, `dtype` applied.
+    """The TransformerConfig of a preset with `overrides`, `norm`, `remat`, `scan_layers`, `dtype` applied.
 
     Tiny presets follow the tokenizer: their vocabulary is resized to `vocab_size` when given.
     """
@@ -104,8 +104,11 @@ def build_model(cfg: ModelConfig, *, vocab_size: int, seed: int, constrain: Cons
     if cfg.preset is not None:
         return Transformer(preset_config(cfg, vocab_size), rngs=nnx.Rngs(seed), constrain=constrain)
     if cfg.hf_path is not None:
-        return hf.from_pretrained(cfg.hf_path, dtype=cfg.dtype)
-    model, _ = model_io.load_model_checkpoint(cfg.checkpoint, dtype=cfg.dtype)
+        model = hf.from_pretrained(cfg.hf_path, dtype=cfg.dtype)
+    else:
+        model, _ = model_io.load_model_checkpoint(cfg.checkpoint, dtype=cfg.dtype)
+    # Execution-only switches (no parameter depends on them) apply to loaded weights as well.
+    model.cfg = model.cfg.replace(remat=cfg.remat, scan_layers=cfg.scan_layers)
     return model
 
 

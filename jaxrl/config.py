@@ -74,8 +74,9 @@ class ModelConfig:
     """Which model to train: a preset of `jaxrl.models.TransformerConfig`, an HF directory, or a jaxrl
     checkpoint.
 
-    `overrides` replaces fields of the preset (e.g. `{num_layers: 2}`); `norm`/`remat`/`dtype` are applied
-    last.
+    `overrides` replaces fields of the preset (e.g. `{num_layers: 2}`); `norm`/`remat`/`scan_layers`/`dtype`
+    are applied last. `remat` and `scan_layers` only change how the forward pass runs, so they apply to HF
+    directories and checkpoints too.
     """
 
     preset: str | None = "tiny_siamese"
@@ -85,6 +86,7 @@ class ModelConfig:
     dtype: str = "float32"
     norm: str | None = None
     remat: str = "none"
+    scan_layers: bool = True
 
     def __post_init__(self):
         _expand_paths(self, ("hf_path", "checkpoint"))

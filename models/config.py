@@ -61,6 +61,7 @@ class TransformerConfig:
     dtype: str = "float32"
     param_dtype: str = "float32"
     remat: str = "none"
+    scan_layers: bool = True  # False: unroll the layer loop (execution only; parameters are the same)
     max_position_embeddings: int = 4096
     family: str = "llama"
     bos_token_id: Optional[int] = None
@@ -92,6 +93,8 @@ class TransformerConfig:
                               ("remat", _REMATS), ("family", _FAMILIES)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"TransformerConfig.{name}={getattr(self, name)!r}; allowed: {allowed}")
+        if not isinstance(self.scan_layers, bool):
+            raise ValueError(f"TransformerConfig.scan_layers must be a bool, got {self.scan_layers!r}")
         if isinstance(self.eos_token_id, list):
             object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
 

@@ -48,3 +48,50 @@ def test_remat_keeps_logits_and_gradients(remat):
     np.testing.assert_allclose(val, base_val, rtol=1e-6)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-5), grad, base_grad)
     assert max(float(jnp.max(jnp.abs(g))) for g in jax.tree.leaves(grad)) > 0
+
+
+@pytest.mark.parametrize("norm,remat", [("pre", "none"), ("siamese", "none"), ("post", "dots")])
+def test_unrolled_layers_equal_scanned_logits_gradients_and_decode(norm, remat):
+    cfg = TransformerConfig.tiny(norm=norm, family="qwen3", qk_norm=True, remat=remat)
+    unrolled = cfg.replace(scan_layers=False)
+    params = _params(cfg, seed=2)
+    tokens = jnp.asarray(np.random.default_rng(2).integers(0, 64, (2, 7)), jnp.int32)
+
+    def loss(p, c):
+        return jnp.mean(jax.nn.log_softmax(Transformer.from_params(c, p)(tokens))[..., 3])
+
+    # The unrolled program has no layer loop; the scanned one has exactly one.
+    assert "scan" not in str(jax.make_jaxpr(loss, static_argnums=1)(params, unrolled))
+    assert "scan" in str(jax.make_jaxpr(loss, static_argnums=1)(params, cfg))
+    base_val, base_grad = jax.value_and_grad(loss)(params, cfg)
+    val, grad = jax.value_and_grad(loss)(params, unrolled)
+    np.testing.assert_allclose(val, base_val, rtol=1e-6)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-5), grad, base_grad)
+
+    from jaxrl.models import KVCache
+
+    def decode(c):
+        model = Transformer.from_params(c, params)
+        cache = KVCache.init(c, 2, 9)
+        out = model.forward(tokens[:, :6], cache=cache)
+        step = model.forward(tokens[:, 6:], cache=out.cache)
+        return out.logits, step.logits, step.cache
+
+    (p0, s0, c0), (p1, s1, c1) = decode(cfg), decode(unrolled)
+    np.testing.assert_allclose(p1, p0, atol=1e-6)
+    np.testing.assert_allclose(s1, s0, atol=1e-6)
+    np.testing.assert_allclose(c1.k, c0.k, atol=1e-6)
+    np.testing.assert_allclose(c1.v, c0.v, atol=1e-6)
+
+
+def test_loaded_model_takes_the_configs_execution_switches(tmp_path):
+    from jaxrl import hf
+    from jaxrl.build import build_model
+    from jaxrl.config import ModelConfig
+
+    hf.save_pretrained(Transformer(TransformerConfig.tiny(), rngs=nnx.Rngs(0)), tmp_path / "m")
+    model = build_model(ModelConfig(preset=None, hf_path=str(tmp_path / "m"), remat="full", scan_layers=False),
+                        vocab_size=64, seed=0)
+    assert model.cfg.remat == "full" and model.cfg.scan_layers is False
+    with pytest.raises(ValueError, match="scan_layers must be a bool"):
+        TransformerConfig.tiny(scan_layers="no")
