@@ -25,7 +25,7 @@ from jaxrl.config import Algo, ExperimentConfig
 from jaxrl.data.pipeline import Encoder, eval_batches, make_splits, train_iterator
 from jaxrl.errors import CheckpointError
 from jaxrl.metrics import MetricsWriter
-from jaxrl.train_step import LossSpec, TrainState, train_step
+from jaxrl.train_step import LossSpec, TrainState, train_step, update_compiler_options
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ def sft_warm_start(run: trainer.Run, state: TrainState, records, encoder) -> tup
     tx = optax.adamw(w.lr)
     spec = LossSpec(policy_weight=0.0, sft_lambda=1.0)
     step_fn = jax.jit(functools.partial(train_step, graphdef=run.graphdef, spec=spec, tx=tx),
-                      donate_argnums=0)
+                      donate_argnums=0, compiler_options=update_compiler_options())
     sft_state = TrainState(state.params, tx.init(state.params), jnp.zeros((), jnp.int32))
     rng = np.random.default_rng([cfg.train.seed, 7])
     gen_width = cfg.rollout.max_new_tokens

@@ -31,7 +31,8 @@ from jaxrl import build, checkpoint as ckpt_lib, model_io, rollout as rollout_li
 from jaxrl.config import ExperimentConfig, dump_config
 from jaxrl.errors import UserError
 from jaxrl.sharding import RULES, batch_shardings, make_constrain, make_mesh, state_shardings
-from jaxrl.train_step import LossSpec, TrainBatch, TrainState, sequence_logprobs, train_step
+from jaxrl.train_step import (LossSpec, TrainBatch, TrainState, sequence_logprobs, train_step,
+                              update_compiler_options)
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +84,7 @@ def setup(cfg: ExperimentConfig, run_dir: Path) -> tuple[Run, TrainState, Any]:
     spec = build.loss_spec(cfg.algorithm, kl_in_loss=kl_in_loss)
     step_fn = jax.jit(functools.partial(train_step, graphdef=graphdef, spec=spec, tx=tx),
                       in_shardings=(state_sharding, None), out_shardings=(state_sharding, None),
-                      donate_argnums=0)
+                      donate_argnums=0, compiler_options=update_compiler_options())
     def logprobs(params, tokens_BL, mask_BL):
         return sequence_logprobs(params, graphdef, tokens_BL, mask_BL, chunk=spec.logprob_chunk,
                                  temperature=spec.temperature)

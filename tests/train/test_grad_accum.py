@@ -109,3 +109,25 @@ def test_etr_with_zero_elasticity_is_grpo_bit_for_bit(model_parts):
         assert np.array_equal(a, b)
     moved = zip(jax.tree.leaves(s_grpo.params), jax.tree.leaves(params), strict=True)
     assert any(not np.array_equal(a, b) for a, b in moved)
+
+
+def test_cpu_update_options_compile_and_keep_the_update(model_parts):
+    """The trainer's XLA:CPU options exist in this jaxlib (an unknown option fails to compile) and change
+    only how the update runs: same loss, gradient norm and new parameters as the default compilation."""
+    from jaxrl.train_step import update_compiler_options
+
+    assert update_compiler_options("tpu") is None and update_compiler_options("gpu") is None
+    options = update_compiler_options("cpu")
+    assert options
+    graphdef, params = model_parts
+    tx = optax.sgd(0.1)  # (Adam would turn float-rounding differences of near-zero gradients into ±lr steps)
+    spec = LossSpec(kl_beta=0.1, entropy_coef=0.01)
+    outs = []
+    for opts in (None, options):
+        step = jax.jit(functools.partial(train_step, graphdef=graphdef, spec=spec, tx=tx), compiler_options=opts)
+        state = TrainState(params, tx.init(params), jnp.zeros((), jnp.int32))
+        outs.append(jax.device_get(step(state, _batch(5))))
+    (s0, m0), (s1, m1) = outs
+    np.testing.assert_allclose(m1["loss"], m0["loss"], rtol=1e-6)
+    np.testing.assert_allclose(m1["train/grad_norm"], m0["train/grad_norm"], rtol=1e-5)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), s1.params, s0.params)
