@@ -4,8 +4,9 @@
     .venv/bin/python benchmarks/sampling.py --model qwen3-0.6b --batch 16 --new-tokens 64
 
 Both sides decode greedily in float32 from the same left-padded prompts, with EOS disabled so every row
-produces exactly `--new-tokens` tokens. Reported per side (best of `--repeats` timed runs after one
-warm-up/compile run):
+produces exactly `--new-tokens` tokens. Every quantity (both sides, the roofline chain, the read stream) is
+timed once per round, round-robin, for `--repeats` rounds after a warm-up/compile run, and the best round of
+each is reported: the VM's speed drifts within minutes, so only measurements taken side by side compare.
 * TTFT: time of a 1-token generation (prefill + first token). jaxrl reuses the full-length program (the decode
   loop stops after one step), so the timing has no compile and the same cache capacity.
 * tokens/s: B·T / total time, and decode tokens/s: B·(T-1) / (total - TTFT).
@@ -24,18 +25,19 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+from jaxrl import host_memory  # noqa: E402
+
+host_memory.configure_from_env()  # what the `jaxrl` CLI does before importing jax
+
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 
-def _best(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
 
 
 def make_prompts(batch: int, vocab: int, lo: int, hi: int, seed: int = 0) -> list[list[int]]:
@@ -65,8 +67,8 @@ def hf_model(name: str):
     raise SystemExit(f"unknown --model {name!r}; allowed: smollm2, qwen3-0.6b")
 
 
-def bench_hf(model, prompts: list[list[int]], new_tokens: int, repeats: int) -> dict:
-    """transformers greedy generate with left padding; returns timings and the generated tokens."""
+def hf_runner(model, prompts: list[list[int]]):
+    """gen(n) -> [B, n] new tokens of transformers greedy `generate` on the left-padded prompts."""
     import torch
 
     width = max(map(len, prompts))
@@ -78,49 +80,45 @@ def bench_hf(model, prompts: list[list[int]], new_tokens: int, repeats: int) -> 
 
     def gen(n):
         with torch.inference_mode():
-            return model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
-                                  do_sample=False, pad_token_id=0)
+            out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
+                                 do_sample=False, pad_token_id=0)
+        return out[:, width:].numpy()
 
     gen(2)
-    ttft = _best(lambda: gen(1), repeats)
-    out = []
-    total = _best(lambda: out.append(gen(new_tokens)), repeats)
-    return dict(ttft=ttft, total=total, tokens=out[-1][:, width:].numpy())
+    return gen
 
 
-def bench_jaxrl(model, prompts: list[list[int]], new_tokens: int, repeats: int) -> dict:
-    """jaxrl greedy generate; the first call compiles and is timed separately."""
+def jaxrl_runner(model, prompts: list[list[int]], new_tokens: int):
+    """(gen(n) -> [B, n] new tokens of jaxrl greedy `generate`, compile seconds of the first call)."""
     from jaxrl import sampling
 
-    gen_buckets = (new_tokens,)
-
     def gen(n):
-        out = sampling.generate(model, prompts, max_new_tokens=n, temperature=0.0, gen_buckets=gen_buckets)
-        return jax.block_until_ready(out)
+        out = sampling.generate(model, prompts, max_new_tokens=n, temperature=0.0, gen_buckets=(new_tokens,))
+        return np.asarray(jax.block_until_ready(out).tokens)
 
-    t0 = time.perf_counter()
-    gen(new_tokens)
-    compile_s = time.perf_counter() - t0
-    ttft = _best(lambda: gen(1), repeats)
-    out = []
-    total = _best(lambda: out.append(gen(new_tokens)), repeats)
-    return dict(ttft=ttft, total=total, tokens=np.asarray(out[-1].tokens), compile=compile_s)
+    return gen, _timed(lambda: gen(new_tokens))
 
 
-def measured_bandwidth(num_bytes: int, batch: int, width: int = 1024, repeats: int = 5) -> float:
-    """Bytes/s of a jitted scan of [batch, width] @ [width, width] fp32 matmuls over `num_bytes` of weights.
-    """
+def chain_runner(num_bytes: int, batch: int, width: int = 1024):
+    """(run(), bytes): a jitted scan of [batch, width] @ [width, width] fp32 matmuls over `num_bytes` of
+    weights (the roofline's bandwidth, at the decode batch's arithmetic intensity)."""
     n = max(1, num_bytes // (4 * width * width))
     w_NDD = jax.random.normal(jax.random.key(0), (n, width, width), jnp.float32) / np.sqrt(width)
     x_BD = jnp.ones((batch, width), jnp.float32)
+    chain = jax.jit(lambda x_BD, w_NDD: jax.lax.scan(lambda x, w: (jnp.tanh(x @ w), None), x_BD, w_NDD)[0])
+    run = lambda: jax.block_until_ready(chain(x_BD, w_NDD))  # noqa: E731
+    run()
+    return run, w_NDD.nbytes
 
-    @jax.jit
-    def chain(x_BD, w_NDD):
-        return jax.lax.scan(lambda x, w: (jnp.tanh(x @ w), None), x_BD, w_NDD)[0]
 
-    jax.block_until_ready(chain(x_BD, w_NDD))
-    t = _best(lambda: jax.block_until_ready(chain(x_BD, w_NDD)), repeats)
-    return w_NDD.nbytes / t
+def stream_runner(num_bytes: int):
+    """(run(), bytes): a jitted `jnp.sum` over `num_bytes` of fp32, a pure read stream with no matmul (the
+    memory-bandwidth ceiling; context for the matmul-chain roofline, which is what the fraction uses)."""
+    x = jnp.ones((max(1, num_bytes // 4),), jnp.float32)
+    total = jax.jit(jnp.sum)
+    run = lambda: jax.block_until_ready(total(x))  # noqa: E731
+    run()
+    return run, x.nbytes
 
 
 def decode_bytes(hf, batch: int, avg_context: float) -> tuple[int, int]:
@@ -145,10 +143,10 @@ def load_both(name: str):
     return hf, model
 
 
-def _report(tag: str, batch: int, new_tokens: int, r: dict) -> str:
-    decode_s = max(r["total"] - r["ttft"], 1e-9)
-    return (f"{tag:8s} B={batch:4d} T={new_tokens:4d}  TTFT {r['ttft'] * 1e3:8.1f} ms  "
-            f"total {r['total']:7.2f} s  {batch * new_tokens / r['total']:8.1f} tok/s  "
+def _report(tag: str, batch: int, new_tokens: int, ttft: float, total: float) -> str:
+    decode_s = max(total - ttft, 1e-9)
+    return (f"{tag:8s} B={batch:4d} T={new_tokens:4d}  TTFT {ttft * 1e3:8.1f} ms  "
+            f"total {total:7.2f} s  {batch * new_tokens / total:8.1f} tok/s  "
             f"decode {batch * (new_tokens - 1) / decode_s:8.1f} tok/s  "
             f"step {decode_s / (new_tokens - 1) * 1e3:7.1f} ms")
 
@@ -161,7 +159,7 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, nargs=2, default=(16, 32), metavar=("MIN", "MAX"))
     ap.add_argument("--scaling", type=int, nargs="*", default=(), help="extra batch sizes (jaxrl only)")
     ap.add_argument("--hf-scaling", action="store_true", help="run transformers at --scaling batches too")
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3, help="round-robin rounds")
     args = ap.parse_args()
 
     import torch
@@ -173,23 +171,38 @@ def main() -> None:
     vocab, T = hf.config.vocab_size, args.new_tokens
     for i, batch in enumerate([args.batch, *args.scaling]):
         prompts = make_prompts(batch, vocab, *args.prompt_len)
-        j = bench_jaxrl(model, prompts, T, args.repeats)
-        print(f"[{args.model}] jaxrl compile {j['compile']:.1f} s")
-        print(_report("jaxrl", batch, T, j), flush=True)
         weight_b, kv_b = decode_bytes(hf, batch, np.mean([len(p) for p in prompts]) + T / 2)
-        bw = measured_bandwidth(weight_b + kv_b, batch)
-        roof_s = (weight_b + kv_b) / bw
-        step_s = (j["total"] - j["ttft"]) / (T - 1)
-        print(f"roofline: {weight_b / 1e6:.0f} MB weights + {kv_b / 1e6:.0f} MB KV at {bw / 1e9:.1f} GB/s "
-              f"(matmul chain, B={batch}) = {roof_s * 1e3:.1f} ms/step; jaxrl achieves {roof_s / step_s:.0%}")
+        jax_gen, compile_s = jaxrl_runner(model, prompts, T)
+        print(f"[{args.model}] jaxrl compile {compile_s:.1f} s", flush=True)
+        chain, chain_bytes = chain_runner(weight_b + kv_b, batch)
+        stream, stream_bytes = stream_runner(weight_b + kv_b)
+        tokens: dict[str, np.ndarray] = {}
+        runs = {"jaxrl_ttft": lambda: jax_gen(1), "jaxrl_total": lambda: tokens.update(jaxrl=jax_gen(T)),
+                "chain": chain, "stream": stream}
         if i == 0 or args.hf_scaling:
-            h = bench_hf(hf, prompts, T, args.repeats)
-            print(_report("hf", batch, T, h))
-            match = float(np.mean(h["tokens"] == j["tokens"]))
-            print(f"jaxrl / transformers: {h['total'] / j['total']:.2f}x tokens/s, "
-                  f"TTFT {h['ttft'] / j['ttft']:.2f}x; greedy tokens equal: {match:.1%}", flush=True)
-
-
+            hf_gen = hf_runner(hf, prompts)
+            runs.update(hf_ttft=lambda: hf_gen(1), hf_total=lambda: tokens.update(hf=hf_gen(T)))
+        # Round-robin: the VM's speed drifts within minutes, so every quantity is timed once per round and
+        # the best round of each is kept; ratios then compare measurements taken side by side.
+        best = dict.fromkeys(runs, float("inf"))
+        for _ in range(args.repeats):
+            for name, fn in runs.items():
+                best[name] = min(best[name], _timed(fn))
+        step_s = (best["jaxrl_total"] - best["jaxrl_ttft"]) / (T - 1)
+        roof_s = (weight_b + kv_b) / (chain_bytes / best["chain"])
+        print(_report("jaxrl", batch, T, best["jaxrl_ttft"], best["jaxrl_total"]), flush=True)
+        print(f"roofline: {weight_b / 1e6:.0f} MB weights + {kv_b / 1e6:.0f} MB KV at "
+              f"{chain_bytes / best['chain'] / 1e9:.1f} GB/s (matmul chain, B={batch}) = {roof_s * 1e3:.1f} ms/step; "
+              f"jaxrl achieves {roof_s / step_s:.0%}")
+        stream_s = (weight_b + kv_b) / (stream_bytes / best["stream"])
+        print(f"  (context: a plain read stream (jnp.sum) at {stream_bytes / best['stream'] / 1e9:.1f} GB/s "
+              f"= {stream_s * 1e3:.1f} ms/step, {stream_s / step_s:.0%} of jaxrl's step)")
+        if "hf" in tokens:
+            print(_report("hf", batch, T, best["hf_ttft"], best["hf_total"]))
+            match = float(np.mean(tokens["hf"] == tokens["jaxrl"]))
+            print(f"jaxrl / transformers: {best['hf_total'] / best['jaxrl_total']:.2f}x tokens/s, "
+                  f"TTFT {best['hf_ttft'] / best['jaxrl_ttft']:.2f}x; greedy tokens equal: {match:.1%}",
+                  flush=True)
     print(f"load average at end: {os.getloadavg()}")
 
 

@@ -7,6 +7,7 @@ sides), same batch (B rows of prompt + completion tokens, random advantages, old
 (token-mean clipped surrogate, ε = 0.2, β = 0: TRL `loss_type="bnpo"`), same optimiser (AdamW, clip norm 1).
 Each side runs in its own child process so that its peak host memory (ru_maxrss) is its own; the update is
 timed after one warm-up (compile) call, median of `--steps` calls; tokens/s counts all B·L batch tokens.
+jaxrl runs twice: with the default scanned layer loop and with `scan_layers=False` (the layers unrolled).
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ def _peak_rss_mib() -> float:
 
 
 def run_jaxrl(model_dir: str, args, out) -> None:
+    from jaxrl import host_memory
+
+    host_memory.configure_from_env()  # what the `jaxrl` CLI does before importing jax
     import functools
 
     import jax
@@ -55,9 +59,10 @@ def run_jaxrl(model_dir: str, args, out) -> None:
     from flax import nnx
 
     from jaxrl import hf
-    from jaxrl.train_step import LossSpec, TrainBatch, TrainState, train_step
+    from jaxrl.train_step import LossSpec, TrainBatch, TrainState, train_step, update_compiler_options
 
     model = hf.from_pretrained(model_dir)
+    model.cfg = model.cfg.replace(scan_layers=args.scan_layers)  # what `model.scan_layers` in a config does
     graphdef, params = nnx.split(model)
     params = params.to_pure_dict()
     x = make_inputs(args.batch, args.prompt, args.completion)
@@ -72,7 +77,8 @@ def run_jaxrl(model_dir: str, args, out) -> None:
                        clip_B, np.zeros((b,), np.float32))
     batch = jax.device_put(batch)
     tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-6))
-    step = jax.jit(functools.partial(train_step, graphdef=graphdef, spec=LossSpec(), tx=tx), donate_argnums=0)
+    step = jax.jit(functools.partial(train_step, graphdef=graphdef, spec=LossSpec(), tx=tx), donate_argnums=0,
+                   compiler_options=update_compiler_options())  # as the trainer jits it
     state = TrainState(params, tx.init(params), jnp.zeros((), jnp.int32))
     t0 = time.perf_counter()
     state, m = step(state, batch)
@@ -84,7 +90,7 @@ def run_jaxrl(model_dir: str, args, out) -> None:
         state, m = step(state, batch)
         jax.block_until_ready((state.params, m["loss"]))
         times.append(time.perf_counter() - t0)
-    out.put(dict(side="jaxrl", step_s=statistics.median(times), first_call_s=compile_s,
+    out.put(dict(side="jaxrl" if args.scan_layers else "jaxrl-unrolled", step_s=statistics.median(times), first_call_s=compile_s,
                  loss=float(m["loss"]), peak_rss_mib=_peak_rss_mib(), step_cache_size=step._cache_size()))
 
 
@@ -174,19 +180,21 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = os.path.join(tmp, "model")
         hf.save_pretrained(Transformer(TransformerConfig(**MODEL), rngs=nnx.Rngs(0)), model_dir)
-        jx = _child(run_jaxrl, model_dir, args)
+        jx = _child(run_jaxrl, model_dir, argparse.Namespace(**vars(args), scan_layers=True))
+        ju = _child(run_jaxrl, model_dir, argparse.Namespace(**vars(args), scan_layers=False))
         tr = _child(run_trl, model_dir, args)
     tokens = args.batch * (args.prompt + args.completion)
-    for r in (jx, tr):
+    for r in (jx, ju, tr):
         r["tokens_per_s"] = tokens / r["step_s"]
     report = dict(batch=args.batch, seq_len=args.prompt + args.completion, tokens_per_update=tokens,
-                  jaxrl=jx, trl=tr, speedup=jx["tokens_per_s"] / tr["tokens_per_s"])
+                  jaxrl=jx, jaxrl_unrolled=ju, trl=tr, speedup=jx["tokens_per_s"] / tr["tokens_per_s"],
+                  speedup_unrolled=ju["tokens_per_s"] / tr["tokens_per_s"])
     print(json.dumps(report, indent=2))
-    line = [f"GRPO update, B={args.batch} L={args.prompt + args.completion}:"]
-    for name, r in (("jaxrl", jx), ("TRL", tr)):
-        line.append(f"{name} {r['tokens_per_s']:.0f} tok/s ({r['step_s'] * 1e3:.1f} ms/update, peak RSS "
-                    f"{r['peak_rss_mib']:.0f} MiB, loss {r['loss']:.6f})")
-    print(" ".join(line[:2]), "vs", line[2], f"-> jaxrl/TRL ratio {report['speedup']:.2f}x")
+    print(f"GRPO update, B={args.batch} L={args.prompt + args.completion}:")
+    for name, r in (("jaxrl (scan_layers=true, default)", jx), ("jaxrl (scan_layers=false)", ju), ("TRL", tr)):
+        ratio = f"  -> {r['tokens_per_s'] / tr['tokens_per_s']:.2f}x TRL" if r is not tr else ""
+        print(f"  {name:34s} {r['tokens_per_s']:6.0f} tok/s ({r['step_s'] * 1e3:6.1f} ms/update, peak RSS "
+              f"{r['peak_rss_mib']:.0f} MiB, loss {r['loss']:.6f}){ratio}")
     return 0
 
 
