@@ -4,7 +4,7 @@ Layers are stacked: every per-layer parameter has a leading `Y` axis (built with
 run under one `jax.lax.scan` over `nnx.split` state, so compile time does not grow with depth. With
 `cfg.scan_layers=False` the same block body is unrolled over static slices of the stacks instead (same
 parameters, same results): XLA then needs no stacked per-layer residual buffers for the backward pass, which
-made a training step of a 4-layer model ~15% faster on a 2-core CPU (benchmarks/RESULTS.md), at a compile time
+made a training step of a 4-layer model 10-17% faster on a 2-core CPU (benchmarks/RESULTS.md), at a compile time
 that grows with depth.
 
 Choices and deviations from HF `LlamaForCausalLM`:
