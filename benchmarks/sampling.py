@@ -192,8 +192,8 @@ def main() -> None:
         roof_s = (weight_b + kv_b) / (chain_bytes / best["chain"])
         print(_report("jaxrl", batch, T, best["jaxrl_ttft"], best["jaxrl_total"]), flush=True)
         print(f"roofline: {weight_b / 1e6:.0f} MB weights + {kv_b / 1e6:.0f} MB KV at "
-              f"{chain_bytes / best['chain'] / 1e9:.1f} GB/s (matmul chain, B={batch}) = {roof_s * 1e3:.1f} ms/step; "
-              f"jaxrl achieves {roof_s / step_s:.0%}")
+              f"{chain_bytes / best['chain'] / 1e9:.1f} GB/s (matmul chain, B={batch}) = "
+              f"{roof_s * 1e3:.1f} ms/step; jaxrl achieves {roof_s / step_s:.0%}")
         stream_s = (weight_b + kv_b) / (stream_bytes / best["stream"])
         print(f"  (context: a plain read stream (jnp.sum) at {stream_bytes / best['stream'] / 1e9:.1f} GB/s "
               f"= {stream_s * 1e3:.1f} ms/step, {stream_s / step_s:.0%} of jaxrl's step)")

@@ -90,7 +90,8 @@ def run_jaxrl(model_dir: str, args, out) -> None:
         state, m = step(state, batch)
         jax.block_until_ready((state.params, m["loss"]))
         times.append(time.perf_counter() - t0)
-    out.put(dict(side="jaxrl" if args.scan_layers else "jaxrl-unrolled", step_s=statistics.median(times), first_call_s=compile_s,
+    out.put(dict(side="jaxrl" if args.scan_layers else "jaxrl-unrolled", step_s=statistics.median(times),
+                 first_call_s=compile_s,
                  loss=float(m["loss"]), peak_rss_mib=_peak_rss_mib(), step_cache_size=step._cache_size()))
 
 
@@ -191,7 +192,8 @@ def main(argv=None) -> int:
                   speedup_unrolled=ju["tokens_per_s"] / tr["tokens_per_s"])
     print(json.dumps(report, indent=2))
     print(f"GRPO update, B={args.batch} L={args.prompt + args.completion}:")
-    for name, r in (("jaxrl (scan_layers=true, default)", jx), ("jaxrl (scan_layers=false)", ju), ("TRL", tr)):
+    sides = (("jaxrl (scan_layers=true, default)", jx), ("jaxrl (scan_layers=false)", ju), ("TRL", tr))
+    for name, r in sides:
         ratio = f"  -> {r['tokens_per_s'] / tr['tokens_per_s']:.2f}x TRL" if r is not tr else ""
         print(f"  {name:34s} {r['tokens_per_s']:6.0f} tok/s ({r['step_s'] * 1e3:6.1f} ms/update, peak RSS "
               f"{r['peak_rss_mib']:.0f} MiB, loss {r['loss']:.6f}){ratio}")

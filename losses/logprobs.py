@@ -65,12 +65,12 @@ def token_logprobs_and_entropy(
                                          float(temperature))
 
 
-def _chunk(w_DV: chex.Array, offset: chex.Array, c: int) -> tuple[chex.Array, chex.Array, chex.Array]:
-    """(w_DC, col_C, valid_C) of the chunk starting at `offset`: the last chunk is shifted left to end at V (no
-    padded copy of W) and its columns already seen by the previous chunk are marked invalid."""
+def _chunk(w_DV: chex.Array, offset: chex.Array, c: int):
+    """(start, w_DC, col_C, valid_C) of the chunk at `offset`: the last chunk is shifted left to end at V
+    (no padded copy of W) and its columns already seen by the previous chunk are marked invalid."""
     start = jnp.minimum(offset, w_DV.shape[1] - c)
     col_C = start + jnp.arange(c, dtype=jnp.int32)
-    return jax.lax.dynamic_slice_in_dim(w_DV, start, c, axis=1), col_C, col_C >= offset
+    return start, jax.lax.dynamic_slice_in_dim(w_DV, start, c, axis=1), col_C, col_C >= offset
 
 
 def _chunk_logits(hidden_BTD: chex.Array, w_DC: chex.Array, temperature: float) -> chex.Array:
@@ -88,7 +88,7 @@ def _forward(hidden_BTD, w_DV, targets_BT, c: int, temperature: float):
 
     def step(carry, offset):
         m_BT, s_BT, u_BT, tgt_BT = carry
-        w_DC, col_C, valid_C = _chunk(w_DV, offset, c)
+        _, w_DC, col_C, valid_C = _chunk(w_DV, offset, c)
         z_BTC = _chunk_logits(hidden_BTD, w_DC, temperature)
         new_m_BT = jnp.maximum(m_BT, jnp.max(jnp.where(valid_C, z_BTC, -jnp.inf), axis=-1))
         shifted_BTC = jnp.where(valid_C, z_BTC - new_m_BT[..., None], 0.0)
@@ -129,7 +129,7 @@ def _chunked_bwd(c: int, temperature: float, res, g):
 
     def step(carry, offset):
         dh_BTD, dw_DV = carry
-        w_DC, col_C, valid_C = _chunk(w_DV, offset, c)
+        start, w_DC, col_C, valid_C = _chunk(w_DV, offset, c)
         z_BTC = _chunk_logits(hidden_BTD, w_DC, temperature)
         p_BTC = jnp.exp(z_BTC - lse_BT1)
         hit_BTC = col_C == targets_BT[..., None]
@@ -142,7 +142,6 @@ def _chunked_bwd(c: int, temperature: float, res, g):
         dh_BTD = dh_BTD + jnp.einsum("BTC,DC->BTD", dz_BTC, w_DC, preferred_element_type=jnp.float32)
         dw_DC = jnp.einsum("BTD,BTC->DC", hidden_BTD, dz_BTC, preferred_element_type=jnp.float32)
         # Add (not overwrite): the shifted last chunk overlaps columns already written; its dz there is 0.
-        start = jnp.minimum(offset, w_DV.shape[1] - c)
         dw_DV = jax.lax.dynamic_update_slice_in_dim(
             dw_DV, jax.lax.dynamic_slice_in_dim(dw_DV, start, c, axis=1) + dw_DC, start, axis=1
         )

@@ -3,9 +3,9 @@
 Layers are stacked: every per-layer parameter has a leading `Y` axis (built with `nnx.vmap`) and the blocks
 run under one `jax.lax.scan` over `nnx.split` state, so compile time does not grow with depth. With
 `cfg.scan_layers=False` the same block body is unrolled over static slices of the stacks instead (same
-parameters, same results): XLA then needs no stacked per-layer residual buffers for the backward pass, which
-made a training step of a 4-layer model 10-17% faster on a 2-core CPU (benchmarks/RESULTS.md), at a compile time
-that grows with depth.
+parameters, same results): XLA then needs no stacked per-layer residual buffers for the backward pass,
+which made a training step of a 4-layer model 10-17% faster on a 2-core CPU (benchmarks/RESULTS.md), at a
+compile time that grows with depth.
 
 Choices and deviations from HF `LlamaForCausalLM`:
 * Pre-norm (default, HF): x ← x + Attn(N₁(x)); x ← x + MLP(N₂(x)); hidden = N(x).
