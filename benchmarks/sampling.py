@@ -88,12 +88,13 @@ def hf_runner(model, prompts: list[list[int]]):
     return gen
 
 
-def jaxrl_runner(model, prompts: list[list[int]], new_tokens: int):
+def jaxrl_runner(model, prompts: list[list[int]], new_tokens: int, per_layer: bool | None = None):
     """(gen(n) -> [B, n] new tokens of jaxrl greedy `generate`, compile seconds of the first call)."""
     from jaxrl import sampling
 
     def gen(n):
-        out = sampling.generate(model, prompts, max_new_tokens=n, temperature=0.0, gen_buckets=(new_tokens,))
+        out = sampling.generate(model, prompts, max_new_tokens=n, temperature=0.0, gen_buckets=(new_tokens,),
+                                per_layer=per_layer)
         return np.asarray(jax.block_until_ready(out).tokens)
 
     return gen, _timed(lambda: gen(new_tokens))
@@ -160,6 +161,8 @@ def main() -> None:
     ap.add_argument("--scaling", type=int, nargs="*", default=(), help="extra batch sizes (jaxrl only)")
     ap.add_argument("--hf-scaling", action="store_true", help="run transformers at --scaling batches too")
     ap.add_argument("--repeats", type=int, default=3, help="round-robin rounds")
+    ap.add_argument("--also-scan", action="store_true",
+                    help="also time jaxrl with per_layer=False (the layer scan in the decode loop)")
     args = ap.parse_args()
 
     import torch
@@ -179,6 +182,10 @@ def main() -> None:
         tokens: dict[str, np.ndarray] = {}
         runs = {"jaxrl_ttft": lambda: jax_gen(1), "jaxrl_total": lambda: tokens.update(jaxrl=jax_gen(T)),
                 "chain": chain, "stream": stream}
+        if args.also_scan:
+            scan_gen, scan_compile_s = jaxrl_runner(model, prompts, T, per_layer=False)
+            print(f"[{args.model}] jaxrl (scan) compile {scan_compile_s:.1f} s", flush=True)
+            runs.update(scan_ttft=lambda: scan_gen(1), scan_total=lambda: tokens.update(scan=scan_gen(T)))
         if i == 0 or args.hf_scaling:
             hf_gen = hf_runner(hf, prompts)
             runs.update(hf_ttft=lambda: hf_gen(1), hf_total=lambda: tokens.update(hf=hf_gen(T)))
@@ -194,6 +201,12 @@ def main() -> None:
         print(f"roofline: {weight_b / 1e6:.0f} MB weights + {kv_b / 1e6:.0f} MB KV at "
               f"{chain_bytes / best['chain'] / 1e9:.1f} GB/s (matmul chain, B={batch}) = "
               f"{roof_s * 1e3:.1f} ms/step; jaxrl achieves {roof_s / step_s:.0%}")
+        if "scan" in tokens:
+            scan_step_s = (best["scan_total"] - best["scan_ttft"]) / (T - 1)
+            print(_report("scan", batch, T, best["scan_ttft"], best["scan_total"]))
+            print(f"  per-layer decode vs layer scan: step {scan_step_s / step_s:.2f}x faster; roofline "
+                  f"fraction with the scan {roof_s / scan_step_s:.0%}; tokens equal: "
+                  f"{float(np.mean(tokens['scan'] == tokens['jaxrl'])):.1%}")
         stream_s = (weight_b + kv_b) / (stream_bytes / best["stream"])
         print(f"  (context: a plain read stream (jnp.sum) at {stream_bytes / best['stream'] / 1e9:.1f} GB/s "
               f"= {stream_s * 1e3:.1f} ms/step, {stream_s / step_s:.0%} of jaxrl's step)")

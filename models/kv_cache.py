@@ -5,6 +5,11 @@ head's slots are contiguous, the layout the attention dots read without a transp
 `valid_BS` marks slots that hold a real (non-padding) key; `index` is the next slot to write, shared by all
 rows, so a left-padded prompt batch fills slots `[0, L)` together and decoding appends one slot per step.
 Keys are stored after RoPE, so a slot never needs its position again.
+
+Per-layer form (`unstack()`): `k`, `v` become Y-tuples of `[B, K, S, H]` arrays, one buffer per layer. A
+decode loop with the per-layer parameters of `Transformer.layer_states()` writes each layer's new slot in
+place and reads no slice of a stacked buffer (on XLA:CPU every such slice is a copy; see
+`Transformer.forward`).
 """
 
 from __future__ import annotations
@@ -20,8 +25,8 @@ from jaxrl.models.config import TransformerConfig
 class KVCache:
     """Keys/values of every layer for B rows and S slots."""
 
-    k: jax.Array  # [Y, B, K, S, H]
-    v: jax.Array  # [Y, B, K, S, H]
+    k: jax.Array | tuple[jax.Array, ...]  # [Y, B, K, S, H], or (per-layer form) Y arrays [B, K, S, H]
+    v: jax.Array | tuple[jax.Array, ...]
     valid_BS: jax.Array  # [B, S] bool
     index: jax.Array  # int32 scalar
 
@@ -47,13 +52,49 @@ class KVCache:
     def capacity(self) -> int:
         return self.valid_BS.shape[1]
 
+    @property
+    def per_layer(self) -> bool:
+        """True in the per-layer form (`unstack`)."""
+        return isinstance(self.k, tuple)
+
+    def layer(self, i: int) -> tuple[jax.Array, jax.Array]:
+        """(k_BKSH, v_BKSH) of layer `i` (a static index)."""
+        return self.k[i], self.v[i]
+
+    def unstack(self) -> "KVCache":
+        """The per-layer form: `k`, `v` as Y-tuples of `[B, K, S, H]` (a no-op if already per layer)."""
+        if self.per_layer:
+            return self
+        split = lambda a: tuple(a[i] for i in range(a.shape[0]))  # noqa: E731
+        return self.replace(k=split(self.k), v=split(self.v))
+
+    def append(self, k_new, v_new, valid_BS: jax.Array, length: int) -> "KVCache":
+        """Writes the new keys/values of all layers at slots [index, index + length), in place under jit.
+
+        `k_new`, `v_new`: [Y, B, K, L, H], or a Y-sequence of [B, K, L, H] (required in the per-layer form).
+        """
+        if self.per_layer:
+            write = lambda c, n: jax.lax.dynamic_update_slice_in_dim(c, n, self.index, axis=2)  # noqa: E731
+            k = tuple(map(write, self.k, k_new))
+            v = tuple(map(write, self.v, v_new))
+        else:
+            k = jax.lax.dynamic_update_slice_in_dim(self.k, _stacked(k_new), self.index, axis=3)
+            v = jax.lax.dynamic_update_slice_in_dim(self.v, _stacked(v_new), self.index, axis=3)
+        return KVCache(k=k, v=v, valid_BS=valid_BS, index=self.index + length)
+
     def repeat(self, num: int) -> "KVCache":
         """Each row repeated `num` times, copies contiguous: row r becomes rows r·num … r·num + num − 1."""
         if num <= 0:
             raise ValueError(f"KVCache.repeat needs num >= 1, got {num}")
+        rows = (lambda a: tuple(jnp.repeat(x, num, axis=0) for x in a)) if self.per_layer else (
+            lambda a: jnp.repeat(a, num, axis=1))
         return KVCache(
-            k=jnp.repeat(self.k, num, axis=1),
-            v=jnp.repeat(self.v, num, axis=1),
+            k=rows(self.k),
+            v=rows(self.v),
             valid_BS=jnp.repeat(self.valid_BS, num, axis=0),
             index=self.index,
         )
+
+
+def _stacked(x):
+    return jnp.stack(x) if isinstance(x, (list, tuple)) else x

@@ -27,7 +27,7 @@ from jaxrl.sampling.batching import (
     check_settings,
     left_pad,
 )
-from jaxrl.sampling.engine import compile_count, rollout
+from jaxrl.sampling.engine import compile_count, rollout_for
 
 __all__ = [
     "DEFAULT_GEN_BUCKETS",
@@ -54,6 +54,7 @@ def generate(
     prompt_buckets: Sequence[int] | None = DEFAULT_PROMPT_BUCKETS,
     gen_buckets: Sequence[int] | None = DEFAULT_GEN_BUCKETS,
     batch_sharding: jax.sharding.Sharding | None = None,
+    per_layer: bool | None = None,
 ) -> Generation:
     """Samples `num_samples` completions per prompt from an NNX `Transformer`; see `generate_from_state`."""
     graphdef, state = nnx.split(model)
@@ -61,6 +62,7 @@ def generate(
         graphdef, state, prompts, max_new_tokens=max_new_tokens, num_samples=num_samples,
         temperature=temperature, top_k=top_k, top_p=top_p, eos_ids=eos_ids, seed=seed, pad_id=pad_id,
         prompt_buckets=prompt_buckets, gen_buckets=gen_buckets, batch_sharding=batch_sharding,
+        per_layer=per_layer,
     )
 
 
@@ -80,6 +82,7 @@ def generate_from_state(
     prompt_buckets: Sequence[int] | None = DEFAULT_PROMPT_BUCKETS,
     gen_buckets: Sequence[int] | None = DEFAULT_GEN_BUCKETS,
     batch_sharding: jax.sharding.Sharding | None = None,
+    per_layer: bool | None = None,
 ) -> Generation:
     """Samples completions with a KV cache: each prompt is prefilled once and shared by its G samples.
 
@@ -103,6 +106,10 @@ def generate_from_state(
       prompt_buckets, gen_buckets: allowed padded prompt widths / decode buffer widths (None: exact sizes).
         One compiled program per (P, G, prompt bucket, gen bucket, sampling mode).
       batch_sharding: optional sharding of the [P, L] prompt arrays (e.g. rows over a data axis of a mesh).
+      per_layer: decode on per-layer copies of the block weights and KV cache (`jaxrl.sampling.engine`):
+        faster on CPU, where a layer scan copies every weight slice at every step, at the cost of one more
+        copy of the block weights while sampling. None (default): True when the parameters are on CPU.
+        Same tokens and logprobs either way (tested).
 
     Returns:
       Generation with tokens/logprobs [P·G, T], lengths/finished/prompt_index [P·G].
@@ -127,12 +134,15 @@ def generate_from_state(
         tokens_PL, mask_PL = jax.device_put((tokens_PL, mask_PL), batch_sharding)
     key = jax.random.key(int(seed)) if isinstance(seed, (int, np.integer)) else seed
     eos_E = np.asarray(eos or (-1,), np.int32)
-    tokens_BT, logp_BT, length_B, finished_B = rollout(
+    on_cpu = _on_cpu(state)
+    per_layer = on_cpu if per_layer is None else bool(per_layer)
+    tokens_BT, logp_BT, length_B, finished_B = rollout_for(on_cpu=on_cpu, per_layer=per_layer)(
         graphdef, state, tokens_PL, mask_PL, key,
         jnp.float32(temperature), jnp.float32(1.0 if top_p is None else top_p),
         jnp.int32(max_new_tokens), eos_E, jnp.int32(pad_id),
         num_samples=int(num_samples), gen_width=gen_width, greedy=float(temperature) == 0.0,
         top_k=None if top_k is None else int(top_k), use_top_p=top_p is not None,
+        per_layer=per_layer,
     )
     prompt_index = np.repeat(np.arange(len(prompt_ids), dtype=np.int32), int(num_samples))
     return Generation(
@@ -142,6 +152,13 @@ def generate_from_state(
         finished=finished_B,
         prompt_index=jnp.asarray(prompt_index),
     )
+
+
+def _on_cpu(state: nnx.State) -> bool:
+    """Whether the parameters live on CPU devices."""
+    leaf = jax.tree.leaves(state)[0]
+    devices = leaf.devices() if isinstance(leaf, jax.Array) else jax.devices()
+    return all(d.platform == "cpu" for d in devices)
 
 
 def _config_of(graphdef: nnx.GraphDef, state: nnx.State):

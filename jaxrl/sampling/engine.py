@@ -21,6 +21,14 @@ Notes:
 * Prefill computes logits only for the last prompt column (`hidden[:, -1] @ unembedding`) instead of
   [P, L, V]; left padding makes that column the last real token of every row.
 * The final decode step runs one forward whose logits are never used (it keeps the loop body branch-free).
+* `per_layer=True` (the default on CPU, see `generate`): before the loop the stacked block weights are split
+  into per-layer buffers (`Transformer.layer_states`, one extra copy of the weights while sampling) and the
+  cache into per-layer buffers (`KVCache.unstack`); the decode step then runs the layers unrolled and reads
+  every weight in place. A layer scan instead copies each weight slice out of its stack at every step on
+  XLA:CPU. Accelerators keep the scan (`per_layer=False`), where a stack slice is not a copy. On CPU the
+  per-layer program is compiled with region-based copy insertion (`rollout_for`): without it XLA copies
+  every layer's whole cache buffer at every step, since the attention reads the buffer the step then
+  writes in place.
 * `compile_count()` counts traces of the compiled function: the only mutable module state here.
 """
 
@@ -49,10 +57,7 @@ def _last_logits(model, hidden_BD: jax.Array) -> jax.Array:
     return jnp.einsum("BD,DV->BV", hidden_BD, w_DV, preferred_element_type=jnp.float32)
 
 
-@functools.partial(
-    jax.jit, static_argnames=("graphdef", "num_samples", "gen_width", "greedy", "top_k", "use_top_p")
-)
-def rollout(
+def _rollout(
     graphdef: nnx.GraphDef,
     state: nnx.State,
     tokens_PL: jax.Array,
@@ -69,6 +74,7 @@ def rollout(
     greedy: bool,
     top_k: int | None,
     use_top_p: bool,
+    per_layer: bool = False,
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     """Prefill + decode loop. Returns (tokens_BT, logprobs_BT, lengths_B, finished_B) with T = gen_width.
 
@@ -81,6 +87,7 @@ def rollout(
       eos_E: [E] int32 stop tokens (-1 entries never match).
       pad_id: int32 scalar written after the end of each row.
       num_samples: G; gen_width: decode buffer width; greedy/top_k/use_top_p: static sampling mode.
+      per_layer: decode on per-layer weight and cache buffers (see the module notes).
     """
     global _trace_count
     _trace_count += 1
@@ -102,6 +109,9 @@ def rollout(
     )
     logits_BV = jnp.repeat(_last_logits(model, out.hidden[:, -1]), num_samples, axis=0)
     cache = out.cache.repeat(num_samples)
+    layers = None
+    if per_layer:
+        layers, cache = model.layer_states(), cache.unstack()
     next_pos_B = jnp.repeat(jnp.sum(mask_PL, axis=-1, dtype=jnp.int32), num_samples)
     rows_B = jnp.arange(rows, dtype=jnp.int32)
     top_p_arg = top_p if use_top_p else None
@@ -124,7 +134,7 @@ def rollout(
         length_B = length_B + active_B.astype(jnp.int32)
         done_B = done_B | (active_B & jnp.any(tok_B[:, None] == eos_E[None, :], axis=-1))
         step = model.forward(
-            tok_B[:, None], (next_pos_B + t)[:, None], jnp.ones((rows, 1), bool), cache=cache
+            tok_B[:, None], (next_pos_B + t)[:, None], jnp.ones((rows, 1), bool), cache=cache, layers=layers
         )
         return t + 1, step.logits[:, -1].astype(jnp.float32), step.cache, tokens_BT, logp_BT, done_B, length_B
 
@@ -139,3 +149,16 @@ def rollout(
     )
     _, _, _, tokens_BT, logp_BT, done_B, length_B = jax.lax.while_loop(cond, body, init)
     return tokens_BT, logp_BT, length_B, done_B
+
+
+_STATIC = ("graphdef", "num_samples", "gen_width", "greedy", "top_k", "use_top_p", "per_layer")
+rollout = jax.jit(_rollout, static_argnames=_STATIC)
+# Region-based copy insertion: per-layer decode step 37 -> 33 ms for SmolLM2 at B=16 on a 2-core CPU (no more
+# per-step copies of the per-layer cache buffers; benchmarks/RESULTS.md). It made the layer scan no faster.
+_CPU_PER_LAYER_OPTIONS = {"xla_cpu_copy_insertion_use_region_analysis": True}
+_rollout_cpu_per_layer = jax.jit(_rollout, static_argnames=_STATIC, compiler_options=_CPU_PER_LAYER_OPTIONS)
+
+
+def rollout_for(*, on_cpu: bool, per_layer: bool):
+    """The compiled `rollout` to call: the CPU per-layer program has its own compiler options."""
+    return _rollout_cpu_per_layer if on_cpu and per_layer else rollout

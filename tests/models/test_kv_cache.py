@@ -13,27 +13,35 @@ from jaxrl.models import KVCache, Transformer, TransformerConfig
 PROMPT, NEW = 5, 4
 
 
-@functools.partial(jax.jit, static_argnums=(0, 6))
-def _prefill_then_decode(graphdef, state, prompt_BP, mask_BP, new_BT, cache, explicit_positions):
-    """Prefill the prompt, then feed `new_BT` one token at a time in a fori_loop. Returns all logits."""
+@functools.partial(jax.jit, static_argnums=(0, 6, 7))
+def _prefill_then_decode(graphdef, state, prompt_BP, mask_BP, new_BT, cache, explicit_positions, per_layer):
+    """Prefill the prompt, then feed `new_BT` one token at a time in a fori_loop. Returns all logits.
+
+    per_layer: decode on `layer_states()` with the cache unstacked (the CPU rollout's layout)."""
     model = nnx.merge(graphdef, state)
     positions = jnp.maximum(jnp.cumsum(mask_BP, -1) - 1, 0) if explicit_positions else None
     out = model.forward(prompt_BP, positions, mask_BP, cache=cache)
     start_B = jnp.sum(mask_BP, -1)
+    layers = model.layer_states() if per_layer else None
 
     def body(t, carry):
         logits_BTV, cache = carry
         pos = (start_B + t)[:, None] if explicit_positions else None
-        step = model.forward(new_BT[:, t][:, None], pos, jnp.ones((new_BT.shape[0], 1), bool), cache=cache)
+        step = model.forward(new_BT[:, t][:, None], pos, jnp.ones((new_BT.shape[0], 1), bool), cache=cache,
+                             layers=layers)
         return logits_BTV.at[:, t].set(step.logits[:, 0]), step.cache
 
-    init = (jnp.zeros(new_BT.shape + (model.cfg.vocab_size,), jnp.float32), out.cache)
+    init = (jnp.zeros(new_BT.shape + (model.cfg.vocab_size,), jnp.float32),
+            out.cache.unstack() if per_layer else out.cache)
     logits_BTV, cache = jax.lax.fori_loop(0, new_BT.shape[1], body, init)
     return out.logits, logits_BTV, cache
 
 
-@pytest.mark.parametrize("norm,explicit", [("pre", False), ("pre", True), ("siamese", False)])
-def test_decode_matches_full_forward_with_left_padding(norm, explicit):
+@pytest.mark.parametrize("norm,explicit,per_layer", [
+    ("pre", False, False), ("pre", True, False), ("siamese", False, False),
+    ("pre", False, True), ("post", True, True), ("siamese", False, True),
+])
+def test_decode_matches_full_forward_with_left_padding(norm, explicit, per_layer):
     cfg = TransformerConfig.tiny(norm=norm, family="qwen3", qk_norm=True)
     model = Transformer(cfg, rngs=nnx.Rngs(1))
     rng = np.random.default_rng(0)
@@ -47,7 +55,8 @@ def test_decode_matches_full_forward_with_left_padding(norm, explicit):
     cache = KVCache.init(cfg, 3, PROMPT + NEW + 2, "float32")
     prefill, decoded, cache = _prefill_then_decode(
         graphdef, state, jnp.asarray(tokens[:, :PROMPT]), jnp.asarray(prompt_mask),
-        jnp.asarray(tokens[:, PROMPT:]), cache, explicit)
+        jnp.asarray(tokens[:, PROMPT:]), cache, explicit, per_layer)
+    assert cache.per_layer == per_layer
     np.testing.assert_allclose(np.asarray(prefill)[prompt_mask], full[:, :PROMPT][prompt_mask],
                                atol=1e-5, rtol=0)
     np.testing.assert_allclose(np.asarray(decoded), full[:, PROMPT:], atol=1e-5, rtol=0)
@@ -73,6 +82,35 @@ def test_repeat_makes_contiguous_copies_that_decode_identically():
     step = model.forward(jnp.full((6, 1), 11, jnp.int32), cache=rep)
     single = model.forward(jnp.full((2, 1), 11, jnp.int32), cache=out.cache)
     np.testing.assert_allclose(np.asarray(step.logits), np.repeat(np.asarray(single.logits), 3, 0), atol=1e-6)
+
+
+def test_per_layer_form_holds_and_updates_the_same_slots():
+    """unstack / repeat / append in the per-layer form equal the stacked cache's, slot for slot."""
+    cfg = TransformerConfig.tiny(num_layers=3)
+    model = Transformer(cfg, rngs=nnx.Rngs(3))
+    prompt = jnp.array([[0, 5, 6], [7, 8, 9]], jnp.int32)
+    mask = jnp.array([[0, 1, 1], [1, 1, 1]], bool)
+    stacked = model.forward(prompt, None, mask, cache=KVCache.init(cfg, 2, 6)).cache.repeat(2)
+    split = stacked.unstack()
+    assert split.per_layer and not stacked.per_layer and split.unstack() is split
+    assert len(split.k) == cfg.num_layers and split.k[0].shape == stacked.k.shape[1:]
+    for i in range(cfg.num_layers):
+        np.testing.assert_array_equal(np.asarray(split.layer(i)[1]), np.asarray(stacked.v[i]))
+    rng = np.random.default_rng(0)
+    k_new, v_new = (jnp.asarray(rng.normal(size=(cfg.num_layers, 4, 2, 1, 8)), jnp.float32) for _ in range(2))
+    valid = stacked.valid_BS.at[:, 3].set(True)
+    a = stacked.append(k_new, v_new, valid, 1)
+    b = split.append(tuple(k_new), tuple(v_new), valid, 1)
+    np.testing.assert_array_equal(np.stack([np.asarray(x) for x in b.k]), np.asarray(a.k))
+    np.testing.assert_array_equal(np.stack([np.asarray(x) for x in b.v]), np.asarray(a.v))
+    np.testing.assert_array_equal(np.asarray(a.k[:, :, :, 3:4]), np.asarray(k_new))
+    assert int(a.index) == int(b.index) == 4
+    # A per-layer cache without explicit layer states still decodes like the stacked one.
+    tok = jnp.full((4, 1), 11, jnp.int32)
+    np.testing.assert_allclose(np.asarray(model.forward(tok, cache=split).logits),
+                               np.asarray(model.forward(tok, cache=stacked).logits), atol=1e-6, rtol=0)
+    rep = split.repeat(2)
+    np.testing.assert_array_equal(np.asarray(rep.k[1][5]), np.asarray(stacked.k[1, 2]))
 
 
 def test_cache_init_layout_and_bad_input():

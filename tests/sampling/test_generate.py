@@ -107,6 +107,27 @@ def test_no_recompile_within_a_bucket(model):
     assert sampling.compile_count() == before + 1
 
 
+@pytest.mark.parametrize("changes", [
+    dict(), dict(family="qwen3", qk_norm=True, norm="siamese"), dict(family="qwen2", qkv_bias=True, norm="post"),
+])
+def test_per_layer_decode_equals_layer_scan(changes, monkeypatch):
+    """The CPU default (per-layer weight/cache buffers) samples the same tokens with the same logprobs."""
+    tiny = Transformer(TransformerConfig.tiny(num_layers=3, **changes), rngs=nnx.Rngs(4))
+    kw = dict(max_new_tokens=7, num_samples=3, temperature=1.0, top_p=0.9, seed=2, eos_ids=(17,),
+              gen_buckets=(7 + len(changes),))  # a bucket of its own: the first call below traces
+    calls = []
+    original = Transformer.layer_states
+    monkeypatch.setattr(Transformer, "layer_states", lambda self: calls.append(1) or original(self))
+    default = sampling.generate(tiny, PROMPTS, **kw)
+    assert calls  # the default on CPU is the per-layer decode
+    split = sampling.generate(tiny, PROMPTS, per_layer=True, **kw)
+    scan = sampling.generate(tiny, PROMPTS, per_layer=False, **kw)
+    np.testing.assert_array_equal(np.asarray(default.tokens), np.asarray(split.tokens))
+    np.testing.assert_array_equal(np.asarray(split.tokens), np.asarray(scan.tokens))
+    np.testing.assert_array_equal(np.asarray(split.lengths), np.asarray(scan.lengths))
+    np.testing.assert_allclose(np.asarray(split.logprobs), np.asarray(scan.logprobs), atol=1e-6, rtol=0)
+
+
 def test_top_k_one_is_greedy(model):
     greedy = sampling.generate(model, PROMPTS, max_new_tokens=5, temperature=0.0)
     top1 = sampling.generate(model, PROMPTS, max_new_tokens=5, temperature=1.7, top_k=1, seed=4)
