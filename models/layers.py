@@ -89,18 +89,11 @@ def apply_rope(x_BLNH: jax.Array, cos_BLH: jax.Array, sin_BLH: jax.Array) -> jax
 
 
 class Proj(nnx.Module):
-    """A linear map over named kernel axes, optional bias over the output axes.
-
-    `equation` documents the map (e.g. "BLNH,NHD->BLD"); it always contracts the last `num_in` input axes
-    with the first `num_in` kernel axes, in order. The contraction is one `dot_general` with the axes in
-    that order: `jnp.einsum` orders a multi-axis contraction its own way ([H, N] for o_proj), which made
-    XLA transpose o_proj's whole kernel at every call.
-    """
+    """A linear map written as an einsum over named kernel axes, optional bias over the output axes."""
 
     def __init__(self, kernel_shape, names, equation: str, *, num_in: int, bias: bool, rngs: nnx.Rngs,
                  dtype=jnp.float32, param_dtype=jnp.float32):
         self.equation = equation
-        self.num_in = num_in
         self.dtype = dtype
         self.kernel = param(_normal(rngs, tuple(kernel_shape), param_dtype), names)
         if bias:
@@ -109,9 +102,7 @@ class Proj(nnx.Module):
             self.bias = None
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        n = self.num_in
-        contract = (tuple(range(x.ndim - n, x.ndim)), tuple(range(n)))
-        y = jax.lax.dot_general(x.astype(self.dtype), self.kernel[...].astype(self.dtype), (contract, ((), ())))
+        y = jnp.einsum(self.equation, x.astype(self.dtype), self.kernel[...].astype(self.dtype))
         if self.bias is not None:
             y = y + self.bias[...].astype(self.dtype)
         return y
