@@ -204,7 +204,7 @@ class Transformer(nnx.Module):
         Under jit this materialises one more copy of the block weights, which pays off in a decode loop on
         XLA:CPU: there a layer scan copies every weight slice out of its `[Y, ...]` stack at every step (the
         dynamic-slice is not fused into the dot), while per-layer buffers are read in place. Measured on a
-        2-core CPU at batch 16: a Qwen3-0.6B-shaped decode step 228 -> 89 ms (benchmarks/RESULTS.md).
+        2-core CPU at batch 16: a Qwen3-0.6B-shaped decode step 237 -> 150 ms (benchmarks/RESULTS.md).
         """
         _, state = nnx.split(self.layers)
         return tuple(jax.tree.map(lambda a, i=i: a[i], state) for i in range(self.cfg.num_layers))
@@ -222,24 +222,16 @@ class Transformer(nnx.Module):
 
         if self.cfg.remat != "none":
             body = jax.checkpoint(body, policy=_REMAT_POLICIES[self.cfg.remat])
-        if layers is None and cache is not None and cache.per_layer:
-            layers = self.layer_states()
-        if layers is not None:  # per-layer weights and cache buffers, each read in place
+        if layers is None and (not self.cfg.scan_layers or (cache is not None and cache.per_layer)):
+            layers = self.layer_states()  # static slices of the stacks
+        if layers is not None:  # unrolled: the same body per layer on per-layer weights (and cache buffers)
             new_kvs = []
             for i, layer_state in enumerate(layers):
                 carry, new_kv = body(carry, (layer_state, i, None if cache is None else cache.layer(i)))
                 new_kvs.append(new_kv)
             return carry, (None if cache is None else tuple(zip(*new_kvs)))
         kv = None if cache is None else (cache.k, cache.v)
-        xs = (state, jnp.arange(self.cfg.num_layers, dtype=jnp.int32), kv)
-        if self.cfg.scan_layers:
-            return jax.lax.scan(body, carry, xs)
-        # Unrolled: the same body per layer on static slices of the stacked parameters (and cache).
-        new_kvs = []
-        for i in range(self.cfg.num_layers):
-            carry, new_kv = body(carry, jax.tree.map(lambda a: a[i], xs))
-            new_kvs.append(new_kv)
-        return carry, (None if cache is None else jax.tree.map(lambda *a: jnp.stack(a), *new_kvs))
+        return jax.lax.scan(body, carry, (state, jnp.arange(self.cfg.num_layers, dtype=jnp.int32), kv))
 
 
 def _visibility(mask_BL, cache):
