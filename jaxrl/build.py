@@ -11,12 +11,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-import optax
 from flax import nnx
 
 from jaxrl.algos import AdvantageSpec
-from jaxrl.config import AlgorithmConfig, ExperimentConfig, ModelConfig, OptimizerConfig, TokenizerConfig
+from jaxrl.config import AlgorithmConfig, ExperimentConfig, ModelConfig, TokenizerConfig
 from jaxrl.errors import ConfigError
+from jaxrl.optim import build_optimizer  # noqa: F401 -- re-exported for the trainer
 from jaxrl.models import Transformer, TransformerConfig
 from jaxrl.rollout import SamplingSpec
 from jaxrl.sharding import Constrain, no_constraint
@@ -110,20 +110,6 @@ def build_model(cfg: ModelConfig, *, vocab_size: int, seed: int, constrain: Cons
     # Execution-only switches (no parameter depends on them) apply to loaded weights as well.
     model.cfg = model.cfg.replace(remat=cfg.remat, scan_layers=cfg.scan_layers)
     return model
-
-
-def build_optimizer(cfg: OptimizerConfig, total_steps: int) -> optax.GradientTransformation:
-    """AdamW with linear warm-up, then constant or cosine decay to `lr * final_lr_frac`, after a global-norm
-    clip."""
-    decay_steps = max(total_steps - cfg.warmup_steps, 1)
-    if cfg.schedule == "cosine":
-        after = optax.cosine_decay_schedule(cfg.lr, decay_steps, alpha=cfg.final_lr_frac)
-    else:
-        after = optax.constant_schedule(cfg.lr)
-    schedule = optax.join_schedules([optax.linear_schedule(0.0, cfg.lr, cfg.warmup_steps), after],
-                                    [cfg.warmup_steps]) if cfg.warmup_steps else after
-    adamw = optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay)
-    return optax.chain(optax.clip_by_global_norm(cfg.clip_norm), adamw) if cfg.clip_norm else adamw
 
 
 def loss_spec(cfg: AlgorithmConfig, *, kl_in_loss: bool) -> LossSpec:

@@ -25,11 +25,12 @@ from jaxrl import model_io
 from jaxrl.checkpoint import Checkpointer
 from jaxrl.errors import ConfigError
 from jaxrl.metrics import MetricsWriter
+from jaxrl.optim import build_optimizer
 from jaxrl.reward_model import data as data_lib
 from jaxrl.reward_model.config import RMExperimentConfig, dump_rm_config
 from jaxrl.reward_model.evaluate import evaluate_pairs
 from jaxrl.reward_model.model import RM_MARKER, RewardModel, load_reward_model, write_marker
-from jaxrl.reward_model.train import (Batch, RMState, debias_gamma, init_classifier, make_optimizer,
+from jaxrl.reward_model.train import (Batch, RMState, debias_gamma, init_classifier,
                                       make_train_step)
 from jaxrl.tokenizer import load_tokenizer
 
@@ -110,7 +111,7 @@ def train_rm(cfg: RMExperimentConfig, run_dir: str | Path) -> dict[str, Any]:
     graphdef, params = nnx.split(model, nnx.Param)
     params = params.to_pure_dict()
     steps, debias = cfg.train.steps, cfg.debias
-    optimizer = make_optimizer(cfg.optimizer, steps)
+    optimizer = build_optimizer(cfg.optimizer, steps)
     clf, clf_opt = (init_classifier(debias, model.cfg.hidden_size, jax.random.key(cfg.train.seed + 1))
                     if debias.enabled else ({}, ()))
     state = RMState(params, optimizer.init(params), clf, clf_opt)

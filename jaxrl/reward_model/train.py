@@ -39,22 +39,6 @@ class Batch(NamedTuple):
     a_B: jax.Array       # int32 bias attribute of each pair
 
 
-def make_optimizer(opt_cfg, total_steps: int) -> optax.GradientTransformation:
-    """AdamW with linear warm-up then constant or cosine (to lr·final_lr_frac), global-norm clipping first."""
-    warm = opt_cfg.warmup_steps
-    if opt_cfg.schedule == "cosine":
-        schedule = optax.warmup_cosine_decay_schedule(0.0, opt_cfg.lr, warm, max(total_steps, warm + 1),
-                                                      end_value=opt_cfg.lr * opt_cfg.final_lr_frac)
-    else:
-        schedule = optax.join_schedules([optax.linear_schedule(0.0, opt_cfg.lr, max(warm, 1)),
-                                         optax.constant_schedule(opt_cfg.lr)], [warm]) if warm else opt_cfg.lr
-    adamw = optax.adamw(schedule, b1=opt_cfg.b1, b2=opt_cfg.b2, eps=opt_cfg.eps,
-                        weight_decay=opt_cfg.weight_decay)
-    if opt_cfg.clip_norm is None:
-        return adamw
-    return optax.chain(optax.clip_by_global_norm(opt_cfg.clip_norm), adamw)
-
-
 def classifier_optimizer(debias: DebiasConfig) -> optax.GradientTransformation:
     return optax.adamw(debias.classifier_lr, weight_decay=0.0)
 
