@@ -25,7 +25,9 @@ _FLOAT_RE = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
 
 @functools.cache
 def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
+    """Annotations of a dataclass's fields (ClassVars such as `MOVED_KEYS` are not keys)."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {k: v for k, v in typing.get_type_hints(cls).items() if k in names}
 
 
 def _optional_inner(tp: Any) -> Any | None:
@@ -53,8 +55,11 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
-def _unknown(key: str, name: str, valid: list[str]) -> ConfigError:
+def _unknown(key: str, name: str, valid: list[str], cls: type | None = None) -> ConfigError:
     full = f"{key}.{name}" if key else name
+    moved = getattr(cls, "MOVED_KEYS", {}).get(name)
+    if moved is not None:  # a key of an earlier config layout: name its new place
+        return ConfigError(f"'{full}' has moved: write '{key + '.' if key else ''}{moved}' instead")
     close = difflib.get_close_matches(name, valid, n=1, cutoff=0.6)
     hint = f"; did you mean '{key + '.' if key else ''}{close[0]}'?" if close else ""
     return ConfigError(
@@ -121,7 +126,7 @@ def from_dict(cls: type, raw: dict[str, Any], key: str) -> Any:
     kwargs = {}
     for name, value in raw.items():
         if name not in hints:
-            raise _unknown(key, str(name), names)
+            raise _unknown(key, str(name), names, cls)
         kwargs[name] = convert(value, hints[name], f"{key}.{name}" if key else name)
     missing = [
         f.name
@@ -184,7 +189,7 @@ def apply_override(cls: type, raw: dict[str, Any], item: str) -> dict[str, Any]:
         if dataclasses.is_dataclass(tp):
             hints = _hints(tp)
             if part not in hints:
-                raise _unknown(done, part, list(hints))
+                raise _unknown(done, part, list(hints), tp)
             child_tp = hints[part]
         elif typing.get_origin(tp) is dict or tp is Any:
             child_tp = Any
