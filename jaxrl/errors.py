@@ -1,4 +1,21 @@
-"""User-facing errors: bad input that the CLI reports in one line with exit code 2 (never a traceback)."""
+"""User-facing errors and the CLI's exit codes.
+
+Exit codes of every `jaxrl` command:
+
+    0    success
+    1    an unexpected failure (a bug): Python's traceback
+    2    a user mistake (`UserError`: bad config, path, checkpoint, a run dir locked by another trainer);
+         one line on stderr
+    75   `train` stopped by SIGTERM (preemption) after saving a checkpoint: resumable; `jaxrl launch`
+         restarts it (75 is sysexits' EX_TEMPFAIL, "try again later")
+    130  stopped by SIGINT (Ctrl-C); `train` saved a checkpoint first when the signal arrived during training
+         steps, so running the same command again resumes (128 + 2, the shell's convention)
+"""
+
+EXIT_OK = 0
+EXIT_USER_ERROR = 2
+EXIT_PREEMPTED = 75
+EXIT_INTERRUPTED = 130
 
 
 class UserError(Exception):
@@ -13,3 +30,7 @@ class ConfigError(UserError):
 
 class CheckpointError(UserError):
     """A missing, malformed or incompatible checkpoint or weights file."""
+
+
+class RunDirError(UserError):
+    """A run or output directory that cannot be used: unwritable, a file, locked, or holding foreign files."""

@@ -27,7 +27,7 @@ import time
 from pathlib import PurePosixPath
 from typing import Callable
 
-from jaxrl.errors import UserError
+from jaxrl.errors import EXIT_PREEMPTED, UserError
 
 JAX_VERSION = "0.10.2"
 UV_VERSION = "0.13.8"
@@ -157,12 +157,18 @@ def install_cmd(spec: LaunchSpec) -> Argv:
 
 
 def start_script(spec: LaunchSpec) -> str:
-    train = f"{REMOTE_VENV}/bin/python -m jaxrl.cli train {REMOTE_RUN}/config.yaml --run-dir {spec.run_dir}"
+    """Starts training in the background. The user's `--run-dir` is quoted for the inner `sh -c` and the whole
+    inner command again for the ssh shell, so `$(...)`, `;` or quotes in it stay literal on the workers; the
+    `~` paths are ours and left unquoted so that the shell expands them. Only `nohup` goes to the background
+    (braces): a bare `a && b && nohup c &` backgrounds the whole list, whose `kill $(cat train.pid)` then races
+    with the `echo $! > train.pid` after it and can kill the new run itself."""
+    train = f"{REMOTE_VENV}/bin/python -m jaxrl.cli train {REMOTE_RUN}/config.yaml --run-dir "
+    inner = f"{train}{shlex.quote(spec.run_dir)}; echo $? > {REMOTE_RUN}/train.rc"
     return (
         # A relaunch on a live VM first stops the previous run, so two trainers never share the chips.
         f"cd {REMOTE_RUN} && (kill $(cat train.pid 2>/dev/null) 2>/dev/null; true) && rm -f train.rc && "
-        f"nohup sh -c '{train}; echo $? > {REMOTE_RUN}/train.rc' > {REMOTE_RUN}/train.log 2>&1 < /dev/null & "
-        f"echo $! > {REMOTE_RUN}/train.pid"
+        f"{{ nohup sh -c {shlex.quote(inner)} > {REMOTE_RUN}/train.log 2>&1 < /dev/null & "
+        f"echo $! > {REMOTE_RUN}/train.pid; }}"
     )
 
 
@@ -237,8 +243,10 @@ def supervise(
 ) -> int:
     """Create (if needed), install, start and watch; re-create and restart after preemption.
 
-    `run(argv)` runs one command (stdout captured for `describe`). Returns training's exit code on worker 0,
-    or 1 after `max_restarts` lost connections / preemptions.
+    `run(argv)` runs one command (stdout captured for `describe`). Training that exits with
+    `EXIT_PREEMPTED` (75: stopped by SIGTERM after saving a checkpoint) on a READY VM is started again and
+    resumes; any other exit code ends the loop (0 = done). Returns training's exit code on worker 0, or 1
+    after `max_restarts` lost connections / preemptions.
     """
     _check(run(package_cmd(spec)), "packaging the current commit")
     losses = 0
@@ -251,6 +259,15 @@ def supervise(
         while True:
             rc = run(stream_cmd(spec)).returncode
             state = _tpu_state(spec, run)
+            if state == READY and rc == EXIT_PREEMPTED:
+                losses += 1
+                if losses > max_restarts:
+                    log(f"giving up after {max_restarts} lost connections or preemptions (exit {rc})")
+                    return 1
+                log(f"training was stopped by SIGTERM (exit {rc}, checkpoint saved): restarting it "
+                    f"({losses}/{max_restarts})")
+                _check(run(start_cmd(spec)), "restarting training")
+                continue
             if state == READY and rc != SSH_FAILED:
                 log(f"training on worker 0 exited with code {rc}")
                 return rc

@@ -2,6 +2,7 @@
 
 import shlex
 import subprocess
+import time
 
 import pytest
 
@@ -37,9 +38,9 @@ EXPECTED_V5P_64 = [
     "gcloud compute tpus tpu-vm ssh grpo-8b --worker=all " + shlex.quote(
         "--command=cd ~/jaxrl-run && (kill $(cat train.pid 2>/dev/null) 2>/dev/null; true) && "
         "rm -f train.rc && "
-        "nohup sh -c '~/jaxrl-venv/bin/python -m jaxrl.cli train ~/jaxrl-run/config.yaml --run-dir "
+        "{ nohup sh -c '~/jaxrl-venv/bin/python -m jaxrl.cli train ~/jaxrl-run/config.yaml --run-dir "
         "gs://bkt/runs/8b; echo $? > ~/jaxrl-run/train.rc' > ~/jaxrl-run/train.log 2>&1 < /dev/null & "
-        "echo $! > ~/jaxrl-run/train.pid"
+        "echo $! > ~/jaxrl-run/train.pid; }"
     ) + f" {WHERE}",
     "gcloud compute tpus tpu-vm ssh grpo-8b --worker=0 " + shlex.quote(
         "--command=tail --pid=$(cat ~/jaxrl-run/train.pid) -n +1 -F ~/jaxrl-run/train.log; "
@@ -156,3 +157,43 @@ def test_supervisor_reconnects_stream_without_restarting_and_reports_failure():
 def test_supervisor_gives_up_after_max_restarts():
     fake = FakeGcloud(states=["READY"] + ["PREEMPTED", "PREEMPTED", "READY"] * 3, stream_rcs=[255] * 3)
     assert supervise(_spec(), fake, sleep=lambda s: None, log=lambda m: None, max_restarts=2) == 1
+
+
+def test_supervisor_restarts_training_stopped_by_sigterm_and_stops_on_zero():
+    # exit 75 (SIGTERM, checkpoint saved) on a READY VM: start again (no re-install) and resume; 0 ends the loop.
+    fake = FakeGcloud(states=["READY", "READY", "READY"], stream_rcs=[75, 0])
+    logs = []
+    assert supervise(_spec(), fake, sleep=lambda s: None, log=logs.append) == 0
+    assert fake.verbs() == ["package", "copy", "install", "start", "stream", "start", "stream"]
+    assert any("stopped by SIGTERM (exit 75" in m for m in logs)
+
+
+def test_supervisor_does_not_restart_after_ctrl_c_exit_code():
+    fake = FakeGcloud(states=["READY", "READY"], stream_rcs=[130])
+    assert supervise(_spec(), fake, sleep=lambda s: None, log=lambda m: None) == 130
+    assert fake.verbs() == ["package", "copy", "install", "start", "stream"]
+
+
+def test_remote_run_dir_is_shell_quoted(tmp_path):
+    """The start command, run by a real shell as ssh would, passes a hostile --run-dir through literally."""
+    from jaxrl.launch import start_script
+
+    home = tmp_path / "home"
+    (home / "jaxrl-venv" / "bin").mkdir(parents=True)
+    (home / "jaxrl-run").mkdir()
+    fake_python = home / "jaxrl-venv" / "bin" / "python"
+    fake_python.write_text('#!/bin/sh\nfor a in "$@"; do printf "%s\\n" "$a"; done > "$HOME/argv"\n')
+    fake_python.chmod(0o755)
+    hostile = "gs://b/$(touch $HOME/pwned-a)`touch $HOME/pwned-b`'; touch $HOME/pwned-c; echo '$(id)"
+    script = start_script(_spec(run_dir=hostile))
+    subprocess.run(["sh", "-c", script], env={"HOME": str(home), "PATH": "/usr/bin:/bin"}, check=True,
+                   timeout=30)
+    rc_file = home / "jaxrl-run" / "train.rc"
+    for _ in range(300):
+        if rc_file.exists() and rc_file.read_text().strip():
+            break
+        time.sleep(0.02)
+    assert rc_file.read_text().strip() == "0"
+    argv = (home / "argv").read_text().splitlines()
+    assert argv == ["-m", "jaxrl.cli", "train", f"{home}/jaxrl-run/config.yaml", "--run-dir", hostile]
+    assert not list(home.glob("pwned-*"))
