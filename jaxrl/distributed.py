@@ -14,8 +14,14 @@ Why a watchdog: when a peer never connects, JAX hard-aborts the process from C++
 (SIGABRT, "Terminating process because the JAX distributed service detected fatal errors"), which says nothing
 about who was expected where. We print what we wait for before connecting, give JAX a slightly longer timeout,
 and a daemon timer prints "peer processes did not connect ..." and exits with code 3 at `timeout_s`.
-A peer that dies *after* start-up is detected by JAX's heartbeat (`heartbeat_timeout_s`), which aborts the
-survivors; the start-up message names that timeout too.
+A peer that dies *after* start-up: JAX's own heartbeat would abort the survivors from C++ with a page of
+stack trace. `PeerWatch` (below) beats faster: every process writes a counter to the coordinator's key-value
+store every `heartbeat_timeout_s / 5` s and reads everyone else's; a peer whose counter has not moved for
+`heartbeat_timeout_s` (or a coordinator that stops answering) makes every survivor print one line,
+"jaxrl: lost process I ...", and exit with code 4 (`EXIT_PEER_LOST`). JAX's heartbeat is set 30 s later, as
+a backstop. A process that fails with an error marks itself failed, so its peers stop at once instead of
+waiting in a collective; one that finishes marks itself done, so a slower peer does not mistake it for lost.
+The default heartbeat is 100 s; `JAXRL_HEARTBEAT_TIMEOUT` (seconds) overrides it.
 """
 
 from __future__ import annotations
@@ -25,13 +31,18 @@ import dataclasses
 import os
 import sys
 import threading
-from typing import Mapping
+import time
+import traceback
+from typing import Callable, Mapping
 
 import jax
 
 from jaxrl.errors import UserError
 
 EXIT_PEERS_MISSING = 3
+EXIT_PEER_LOST = 4
+HEARTBEAT_ENV = "JAXRL_HEARTBEAT_TIMEOUT"
+_PEER_DIR = "jaxrl/peer/"
 # JAX's own abort must come after our watchdog, so that the clear message wins the race.
 _JAX_TIMEOUT_MARGIN_S = 30
 
@@ -117,17 +128,23 @@ def initialize(
     process_id: int | None = None,
     timeout_s: float = 300.0,
     *,
-    heartbeat_timeout_s: int = 100,
+    heartbeat_timeout_s: int | None = None,
     env: Mapping[str, str] | None = None,
 ) -> ClusterSpec | None:
     """Join the multi-process job (see the module docstring); returns the spec, or None when single-process.
 
     Must run before any JAX computation. If the peers have not all connected after `timeout_s` seconds the
-    process prints one line naming the coordinator and the expected count, and exits with code 3.
+    process prints one line naming the coordinator and the expected count, and exits with code 3. Once
+    connected, a `PeerWatch` with `heartbeat_timeout_s` (default: `$JAXRL_HEARTBEAT_TIMEOUT` or 100) runs.
     """
+    env_map = os.environ if env is None else env
     spec = resolve(coordinator, num_processes, process_id, env)
     if spec is None:
         return None
+    if heartbeat_timeout_s is None:
+        heartbeat_timeout_s = _env_int(env_map, HEARTBEAT_ENV) or 100
+    if heartbeat_timeout_s < 1:
+        raise UserError(f"{HEARTBEAT_ENV}={heartbeat_timeout_s}: the heartbeat timeout must be >= 1 s")
     who = "this process" if spec.auto else f"process {spec.process_id}"
     sys.stderr.write(
         f"jaxrl: {who} waiting up to {timeout_s:g} s for {spec.describe()} "
@@ -140,7 +157,8 @@ def initialize(
     try:
         kwargs = dict(
             initialization_timeout=int(timeout_s) + _JAX_TIMEOUT_MARGIN_S,
-            heartbeat_timeout_seconds=heartbeat_timeout_s,
+            heartbeat_timeout_seconds=heartbeat_timeout_s + _JAX_TIMEOUT_MARGIN_S,
+            shutdown_timeout_seconds=max(60, heartbeat_timeout_s),
         )
         if spec.auto:
             jax.distributed.initialize(**kwargs)
@@ -153,6 +171,8 @@ def initialize(
             )
     finally:
         watchdog.cancel()
+    where = spec.coordinator or "the TPU pod coordinator"
+    start_peer_watch(jax.process_index(), jax.process_count(), heartbeat_timeout_s, where)
     return spec
 
 
@@ -176,3 +196,141 @@ def initialize_from_args(args: argparse.Namespace) -> ClusterSpec | None:
     return initialize(
         args.coordinator, args.num_processes, args.process_id, timeout_s=args.distributed_timeout
     )
+
+
+def peer_verdict(states: Mapping[int, str], seen: dict[int, tuple[str, float]], now: float, me: int,
+                 timeout_s: float) -> str | None:
+    """One check of the peers' key-value states; the line to print if the job must stop, else None.
+
+    Args:
+      states: process id -> its last written state: "beat:N" (alive, N counts up), "done" or "failed:MSG".
+      seen: process id -> (state last seen, time it last changed); updated in place. Peers that have not
+        written yet count from the time the watch started (their entry's initial time).
+      now: current monotonic time; me: this process; timeout_s: the heartbeat timeout.
+    """
+    lost = []
+    for pid in sorted(seen):
+        value = states.get(pid, "")
+        if value.startswith("failed:"):
+            return f"jaxrl: process {pid} failed ({value[len('failed:'):]}); stopping process {me} too"
+        if value == "done":
+            continue
+        if value != seen[pid][0]:
+            seen[pid] = (value, now)
+        elif now - seen[pid][1] > timeout_s:
+            lost.append(pid)
+    if not lost:
+        return None
+    which = ", ".join(map(str, lost))
+    return (f"jaxrl: lost process {which}: no heartbeat for {timeout_s:g} s (killed, crashed or preempted); "
+            f"stopping process {me} with exit code {EXIT_PEER_LOST}")
+
+
+class PeerWatch:
+    """The daemon thread of the module docstring: beats, watches the peers, stops this process if one is lost.
+
+    `kv_set(key, value)` and `kv_dir(prefix) -> [(key, value)]` are the coordinator's key-value store
+    (injectable for tests); `exit_fn(line)` prints the line and ends the process (default: `os._exit(4)`).
+    """
+
+    def __init__(self, me: int, count: int, timeout_s: float, coordinator: str, kv_set, kv_dir,
+                 exit_fn: Callable[[str], None] | None = None):
+        self.me, self.timeout_s, self.coordinator = me, float(timeout_s), coordinator
+        self.period_s = min(1.0, self.timeout_s / 5)
+        self._set, self._dir = kv_set, kv_dir
+        self._exit = exit_fn or _exit_peer_lost
+        start = time.monotonic()
+        self._seen = {pid: ("", start) for pid in range(count) if pid != me}
+        self._stop = threading.Event()
+        self._beats = 0
+        self._thread = threading.Thread(target=self._loop, name="jaxrl-peer-watch", daemon=True)
+
+    def start(self) -> "PeerWatch":
+        self._thread.start()
+        return self
+
+    def poll(self) -> str | None:
+        """Beat once and check the peers; the stop line or None (raises if the store cannot be reached)."""
+        self._beats += 1
+        self._set(f"{_PEER_DIR}{self.me}", f"beat:{self._beats}")
+        states = {int(k.rsplit("/", 1)[-1]): v for k, v in self._dir(_PEER_DIR)}
+        return peer_verdict(states, self._seen, time.monotonic(), self.me, self.timeout_s)
+
+    def _loop(self) -> None:
+        last_ok = time.monotonic()
+        while not self._stop.wait(self.period_s):
+            try:
+                line = self.poll()
+                last_ok = time.monotonic()
+            except Exception as e:  # the coordinator (process 0) is gone or unreachable
+                if self._stop.is_set():
+                    return
+                if self.me != 0 and time.monotonic() - last_ok > min(self.timeout_s, 5 * self.period_s):
+                    first = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+                    line = (f"jaxrl: lost process 0 (the coordinator at {self.coordinator}): it stopped "
+                            f"answering ({first}); stopping process {self.me} with exit code {EXIT_PEER_LOST}")
+                else:
+                    continue
+            if line is not None and not self._stop.is_set():
+                self._exit(line)
+                return
+
+    def finish(self, state: str) -> None:
+        """Stop watching and leave `state` ("done" or "failed:MSG") for the peers (best effort)."""
+        self._stop.set()
+        try:
+            self._set(f"{_PEER_DIR}{self.me}", state)
+        except Exception:  # the store is gone: the peers will find out by themselves
+            pass
+
+
+_watch: PeerWatch | None = None
+
+
+def _exit_peer_lost(line: str) -> None:
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+    os._exit(EXIT_PEER_LOST)
+
+
+# Errors that a peer's death causes in this process's collectives: wait for the watch's verdict on them.
+_TRANSPORT_ERRORS = ("gloo", "connection reset", "connection refused", "unavailable", "deadline exceeded",
+                     "socket closed", "broken pipe")
+
+
+def _excepthook(exc_type, exc, tb) -> None:
+    """Uncaught error in a multi-process job: tell the peers, never hang in JAX's shutdown barrier."""
+    watch = _watch
+    if watch is not None and not issubclass(exc_type, KeyboardInterrupt):
+        text = str(exc).lower()
+        if any(s in text for s in _TRANSPORT_ERRORS):
+            # Probably a peer died in the middle of a collective: the watch names it within the timeout.
+            deadline = time.monotonic() + watch.timeout_s + 3 * watch.period_s
+            while time.monotonic() < deadline and watch._thread.is_alive():
+                time.sleep(0.1)
+        first = (str(exc).strip().splitlines() or [""])[0][:160]
+        watch.finish(f"failed:{exc_type.__name__} on process {watch.me}: {first}")
+    traceback.print_exception(exc_type, exc, tb)
+    sys.stderr.flush()
+    os._exit(1)
+
+
+def start_peer_watch(me: int, count: int, timeout_s: float, coordinator: str) -> PeerWatch | None:
+    """Start the `PeerWatch` on JAX's distributed client (after `jax.distributed.initialize`)."""
+    global _watch
+    if count < 2:
+        return None
+    from jax._src import distributed as jax_distributed  # the client is not public API
+
+    client = jax_distributed.global_state.client
+    _watch = PeerWatch(me, count, timeout_s, coordinator,
+                       kv_set=lambda k, v: client.key_value_set(k, v, allow_overwrite=True),
+                       kv_dir=client.key_value_dir_get).start()
+    sys.excepthook = _excepthook
+    return _watch
+
+
+def finish(ok: bool = True, message: str = "") -> None:
+    """Tell the peers this process is done (`ok`) or failed with `message`; call before exiting normally."""
+    if _watch is not None:
+        _watch.finish("done" if ok else f"failed:{message[:200]} on process {_watch.me}")

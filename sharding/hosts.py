@@ -1,0 +1,108 @@
+"""Rows of batch-sharded global arrays across hosts (multi-controller JAX): who holds, who owns, gather.
+
+On a pod every process runs the same program over global `jax.Array`s but can read only the shards on its own
+devices. Host-side stages (decoding, reward functions, metrics) therefore work on rows:
+
+* a process *holds* the rows that sit on any of its devices (`held_rows`);
+* every row has exactly one *owner*, the lowest-numbered process holding it (`row_owners`): the owner decodes
+  and scores it, so no row is scored twice when the batch axis is replicated across hosts;
+* small per-row results (rewards, lengths) are exchanged with `gather_owned`, so every process ends with the
+  same global numpy array and takes the same decisions (advantages, DAPO keep/resample, metrics);
+* `host_to_global` builds a global array from numpy rows this process holds (`make_array_from_callback`:
+  each device's shard is cut from the host's copy), for any mesh and device order.
+
+With one process every function is the trivial one (owner 0, everything held), so single- and multi-host runs
+share one code path. Nothing here ever reads another host's shards directly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import Sharding
+
+
+def _row_slices(sharding: Sharding, shape: tuple[int, ...]) -> list[tuple[int, range]]:
+    """(process index, rows) of every device's shard of an array of `shape` (leading axis = rows)."""
+    out = []
+    for device, index in sharding.devices_indices_map(shape).items():
+        rows = range(shape[0])[index[0]] if index else range(shape[0])
+        out.append((device.process_index, rows))
+    return out
+
+
+def row_owners(sharding: Sharding, shape: tuple[int, ...]) -> np.ndarray:
+    """[N] int32: the owner of each row, the lowest process index among the processes that hold it."""
+    owners = np.full((shape[0],), np.iinfo(np.int32).max, np.int32)
+    for process, rows in _row_slices(sharding, shape):
+        idx = np.asarray(rows, np.int64)
+        owners[idx] = np.minimum(owners[idx], process)
+    return owners
+
+
+def held_rows(sharding: Sharding, shape: tuple[int, ...]) -> np.ndarray:
+    """[N] bool: the rows on at least one of this process's devices."""
+    held = np.zeros((shape[0],), bool)
+    me = jax.process_index()
+    for process, rows in _row_slices(sharding, shape):
+        if process == me:
+            held[np.asarray(rows, np.int64)] = True
+    return held
+
+
+def owned_rows(sharding: Sharding, shape: tuple[int, ...]) -> np.ndarray:
+    """[n] int64: the sorted row indices this process owns (decodes, scores)."""
+    return np.flatnonzero(row_owners(sharding, shape) == jax.process_index())
+
+
+def fetch_held(x: jax.Array, fill: Any = 0) -> np.ndarray:
+    """A global-shaped numpy copy of `x` with the rows this process holds filled in (`fill` elsewhere).
+
+    Only addressable shards are read; on one process this is `np.asarray(x)`.
+    """
+    if x.is_fully_addressable:
+        return np.asarray(x)
+    out = np.full(x.shape, fill, dtype=x.dtype)
+    for shard in x.addressable_shards:
+        out[shard.index] = np.asarray(shard.data)
+    return out
+
+
+def host_to_global(values: np.ndarray, sharding: Sharding) -> jax.Array:
+    """A global array of `sharding` from a global-shaped host array valid at least at the rows held here."""
+    values = np.asarray(values)
+    return jax.make_array_from_callback(values.shape, sharding, lambda index: values[index])
+
+
+def gather_owned(values: np.ndarray, owners: np.ndarray) -> np.ndarray:
+    """Every process's owned rows combined: row i comes from process `owners[i]`.
+
+    Args:
+      values: [N, ...] global-shaped host array, valid at the rows this process owns (anything elsewhere).
+      owners: [N] the owner of each row (`row_owners`), the same on every process.
+    Returns:
+      [N, ...] the same array on every process. One all-gather of the whole array (meant for small per-row
+      results: rewards, lengths, flags; never for token arrays).
+    """
+    values = np.asarray(values)
+    if jax.process_count() == 1:
+        return values
+    stacked = np.asarray(multihost_utils.process_allgather(values, tiled=False))  # [processes, N, ...]
+    return stacked[owners, np.arange(values.shape[0])]
+
+
+def max_across_hosts(value: int) -> int:
+    """The largest of one integer per process (e.g. the longest prompt, so every host pads alike)."""
+    if jax.process_count() == 1:
+        return int(value)
+    return int(np.max(multihost_utils.process_allgather(np.asarray(value, np.int64))))
+
+
+def agree(flag: bool) -> bool:
+    """True on every process iff `flag` is True on every process (a branch all hosts must take together)."""
+    if jax.process_count() == 1:
+        return bool(flag)
+    return bool(np.all(multihost_utils.process_allgather(np.asarray(bool(flag)))))
