@@ -9,7 +9,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional, Union
 
-_NORMS = ("pre", "post", "siamese")
+_NORMS = ("pre", "post", "siamese", "siamese_hybrid")
+SIAMESE_NORMS = ("siamese", "siamese_hybrid")  # two residual streams (x, y), merged by norm_x/norm_y
 _DTYPES = ("float32", "bfloat16")
 _REMATS = ("none", "full", "dots")
 _FAMILIES = ("llama", "qwen2", "qwen3")
@@ -97,6 +98,11 @@ class TransformerConfig:
             raise ValueError(f"TransformerConfig.scan_layers must be a bool, got {self.scan_layers!r}")
         if isinstance(self.eos_token_id, list):
             object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
+
+    @property
+    def two_stream(self) -> bool:
+        """True for the SiameseNorm variants ("siamese" = post-pre, "siamese_hybrid" = hybrid-pre)."""
+        return self.norm in SIAMESE_NORMS
 
     def replace(self, **changes) -> "TransformerConfig":
         """A copy with some fields changed (validated again)."""

@@ -14,6 +14,8 @@ Names beyond the standard Llama/Qwen ones (post-norm and SiameseNorm models, exp
 * SiameseNorm: `model.layers.{i}.siamese.{attn,mlp}_{post,pre,in}_norm.weight` (six per layer, no
   input/post-attention layernorm), and `model.norm_x.weight`, `model.norm_y.weight` next to
   `model.norm.weight`.
+* SiameseNorm hybrid-pre: `model.layers.{i}.siamese.{attn_norm,attn_y_norm,mlp_norm,mlp_y_norm,mlp_in_norm}.weight`
+  and the same three model-level norms.
 Which names a config uses follows from its abstract parameter tree: table rows whose parameter does not exist
 for that config are skipped.
 """
@@ -27,6 +29,7 @@ import numpy as np
 from flax import nnx
 
 from jaxrl.models.config import Llama3RopeScaling, TransformerConfig
+from jaxrl.models.siamese import HYBRID_NORM_NAMES
 
 # (HF name, our path, num_in): num_in = number of leading *input* axes of our kernel for a Linear weight
 # (HF stores [out, in], we store [in..., out...]); None = same data, only reshaped (bias, norm, embedding).
@@ -56,6 +59,8 @@ _LAYER = (  # under "model.layers.{i}." / "layers/"
 ) + tuple(
     (f"siamese.{s}_{r}_norm.weight", f"siamese/{s}_{r}_norm/weight", None)
     for s in ("attn", "mlp") for r in ("post", "pre", "in")
+) + tuple(
+    (f"siamese.{name}.weight", f"siamese/{name}/weight", None) for name in HYBRID_NORM_NAMES
 )
 
 _ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}

@@ -12,8 +12,8 @@ Choices and deviations from HF `LlamaForCausalLM`:
 * Post-norm (Vaswani et al. 2017, arXiv:1706.03762): x ← N₁(x + Attn(x)); x ← N₂(x + MLP(x)), with the
   final norm N kept (hidden = N(x)) so every variant feeds the head through the same `norm`. N₁, N₂ are named
   `post_attention_layernorm`, `post_feedforward_layernorm`.
-* SiameseNorm: `jaxrl.models.siamese` (two streams carried through the scan; final
-  `norm(norm_x(x) + norm_y(y))`).
+* SiameseNorm, "post-pre" (`norm="siamese"`) or "hybrid-pre" (`norm="siamese_hybrid"`):
+  `jaxrl.models.siamese` (two streams carried through the scan; final `norm(norm_x(x) + norm_y(y))`).
 * Logits are always float32 (the head einsum accumulates in float32), whatever the compute dtype.
 * Positions default to `(#valid cache slots) + cumsum(mask) − 1`, clipped at 0, so left padding, prefill and
   decode all get HF's positions without the caller passing them (an explicit `positions_BL` wins).
@@ -49,7 +49,7 @@ class ModelOutput(NamedTuple):
 
 
 class Block(nnx.Module):
-    """One transformer block: attention then MLP, with `norm` in {"pre", "post", "siamese"} placement."""
+    """One transformer block: attention then MLP; `norm` in {"pre", "post", "siamese", "siamese_hybrid"}."""
 
     def __init__(self, dim: int, num_heads: int, num_kv_heads: int, head_dim: int, mlp_dim: int, *, norm: str,
                  qkv_bias: bool, qk_norm: bool, eps: float, rngs: nnx.Rngs, dtype, param_dtype):
@@ -63,8 +63,10 @@ class Block(nnx.Module):
         elif norm == "post":
             self.post_attention_layernorm = RMSNorm(dim, eps=eps, param_dtype=param_dtype)
             self.post_feedforward_layernorm = RMSNorm(dim, eps=eps, param_dtype=param_dtype)
-        else:
+        elif norm == "siamese":
             self.siamese = siamese.SiameseNorms(dim, eps=eps, param_dtype=param_dtype)
+        else:
+            self.siamese = siamese.HybridNorms(dim, eps=eps, param_dtype=param_dtype)
 
     def __call__(self, carry, layer, cos_BLH, sin_BLH, visible, cache_kv):
         """carry: x [B, L, D] (or (x, y) for siamese) → (new carry, (k_BKLH, v_BKLH))."""
@@ -81,10 +83,14 @@ class Block(nnx.Module):
         elif self.norm == "post":
             x = self.post_attention_layernorm(carry + attn(carry))
             carry = self.post_feedforward_layernorm(x + self.mlp(x))
-        else:
+        elif self.norm == "siamese":
             scale = siamese.depth_scale(layer)
             x, y = self.siamese.apply("attn", *carry, attn, scale)
             carry = self.siamese.apply("mlp", x, y, self.mlp, scale)
+        else:
+            scale = siamese.depth_scale(layer)
+            x, y = self.siamese.attention(*carry, attn, scale)
+            carry = self.siamese.mlp(x, y, self.mlp, scale)
         return carry, new_kv[0]
 
 
@@ -108,7 +114,7 @@ class Transformer(nnx.Module):
 
         self.layers = make_blocks(rngs)
         self.norm = RMSNorm(cfg.hidden_size, eps=eps, param_dtype=param_dtype)
-        if cfg.norm == "siamese":
+        if cfg.two_stream:
             self.norm_x = RMSNorm(cfg.hidden_size, eps=eps, param_dtype=param_dtype)
             self.norm_y = RMSNorm(cfg.hidden_size, eps=eps, param_dtype=param_dtype)
         if not cfg.tie_embeddings:
@@ -181,9 +187,9 @@ class Transformer(nnx.Module):
                                                                    cfg.rope_scaling), jnp.dtype(cfg.dtype))
 
         x_BLD = self.constrain(self.embed_tokens(tokens_BL), _ACT_BLD)
-        carry = (x_BLD, x_BLD) if cfg.norm == "siamese" else x_BLD
+        carry = (x_BLD, x_BLD) if cfg.two_stream else x_BLD
         carry, new_kv = self._run_layers(carry, cos_BLH, sin_BLH, visible, cache, layers)
-        if cfg.norm == "siamese":
+        if cfg.two_stream:
             hidden_BLD = siamese.siamese_merge(*carry, norm_x=self.norm_x, norm_y=self.norm_y, norm=self.norm)
         else:
             hidden_BLD = self.norm(carry)
