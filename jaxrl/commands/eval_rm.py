@@ -1,8 +1,9 @@
 """`jaxrl eval-rm CHECKPOINT DATA [--out FILE]`: pairwise accuracy and per-attribute bias statistics.
 
 CHECKPOINT: a train-rm run directory, an RM checkpoint or an HF `*ForSequenceClassification` directory.
-DATA: a .jsonl / .parquet file of {prompt, chosen, rejected}, or `synthetic` (the balanced synthetic eval set;
-`synthetic:sycophancy` / `synthetic:format` for the other planted biases). The JSON report (see
+DATA: a .jsonl / .parquet file of {prompt, chosen, rejected}, or exactly `synthetic` (the balanced synthetic eval
+set; `synthetic:length` / `synthetic:sycophancy` / `synthetic:format` for one planted bias). An existing file is
+always read as a file, whatever its name (`synthetic_mine.jsonl` is data, not the built-in set). The JSON report (see
 `jaxrl.reward_model.evaluate`) goes to --out, by default RUN/eval_rm_<data name>.json next to the checkpoint.
 """
 
@@ -29,15 +30,15 @@ def run(args: argparse.Namespace) -> int:
     from jaxrl.reward_model import data as data_lib
     from jaxrl.reward_model.evaluate import evaluate_pairs
 
-    model, tokenizer = _load(args.checkpoint)
-    if args.data.startswith("synthetic"):
-        bias = args.data.partition(":")[2] or "length"
+    if args.max_len < 1:
+        raise UserError(f"--max-len={args.max_len}: must be >= 1")
+    bias = synthetic_bias(args.data)
+    if bias is not None:
         records = data_lib.synthetic_pairs(args.size, 1, chosen_decorated_rate=0.5, bias=bias)
         name = f"synthetic_{bias}"
     else:
-        records, name = data_lib.load_pairs(args.data), Path(args.data).stem
-    if args.max_len < 1:
-        raise UserError(f"--max-len={args.max_len}: must be >= 1")
+        records, name = data_lib.load_pairs(args.data), Path(args.data).stem  # before the model loads
+    model, tokenizer = _load(args.checkpoint)
     report = evaluate_pairs(model, data_lib.encode_pairs(records, tokenizer, args.max_len), args.batch_size)
     report.update(checkpoint=str(args.checkpoint), data=str(args.data))
     out = Path(args.out) if args.out else _run_dir(Path(args.checkpoint)) / f"eval_rm_{name}.json"
@@ -46,6 +47,14 @@ def run(args: argparse.Namespace) -> int:
     print(json.dumps({"accuracy": report["accuracy"], "out": str(out),
                       **{f"{k}_correlation": v["correlation"] for k, v in report["attributes"].items()}}))
     return 0
+
+
+def synthetic_bias(data: str) -> str | None:
+    """The planted bias when DATA names the built-in synthetic set (`synthetic` or `synthetic:BIAS`), else None
+    (a file path, even one whose name starts with "synthetic")."""
+    if Path(data).exists() or not (data == "synthetic" or data.startswith("synthetic:")):
+        return None
+    return data.partition(":")[2] or "length"  # checked by `synthetic_pairs` (before the model loads)
 
 
 def _load(path: str):
