@@ -341,12 +341,29 @@ class CheckpointConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class WandbConfig:
+    """Weights & Biases logging beside TensorBoard (needs the `wandb` extra). `mode: offline` needs no network
+    (sync later with `wandb sync RUN/wandb/offline-run-*`); `disabled` makes every wandb call a no-op."""
+
+    project: str = "jaxrl"
+    mode: str = "offline"
+    name: str | None = None
+
+    def __post_init__(self):
+        _check_choice("logging.wandb.mode", self.mode, ("online", "offline", "disabled"))
+        _check(bool(self.project), "logging.wandb.project", self.project, "must be a non-empty name")
+
+
+@dataclasses.dataclass(frozen=True)
 class LoggingConfig:
+    """`every`: steps between plain log lines when `progress_bar` is off; `wandb`: null = no W&B logging."""
+
     every: int = 1
     sample_every: int = 10
     num_samples: int = 4
     tensorboard: bool = True
     progress_bar: bool = True
+    wandb: WandbConfig | None = None
 
     def __post_init__(self):
         for name in ("every", "sample_every"):
