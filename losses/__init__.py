@@ -20,7 +20,7 @@ Conventions:
 
 from jaxrl.losses.advantages import dynamic_sampling_mask, group_advantages, rloo_advantages
 from jaxrl.losses.aggregation import AggMode, aggregate, aggregation_normalizer, as_agg_mode, masked_mean
-from jaxrl.losses.grpo import ClipConfig, entropy_bonus, log_ratio, policy_loss
+from jaxrl.losses.grpo import ClipConfig, clipped_objective, entropy_bonus, log_ratio, policy_loss
 from jaxrl.losses.dapo import DAPOConfig, overlong_penalty, overlong_shaped_rewards
 from jaxrl.losses.etr import (
     ETRConfig,
@@ -102,6 +102,13 @@ from jaxrl.losses.ssp import (
     solver_reward,
 )
 
+# Issue 15: GSPO, CISPO, SAPO objectives, train-inference mismatch correction, pass@k / avg@k.
+from jaxrl.losses.cispo import CISPOConfig, cispo_loss, cispo_objective
+from jaxrl.losses.gspo import gspo_loss, gspo_objective, sequence_log_ratio
+from jaxrl.losses.mismatch import mismatch_metrics, rollout_correction
+from jaxrl.losses.passk import avg_at_k, pass_at_k, pass_at_k_per_problem
+from jaxrl.losses.sapo import sapo_loss, sapo_objective
+
 __all__ = [
     "AggMode",
     "ClipConfig",
@@ -122,6 +129,7 @@ __all__ = [
     "checker_votes",
     "classifier_inner_steps",
     "clipo_head_loss",
+    "clipped_objective",
     "club_classifier_nll",
     "club_mi",
     "combine_rewards",
@@ -180,4 +188,17 @@ __all__ = [
     "tri_factor_weights",
     "weakness_factor",
     "weighted_sum",
+    "CISPOConfig",
+    "cispo_loss",
+    "cispo_objective",
+    "gspo_loss",
+    "gspo_objective",
+    "sequence_log_ratio",
+    "mismatch_metrics",
+    "rollout_correction",
+    "avg_at_k",
+    "pass_at_k",
+    "pass_at_k_per_problem",
+    "sapo_loss",
+    "sapo_objective",
 ]
