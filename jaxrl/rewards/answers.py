@@ -3,9 +3,10 @@
 `extract_answer` looks, in order, for the last `<answer>...</answer>`, the last `\\boxed{...}`, the text after
 the last `####` (GSM8K style), and finally the last number in the text; with `tags_only=True` only the tagged
 answer counts (a reward that demands the answer format). `math_equal` compares numerically when both sides
-parse as numbers (integers, decimals, `a/b`, `\\frac{a}{b}`, thousands separators), and otherwise asks
-`math-verify` (when installed, and only on the main thread: it uses `signal.alarm`, see shared ENV.md 3d)
-before falling back to normalised string equality.
+parse as numbers (integers, decimals, `a/b`, `\\frac{a}{b}`, thousands separators), accepts equal normalised
+strings, and otherwise asks `math-verify` (a core dependency; `MathVerifyMissing` when it cannot be imported,
+never a silent string-only comparison). math-verify guards parsing and verification with `signal.alarm`,
+which only works on the main thread; on other threads it runs without its timeouts (shared ENV.md 3d).
 
 Deviation from TRL/verl reward helpers: math-verify is tried only when the cheap numeric comparison cannot
 decide, because it costs ~60 ms per pair on CPU and arithmetic answers never need it.
@@ -86,36 +87,46 @@ def parse_number(answer: str) -> Fraction | None:
         return None
 
 
-def _math_verify_equal(gold: str, pred: str) -> bool | None:
-    """math-verify's verdict, or None when it is not installed, not on the main thread, or fails."""
-    if threading.current_thread() is not threading.main_thread():
-        return None
+class MathVerifyMissing(ImportError):
+    """math-verify (a core dependency of jaxrl) cannot be imported."""
+
+
+def require_math_verify():
+    """The `math_verify` module; MathVerifyMissing with the install command when it cannot be imported."""
     try:
         import math_verify
-    except ImportError:
-        return None
-    try:
-        gold_parsed = math_verify.parse(gold if "$" in gold else f"${gold}$")
-        pred_parsed = math_verify.parse(pred if "$" in pred else f"${pred}$")
-        if not gold_parsed or not pred_parsed:
-            return None
-        return bool(math_verify.verify(gold_parsed, pred_parsed))
-    except Exception:  # noqa: BLE001 -- math-verify raises many parser errors; undecided, fall back
-        return None
+    except ImportError as e:
+        raise MathVerifyMissing(
+            f"math-verify cannot be imported ({e}); it is a core dependency of jaxrl: "
+            "pip install 'math-verify[antlr4_13_2]==0.9.0'"
+        ) from None
+    return math_verify
+
+
+def _math_verify_equal(gold: str, pred: str) -> bool:
+    """math-verify's verdict (False when it cannot parse either side); its signal-based timeouts are used only
+    on the main thread."""
+    math_verify = require_math_verify()
+    main = threading.current_thread() is threading.main_thread()
+    parse_kw = {} if main else {"parsing_timeout": None}
+    verify_kw = {} if main else {"timeout_seconds": None}
+    gold_parsed = math_verify.parse(gold if "$" in gold else f"${gold}$", **parse_kw)
+    pred_parsed = math_verify.parse(pred if "$" in pred else f"${pred}$", **parse_kw)
+    if not gold_parsed or not pred_parsed:
+        return False
+    return bool(math_verify.verify(gold_parsed, pred_parsed, **verify_kw))
 
 
 def math_equal(gold: str, pred: str, *, use_math_verify: bool = True) -> bool:
-    """Whether answer `pred` equals reference `gold` mathematically (both already extracted)."""
+    """Whether answer `pred` equals reference `gold` mathematically (both already extracted).
+
+    `use_math_verify=False` restricts the comparison to numbers and normalised strings (an explicit choice)."""
     a, b = parse_number(gold), parse_number(pred)
     if a is not None and b is not None:
         return a == b
     if normalize(gold) == normalize(pred):
         return True
-    if use_math_verify:
-        verdict = _math_verify_equal(gold, pred)
-        if verdict is not None:
-            return verdict
-    return False
+    return use_math_verify and _math_verify_equal(gold, pred)
 
 
 def gold_answer(reference: object) -> str:
@@ -128,7 +139,7 @@ def gold_answer(reference: object) -> str:
 
 def math_answer(
     prompts: list[str], completions: list[str], *, answer: list, use_math_verify: bool = True,
-    tags_only: bool = False, **_fields
+    tags_only: bool = False
 ) -> list[float]:
     """1.0 where the completion's final answer equals the `answer` field mathematically, else 0.0.
 
@@ -143,8 +154,8 @@ def math_answer(
     return out
 
 
-def exact_answer(prompts: list[str], completions: list[str], *, answer: list, tags_only: bool = False,
-                 **_fields) -> list[float]:
+def exact_answer(prompts: list[str], completions: list[str], *, answer: list, tags_only: bool = False
+                 ) -> list[float]:
     """1.0 where the extracted final answer equals the reference string after `normalize`, else 0.0
     (`tags_only` as in `math_answer`)."""
     del prompts

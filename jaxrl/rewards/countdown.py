@@ -84,7 +84,6 @@ def countdown(
     numbers: list,
     target: list,
     format_score: float = 0.0,
-    **_fields,
 ) -> list[float]:
     """1.0 for a correct countdown expression, `format_score` for a parsable but wrong one, else 0.0."""
     del prompts

@@ -20,7 +20,7 @@ def _scorer(task: str):
 
 
 def reasoning_gym_score(
-    prompts: list[str], completions: list[str], *, answer: list, task: list, metadata: list, **_fields
+    prompts: list[str], completions: list[str], *, answer: list, task: list, metadata: list
 ) -> list[float]:
     """reasoning-gym's own score in [0, 1] for each completion (partial credit as the task defines it)."""
     del prompts

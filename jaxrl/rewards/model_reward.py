@@ -1,17 +1,16 @@
 """Rewards from models: a trained reward model (`type: model`) and a pairwise judge (`type: pairwise`).
 
 * `model_reward(prompts, completions, *, checkpoint, ...)`: r_i = RM(prompt_i + " " + completion_i + EOS), the
-  same text layout `jaxrl train-rm` trains on (`jaxrl.reward_model.data.encode_text`). Rows are
-  right-padded to
-  a bucket length and scored in fixed-size jitted batches (one compilation per bucket). The loaded model is
+  same text layout `jaxrl train-rm` trains on (`jaxrl.reward_model.data.encode_text`). Rows are right-padded
+  to a bucket length and scored in fixed-size jitted batches (one compilation per bucket). The loaded model is
   cached per (checkpoint, dtype) in `_load`, so a reward spec with `params: {checkpoint: ...}` loads it once.
-  Parameters are placed replicated over `mesh` when one is given (the trainer passes its mesh), else on the
-  default device.
-* `pairwise_reward(prompts, completions, *, judge, group_size, mode)`: within each group of G completions
-of one
-  prompt (rows contiguous), the judge `judge(prompt, a, b) -> S` (S > 0: a better) is called on every ordered
-  pair, and `jaxrl.losses.openrs.pairwise_group_rewards` turns the G×G matrix into per-sample rewards
+  Parameters are placed replicated over `mesh` when a caller passes one, else on the default device.
+* `pairwise_reward(prompts, completions, *, judge, group_size, mode)`: within each group of G completions of
+  one prompt (rows contiguous), the judge `judge(prompt, a, b) -> S` (S > 0: a better) is called on every
+  ordered pair, and `jaxrl.losses.openrs.pairwise_group_rewards` turns the G×G matrix into per-sample rewards
   (OpenRS-style win rate, spec 7c [READING]). A failing judge call leaves that pair out.
+
+`load_scorer_model` is the library's loader for the three checkpoint layouts (`jaxrl eval-rm` can use it too).
 """
 
 from __future__ import annotations
@@ -19,6 +18,8 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import os
+from pathlib import Path
 from typing import Any, Callable
 
 import jax
@@ -26,17 +27,34 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxrl.errors import ConfigError
+from jaxrl.errors import CheckpointError, ConfigError
+from jaxrl.rewards.imports import import_function
 
 log = logging.getLogger(__name__)
 
 
+def load_scorer_model(path: str | os.PathLike):
+    """(reward model, tokenizer) from a train-rm run dir, an RM checkpoint or an HF sequence-cls directory."""
+    from jaxrl.model_io import load_tokenizer
+
+    p = Path(path)
+    if (p / "config.json").is_file():
+        from jaxrl.reward_model.export import import_reward_model
+
+        model, tokenizer = import_reward_model(p), load_tokenizer(p)
+    else:
+        from jaxrl.reward_model.model import load_reward_model
+
+        model, tokenizer = load_reward_model(p)
+    if tokenizer is None:
+        raise CheckpointError(f"{path}: no tokenizer saved with the reward model")
+    return model, tokenizer
+
+
 @functools.lru_cache(maxsize=4)
 def _load(checkpoint: str, dtype: str):
-    """(graphdef, state, tokenizer, jitted scorer) of an RM checkpoint / run dir / HF sequence-cls dir."""
-    from jaxrl.commands.eval_rm import _load as load_rm
-
-    model, tokenizer = load_rm(checkpoint)
+    """(state, tokenizer, jitted scorer) of an RM checkpoint, cached per (checkpoint, dtype)."""
+    model, tokenizer = load_scorer_model(checkpoint)
     if dtype != model.cfg.dtype:
         raise ConfigError(f"rewards: reward model {checkpoint} is {model.cfg.dtype}; dtype={dtype!r} differs")
     graphdef, state = nnx.split(model)
@@ -57,8 +75,7 @@ def _bucket(n: int, buckets: tuple[int, ...]) -> int:
 
 def model_reward(prompts: list[str], completions: list[str], *, checkpoint: str, batch_size: int = 32,
                  max_len: int = 1024, buckets: tuple[int, ...] = (64, 128, 256, 512, 1024),
-                 dtype: str = "float32",
-                 mesh: Any = None, **_fields) -> list[float | None]:
+                 dtype: str = "float32", mesh: Any = None) -> list[float | None]:
     """RM score of each (prompt, completion); None (an error, handled by `on_error`) when longer than
     max_len."""
     from jaxrl.reward_model.data import encode_text, pad_right
@@ -87,12 +104,10 @@ def model_reward(prompts: list[str], completions: list[str], *, checkpoint: str,
 
 def pairwise_reward(prompts: list[str], completions: list[str], *,
                     judge: str | Callable[[str, str, str], float],
-                    group_size: int, mode: str = "score", min_score: float = 0.0, **_fields) -> list[float]:
+                    group_size: int, mode: str = "score", min_score: float = 0.0) -> list[float]:
     """Per-sample rewards from a pairwise judge, group by group (see the module docstring)."""
     from jaxrl.losses.openrs import pairwise_group_rewards
-    from jaxrl.rewards.score import _import_function
-
-    fn = _import_function(judge, "rewards.params.judge") if isinstance(judge, str) else judge
+    fn = import_function(judge, "rewards.params.judge") if isinstance(judge, str) else judge
     n = len(completions)
     if group_size < 2 or n % group_size:
         raise ConfigError(f"pairwise reward: group_size={group_size} must be >= 2 and divide the {n} "

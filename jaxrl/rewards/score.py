@@ -1,100 +1,55 @@
-"""Resolving reward specs into callables and scoring completions into an `[N, K]` reward matrix.
+"""Scoring completions with resolved rewards into an `[N, K]` reward matrix.
 
-A reward that raises, returns None, NaN or ±inf for a sample is *counted* (`reward/<name>/errors`) and
-replaced
-according to its `on_error`: "zero" → 0.0, "skip" → NaN (the advantage code excludes NaN entries). When a
-batched
-call raises, the reward is re-run one sample at a time so that only the failing samples are affected. A reward
-that returns a list of the wrong length is a bug and raises `UserError` naming it.
+A reward that raises, returns None, NaN, ±inf or a non-number for a sample *fails* on that sample: it is
+counted (`ScoreInfo.errors`, metric `reward/<name>/errors`), its first failure kept (`ScoreInfo.first_failure`:
+the traceback, or which sample returned what), and the score replaced according to `on_error`: "zero" → 0.0,
+"skip" → NaN (the advantage code excludes NaN entries). When a batched call raises, the reward is re-run one
+sample at a time so that only the failing samples are affected. A reward that returns the wrong number of
+scores is a bug and raises `UserError` naming it; a reward whose required per-sample field is missing from
+the data raises `ConfigError`. `RewardFailureTracker` (jaxrl.rewards.failures) stops a run whose reward keeps
+failing on every sample.
 """
 
 from __future__ import annotations
 
-import functools
-import importlib
 import logging
 import math
-from typing import Any, Callable, NamedTuple, Protocol, Sequence
+import traceback
+from typing import Any, NamedTuple, Protocol, Sequence
 
 import numpy as np
 
 from jaxrl.errors import ConfigError, UserError
-from jaxrl.rewards.answers import exact_answer, math_answer
-from jaxrl.rewards.countdown import countdown
-from jaxrl.rewards.gym import reasoning_gym_score
-from jaxrl.rewards.model_reward import model_reward, pairwise_reward
-from jaxrl.rewards.shaping import format_reward, length_penalty, overlong_penalty
+from jaxrl.rewards.resolve import Reward, Rewards, resolve
 
 log = logging.getLogger(__name__)
 
 
 class RewardFn(Protocol):
-    """`fn(prompts, completions, **fields) -> list[float | None]`, one score per completion.
+    """`fn(prompts, completions, **params, **fields) -> list[float | None]`, one score per completion.
 
     `fields` holds per-sample lists aligned with `completions`: the dataset fields (the reference answer is
-    always under `answer`) plus `completion_length` (generated token counts).
+    always under `answer`) plus `completion_length` (generated token counts); a function receives the fields it
+    names (all of them if it takes `**kwargs`).
     """
 
     def __call__(self, prompts: list[str], completions: list[str], **fields: Any) -> list[float | None]: ...
 
 
-# type name -> built-in reward function. Explicit and greppable (STYLE.md principle 15).
-BUILTINS: dict[str, Callable[..., list[float]]] = {
-    "math_answer": math_answer,
-    "exact_answer": exact_answer,
-    "format": format_reward,
-    "length": length_penalty,
-    "overlong": overlong_penalty,
-    "countdown": countdown,
-    "reasoning_gym": reasoning_gym_score,
-    "model": model_reward,  # params: {checkpoint: RM run dir / HF SequenceClassification dir}
-    "pairwise": pairwise_reward,  # params: {judge: "module:function", group_size: G}
-}
-
-
-class Reward(NamedTuple):
-    """A resolved reward: the spec's name, weight and error policy plus the callable (params bound)."""
-
-    name: str
-    fn: RewardFn
-    weight: float
-    on_error: str
-
-
 class ScoreInfo(NamedTuple):
+    """What `score` reports besides the matrix.
+
+    names: K reward names. weights_K: float32 [K]. errors: failed samples per reward. metrics:
+    `reward/<name>/mean|errors`. num_samples: N. first_failure: per reward with a failure, its first one (a
+    traceback, whose last line is the exception, or "sample i returned x").
+    """
+
     names: tuple[str, ...]
     weights_K: np.ndarray
     errors: dict[str, int]
     metrics: dict[str, float]
-
-
-def _import_function(ref: str, where: str) -> Callable[..., Any]:
-    module_name, _, attr = ref.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ConfigError(f"{where}={ref!r}: cannot import module {module_name!r} ({e})") from None
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise ConfigError(f"{where}={ref!r}: module {module_name!r} has no function {attr!r}")
-    return fn
-
-
-def build_reward(spec: Any) -> Reward:
-    """Resolves one `jaxrl.config.RewardSpec`: a built-in `type`, or `type: function` + "module:function"."""
-    if spec.type == "function":
-        fn = _import_function(spec.function, f"rewards[{spec.name}].function")
-    elif spec.type in BUILTINS:
-        fn = BUILTINS[spec.type]
-    else:
-        allowed = ", ".join(map(repr, [*BUILTINS, "function"]))
-        raise ConfigError(f"rewards[{spec.name}].type={spec.type!r}: allowed values are {allowed}")
-    bound = functools.partial(fn, **spec.params) if spec.params else fn
-    return Reward(spec.name, bound, float(spec.weight), spec.on_error)
-
-
-def build_rewards(specs: Sequence[Any]) -> tuple[Reward, ...]:
-    return tuple(s if isinstance(s, Reward) else build_reward(s) for s in specs)
+    num_samples: int = 0
+    first_failure: dict[str, str] = {}
 
 
 def _valid(x: Any) -> bool:
@@ -104,70 +59,74 @@ def _valid(x: Any) -> bool:
         return False
 
 
-def _call(reward: Reward, prompts: list[str], completions: list[str], fields: dict[str, list]) -> list[Any]:
-    """Scores of one reward; a raising batch is retried per sample, a raising sample scores None."""
+def _call(reward: Reward, prompts: list[str], completions: list[str],
+          fields: dict[str, Any]) -> tuple[list[Any], str]:
+    """Scores of one reward and its first traceback ('' when nothing raised); a raising batch is retried per
+    sample, and a raising sample scores None."""
     n = len(completions)
+    first = ""
     try:
         out = list(reward.fn(prompts, completions, **fields))
     except Exception as e:  # noqa: BLE001 -- user code: isolate per sample below, then count
+        first = traceback.format_exc()
         log.warning("reward %r raised %s: %s; retrying sample by sample", reward.name, type(e).__name__, e)
         out = []
         for i in range(n):
             try:
-                out.extend(
-                    reward.fn(
-                        prompts[i : i + 1],
-                        completions[i : i + 1],
-                        **{k: v[i : i + 1] for k, v in fields.items()},
-                    )
-                )
+                one = list(reward.fn(prompts[i : i + 1], completions[i : i + 1],
+                                     **{k: v[i : i + 1] for k, v in fields.items()}))
             except Exception:  # noqa: BLE001 -- counted as an error by the caller
-                out.append(None)
+                one = [None]
+            if len(one) != 1:
+                raise UserError(f"reward {reward.name!r} returned {len(one)} scores for 1 completion")
+            out.extend(one)
     if len(out) != n:
         raise UserError(f"reward {reward.name!r} returned {len(out)} scores for {n} completions")
-    return out
+    return out, first
 
 
 def score(
-    rewards: Sequence[Any], prompts: list[str], completions: list[str], fields: dict[str, list] | None = None
+    rewards: Rewards | Sequence[Any], prompts: list[str], completions: list[str],
+    fields: dict[str, Sequence[Any]] | None = None
 ) -> tuple[np.ndarray, ScoreInfo]:
     """Scores N completions with K rewards.
 
     Args:
-      rewards: K `RewardSpec`s (or already built `Reward`s).
+      rewards: the `Rewards` from `resolve` (resolved once at setup). A sequence of `RewardSpec`s is still
+        accepted and resolved on every call (kept for old callers; prefer `resolve` once).
       prompts: N prompt strings (repeated G times per prompt by the caller).
       completions: N completion strings.
-      fields: per-sample lists of length N (dataset fields, `completion_length`).
+      fields: per-sample sequences of length N (dataset fields, `completion_length`).
 
     Returns:
       rewards_NK: float32 [N, K]; NaN where a failing sample's reward has on_error="skip".
-      info: names, weights_K (float32 [K]), error counts and metrics `reward/<name>/mean|errors`.
+      info: `ScoreInfo` (names, weights_K float32 [K], failed-sample counts, first failures, metrics).
     """
+    resolved = resolve(rewards)
     fields = dict(fields or {})
     n = len(completions)
     if len(prompts) != n or any(len(v) != n for v in fields.values()):
         bad = {k: len(v) for k, v in fields.items() if len(v) != n}
         raise ValueError(f"score: {n} completions but {len(prompts)} prompts and field lengths {bad}")
-    built = build_rewards(rewards)
-    rewards_NK = np.zeros((n, len(built)), np.float32)
-    errors, metrics = {}, {}
-    for k, reward in enumerate(built):
-        raw = _call(reward, prompts, completions, fields)
+    rewards_NK = np.zeros((n, len(resolved)), np.float32)
+    errors, metrics, first_failure = {}, {}, {}
+    for k, reward in enumerate(resolved):
+        missing = sorted(reward.required_fields - fields.keys())
+        if missing:
+            raise ConfigError(f"rewards[{reward.name}] needs the per-sample field {missing[0]!r}; the data has "
+                              f"{', '.join(sorted(fields)) or 'no fields'}")
+        raw, first = _call(reward, prompts, completions, reward.select(fields))
         ok = [_valid(x) for x in raw]
         fill = 0.0 if reward.on_error == "zero" else math.nan
         rewards_NK[:, k] = [float(x) if good else fill for x, good in zip(raw, ok)]
         errors[reward.name] = n - sum(ok)
         if errors[reward.name]:
-            log.warning(
-                "reward %r: %d of %d samples failed (on_error=%s)",
-                reward.name,
-                errors[reward.name],
-                n,
-                reward.on_error,
-            )
+            bad_i = ok.index(False)
+            first_failure[reward.name] = first or f"sample {bad_i} returned {raw[bad_i]!r}"
+            log.warning("reward %r: %d of %d samples failed (on_error=%s); first: %s", reward.name,
+                        errors[reward.name], n, reward.on_error, first_failure[reward.name].strip().splitlines()[-1])
         column = rewards_NK[:, k]
         finite = column[~np.isnan(column)]
         metrics[f"reward/{reward.name}/mean"] = float(finite.mean()) if finite.size else math.nan
         metrics[f"reward/{reward.name}/errors"] = float(errors[reward.name])
-    weights_K = np.asarray([r.weight for r in built], np.float32)
-    return rewards_NK, ScoreInfo(tuple(r.name for r in built), weights_K, errors, metrics)
+    return rewards_NK, ScoreInfo(resolved.names, resolved.weights_K, errors, metrics, n, first_failure)

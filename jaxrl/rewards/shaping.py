@@ -1,4 +1,5 @@
-"""Format and length rewards: regex / tag format checks, a linear length penalty and DAPO's overlong penalty.
+"""Format and length rewards: regex / tag format checks, a linear length penalty and DAPO's overlong penalty
+(the same function as `jaxrl.losses.overlong_penalty`, applied to a list of lengths).
 
 Length rewards read the per-sample token count from the `completion_length` field, which the rollout passes
 alongside the dataset fields (character counts would silently disagree with the token budget).
@@ -8,6 +9,10 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
+
+from jaxrl import losses
+
 
 def format_reward(
     prompts: list[str],
@@ -15,7 +20,6 @@ def format_reward(
     *,
     pattern: str | None = None,
     tags: list[str] | tuple[str, ...] = (),
-    **_fields,
 ) -> list[float]:
     """1.0 where the completion matches `pattern` (re.fullmatch, DOTALL, after stripping) and contains each of
     `tags` exactly once as `<tag>...</tag>`; else 0.0."""
@@ -43,7 +47,6 @@ def length_penalty(
     completion_length: list[int],
     target: int,
     coef: float = 1.0,
-    **_fields,
 ) -> list[float]:
     """Linear penalty beyond a target length: r = −coef · max(0, L − target) / target."""
     del prompts, completions
@@ -60,17 +63,14 @@ def overlong_penalty(
     max_len: int,
     buffer: int,
     factor: float = 1.0,
-    **_fields,
 ) -> list[float]:
-    """DAPO soft overlong punishment (arXiv:2503.14476, eq. 13).
+    """DAPO soft overlong punishment as a reward (arXiv:2503.14476, eq. 13): `jaxrl.losses.overlong_penalty`.
 
-    r = min(−(L − (L_max − L_buf)) / L_buf · κ, 0), with L clipped at L_max so r ∈ [−κ, 0].
-    max_len: L_max (the generation budget); buffer: L_buf; factor: κ.
+    r = min(−(L − (L_max − L_buf)) / L_buf · κ, 0): 0 up to L_max − L_buf tokens, −κ at L_max, and (as in the
+    paper, spec 1.5 and verl's DAPO reward manager) not clamped below past L_max.
+    max_len: L_max (the generation budget); buffer: L_buf in (0, L_max]; factor: κ.
     """
     del prompts, completions
-    if not 0 < buffer <= max_len:
-        raise ValueError(
-            f"overlong_penalty: need 0 < params.buffer <= params.max_len, got {buffer}, {max_len}"
-        )
-    start = max_len - buffer
-    return [min(-(min(int(n), max_len) - start) / buffer * factor, 0.0) for n in completion_length]
+    lengths_N = np.asarray(completion_length, np.int64).reshape(-1)
+    penalty_N = losses.overlong_penalty(lengths_N, max_length=max_len, buffer=buffer, factor=factor)
+    return [float(x) for x in np.asarray(penalty_N)]

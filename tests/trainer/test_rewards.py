@@ -19,6 +19,7 @@ from jaxrl.rewards import (
     math_equal,
     overlong_penalty,
     parse_number,
+    resolve,
     score,
 )
 from jaxrl.rewards.countdown import InvalidExpression
@@ -84,17 +85,19 @@ def test_math_equal_numeric_and_symbolic():
     assert not math_equal("\\sqrt{2}/2", "\\frac{\\sqrt{2}}{2}", use_math_verify=False)
 
 
-def test_math_equal_off_main_thread_falls_back():
-    # math-verify uses signal.alarm and raises off the main thread; we must fall back, not crash.
+def test_math_equal_off_main_thread_uses_math_verify_without_timeouts():
+    # math-verify's signal.alarm timeouts only work on the main thread; elsewhere it runs without them
+    # (no silent fall back to string matching).
     out = {}
     t = threading.Thread(
         target=lambda: out.update(
-            a=math_equal("\\sqrt{2}/2", "\\frac{\\sqrt{2}}{2}"), b=math_equal("0.5", "1/2")
+            a=math_equal("\\sqrt{2}/2", "\\frac{\\sqrt{2}}{2}"), b=math_equal("0.5", "1/2"),
+            c=math_equal("x^2+2x", "2x+x^2"), d=math_equal("\\sqrt{2}/2", "\\frac{\\sqrt{3}}{2}"),
         )
     )
     t.start()
     t.join()
-    assert out == {"a": False, "b": True}
+    assert out == {"a": True, "b": True, "c": True, "d": False}
 
 
 def test_math_and_exact_answer():
@@ -126,9 +129,10 @@ def test_format_reward():
 
 def test_length_and_overlong_penalties():
     lengths = [0, 4, 6, 8, 10, 12]
-    # L_max=10, L_buf=4: no penalty up to 6, then linear to -κ at 10, clipped beyond.
+    # L_max=10, L_buf=4, κ=2: no penalty up to 6, then -(L-6)/4·2, reaching -κ at 10 and (DAPO eq. 13, spec
+    # 1.5, jaxrl.losses.overlong_penalty) not clamped beyond: -(12-6)/4·2 = -3.
     got = overlong_penalty([""] * 6, [""] * 6, completion_length=lengths, max_len=10, buffer=4, factor=2.0)
-    np.testing.assert_allclose(got, [0, 0, 0, -1.0, -2.0, -2.0])
+    np.testing.assert_allclose(got, [0, 0, 0, -1.0, -2.0, -3.0])
     assert length_penalty([""] * 3, [""] * 3, completion_length=[3, 5, 9], target=5, coef=0.5) == [0, 0, -0.4]
 
 
@@ -203,7 +207,7 @@ def test_score_counts_and_treats_errors():
         RewardSpec(name="fmt", type="format", params={"tags": ["answer"]}),
     ]
     completions = ["a", "b", "<answer>c</answer>", "d", "e"]
-    rewards_NK, info = score(specs, ["p"] * 5, completions, {"answer": ["1", "2", "3", "4", "5"]})
+    rewards_NK, info = score(resolve(specs), ["p"] * 5, completions, {"answer": ["1", "2", "3", "4", "5"]})
     assert rewards_NK.dtype == np.float32 and rewards_NK.shape == (5, 4)
     np.testing.assert_array_equal(rewards_NK[:, 0], [1, 0, 1, 1, 1])
     assert np.isnan(rewards_NK[:4, 1]).all() and rewards_NK[4, 1] == 2.5
@@ -214,19 +218,26 @@ def test_score_counts_and_treats_errors():
     np.testing.assert_array_equal(info.weights_K, [1, 1, 0.5, 1])
     assert info.metrics["reward/bad/mean"] == 2.5 and info.metrics["reward/crash/errors"] == 1
     assert math.isclose(info.metrics["reward/crash/mean"], 0.8, rel_tol=1e-6)
+    assert info.num_samples == 5 and set(info.first_failure) == {"crash", "bad"}
+    assert info.first_failure["crash"].strip().splitlines()[-1] == "RuntimeError: boom"
+    assert info.first_failure["bad"] == "sample 0 returned None"
 
 
 def test_score_rejects_wrong_length_and_bad_specs():
     with pytest.raises(UserError, match="'short' returned 1 scores for 2"):
-        score([RewardSpec(name="short", function=f"{__name__}:_wrong_length")], ["p", "p"], ["a", "b"])
+        score(resolve([RewardSpec(name="short", function=f"{__name__}:_wrong_length")]), ["p", "p"], ["a", "b"])
     with pytest.raises(ConfigError, match=r"rewards\[x\].function='nosuchmod_xyz:f'"):
-        score([RewardSpec(name="x", function="nosuchmod_xyz:f")], ["p"], ["a"])
+        resolve([RewardSpec(name="x", function="nosuchmod_xyz:f")])
     with pytest.raises(ConfigError, match=r"has no function 'nope'"):
-        score([RewardSpec(name="x", function=f"{__name__}:nope")], ["p"], ["a"])
+        resolve([RewardSpec(name="x", function=f"{__name__}:nope")])
     with pytest.raises(ConfigError, match=r"rewards\[x\].type='mathh'"):
-        score([RewardSpec(name="x", type="mathh")], ["p"], ["a"])
+        resolve([RewardSpec(name="x", type="mathh")])
+    fmt = resolve([RewardSpec(name="f", type="format", params={"tags": ["a"]})])
     with pytest.raises(ValueError, match="field lengths"):
-        score([RewardSpec(name="f", type="format", params={"tags": ["a"]})], ["p"], ["a"], {"answer": [1, 2]})
+        score(fmt, ["p"], ["a"], {"answer": [1, 2]})
+    # the old call with specs still works (resolved on the fly)
+    rewards_NK, _ = score([RewardSpec(name="f", type="format", params={"tags": ["a"]})], ["p"], ["<a>1</a>"])
+    assert rewards_NK.tolist() == [[1.0]]
 
 
 def test_reasoning_gym_reward_uses_the_task_scorer():
