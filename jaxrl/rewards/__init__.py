@@ -21,7 +21,7 @@ from jaxrl.rewards.failures import RewardError, RewardFailureTracker
 from jaxrl.rewards.gym import reasoning_gym_score
 from jaxrl.rewards.imports import import_function
 from jaxrl.rewards.registry import BUILTINS, Builtin
-from jaxrl.rewards.resolve import Reward, Rewards, build_reward, resolve
+from jaxrl.rewards.specs import Reward, Rewards, build_reward, resolve
 from jaxrl.rewards.score import RewardFn, ScoreInfo, score
 from jaxrl.rewards.shaping import format_reward, length_penalty, overlong_penalty
 

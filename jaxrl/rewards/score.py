@@ -20,7 +20,7 @@ from typing import Any, NamedTuple, Protocol, Sequence
 import numpy as np
 
 from jaxrl.errors import ConfigError, UserError
-from jaxrl.rewards.resolve import Reward, Rewards, resolve
+from jaxrl.rewards.specs import Reward, Rewards, resolve
 
 log = logging.getLogger(__name__)
 
