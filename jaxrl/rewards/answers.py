@@ -120,7 +120,8 @@ def _math_verify_equal(gold: str, pred: str) -> bool:
 def math_equal(gold: str, pred: str, *, use_math_verify: bool = True) -> bool:
     """Whether answer `pred` equals reference `gold` mathematically (both already extracted).
 
-    `use_math_verify=False` restricts the comparison to numbers and normalised strings (an explicit choice)."""
+    `use_math_verify=False` restricts the comparison to numbers and normalised strings (an explicit
+    choice)."""
     a, b = parse_number(gold), parse_number(pred)
     if a is not None and b is not None:
         return a == b

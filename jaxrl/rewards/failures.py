@@ -35,7 +35,8 @@ class RewardFailureTracker:
     """
 
     def __init__(self, max_failed_steps: int = 3):
-        if isinstance(max_failed_steps, bool) or not isinstance(max_failed_steps, int) or max_failed_steps < 1:
+        is_int = isinstance(max_failed_steps, int) and not isinstance(max_failed_steps, bool)
+        if not is_int or max_failed_steps < 1:
             raise UserError(f"rewards_max_failed_steps={max_failed_steps!r}: must be an integer >= 1")
         self.max_failed_steps = max_failed_steps
         self._streak: dict[str, int] = {}

@@ -24,7 +24,7 @@ from jaxrl.rewards.shaping import format_reward, length_penalty, overlong_penalt
 
 
 class Builtin(NamedTuple):
-    """A built-in reward: `fn(prompts, completions, **fields, **params)`, its field names and a param check."""
+    """A built-in reward: `fn(prompts, completions, **fields, **params)`, its fields and its param check."""
 
     fn: Callable[..., list]
     fields: tuple[str, ...]
@@ -41,7 +41,8 @@ def _check_math(p: Mapping[str, Any]) -> None:
 
 def _check_format(p: Mapping[str, Any]) -> None:
     if p["pattern"] is None and not p["tags"]:
-        raise ValueError("params: the format reward needs pattern (a regex) and/or tags (a list of tag names)")
+        raise ValueError("params: the format reward needs pattern (a regex) and/or tags (a list of tag "
+                         "names)")
     if p["pattern"] is not None:
         try:
             re.compile(p["pattern"])
@@ -67,7 +68,8 @@ def _check_overlong(p: Mapping[str, Any]) -> None:
 def _check_gym(p: Mapping[str, Any]) -> None:
     del p
     if importlib.util.find_spec("reasoning_gym") is None:
-        raise ValueError("type='reasoning_gym': needs the reasoning-gym package (pip install reasoning-gym==0.1.25)")
+        raise ValueError("type='reasoning_gym': needs the reasoning-gym package "
+                         "(pip install reasoning-gym==0.1.25)")
 
 
 def _check_model(p: Mapping[str, Any]) -> None:

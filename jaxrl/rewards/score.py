@@ -1,13 +1,13 @@
 """Scoring completions with resolved rewards into an `[N, K]` reward matrix.
 
 A reward that raises, returns None, NaN, ±inf or a non-number for a sample *fails* on that sample: it is
-counted (`ScoreInfo.errors`, metric `reward/<name>/errors`), its first failure kept (`ScoreInfo.first_failure`:
-the traceback, or which sample returned what), and the score replaced according to `on_error`: "zero" → 0.0,
-"skip" → NaN (the advantage code excludes NaN entries). When a batched call raises, the reward is re-run one
-sample at a time so that only the failing samples are affected. A reward that returns the wrong number of
-scores is a bug and raises `UserError` naming it; a reward whose required per-sample field is missing from
-the data raises `ConfigError`. `RewardFailureTracker` (jaxrl.rewards.failures) stops a run whose reward keeps
-failing on every sample.
+counted (`ScoreInfo.errors`, metric `reward/<name>/errors`), its first failure kept
+(`ScoreInfo.first_failure`: the traceback, or which sample returned what), and the score replaced according
+to `on_error`: "zero" → 0.0, "skip" → NaN (the advantage code excludes NaN entries). When a batched call
+raises, the reward is re-run one sample at a time so that only the failing samples are affected. A reward
+that returns the wrong number of scores is a bug and raises `UserError` naming it; a reward whose required
+per-sample field is missing from the data raises `ConfigError`. `RewardFailureTracker`
+(jaxrl.rewards.failures) stops a run whose reward keeps failing on every sample.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ class RewardFn(Protocol):
     """`fn(prompts, completions, **params, **fields) -> list[float | None]`, one score per completion.
 
     `fields` holds per-sample lists aligned with `completions`: the dataset fields (the reference answer is
-    always under `answer`) plus `completion_length` (generated token counts); a function receives the fields it
-    names (all of them if it takes `**kwargs`).
+    always under `answer`) plus `completion_length` (generated token counts); a function receives the fields
+    it names (all of them if it takes `**kwargs`).
     """
 
     def __call__(self, prompts: list[str], completions: list[str], **fields: Any) -> list[float | None]: ...
@@ -113,8 +113,8 @@ def score(
     for k, reward in enumerate(resolved):
         missing = sorted(reward.required_fields - fields.keys())
         if missing:
-            raise ConfigError(f"rewards[{reward.name}] needs the per-sample field {missing[0]!r}; the data has "
-                              f"{', '.join(sorted(fields)) or 'no fields'}")
+            raise ConfigError(f"rewards[{reward.name}] needs the per-sample field {missing[0]!r}; "
+                              f"the data has {', '.join(sorted(fields)) or 'no fields'}")
         raw, first = _call(reward, prompts, completions, reward.select(fields))
         ok = [_valid(x) for x in raw]
         fill = 0.0 if reward.on_error == "zero" else math.nan
@@ -124,7 +124,8 @@ def score(
             bad_i = ok.index(False)
             first_failure[reward.name] = first or f"sample {bad_i} returned {raw[bad_i]!r}"
             log.warning("reward %r: %d of %d samples failed (on_error=%s); first: %s", reward.name,
-                        errors[reward.name], n, reward.on_error, first_failure[reward.name].strip().splitlines()[-1])
+                        errors[reward.name], n, reward.on_error,
+                        first_failure[reward.name].strip().splitlines()[-1])
         column = rewards_NK[:, k]
         finite = column[~np.isnan(column)]
         metrics[f"reward/{reward.name}/mean"] = float(finite.mean()) if finite.size else math.nan

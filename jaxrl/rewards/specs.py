@@ -167,8 +167,8 @@ def build_reward(spec: Any, *, fields: Iterable[str] | None = None) -> Reward:
         missing = sorted(required - available)
         if missing:
             kind = "per-sample field" if builtin else "param (or per-sample field)"
-            raise ConfigError(f"{where}.params.{missing[0]}: {what} needs this {kind}; the data has the fields "
-                              f"{', '.join(sorted(available)) or 'none'}")
+            raise ConfigError(f"{where}.params.{missing[0]}: {what} needs this {kind}; the data has the "
+                              f"fields {', '.join(sorted(available)) or 'none'}")
     if builtin and builtin.check:
         defaults = {k: p.default for k, p in named.items() if p.default is not inspect.Parameter.empty}
         try:

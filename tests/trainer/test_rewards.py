@@ -225,7 +225,8 @@ def test_score_counts_and_treats_errors():
 
 def test_score_rejects_wrong_length_and_bad_specs():
     with pytest.raises(UserError, match="'short' returned 1 scores for 2"):
-        score(resolve([RewardSpec(name="short", function=f"{__name__}:_wrong_length")]), ["p", "p"], ["a", "b"])
+        short = resolve([RewardSpec(name="short", function=f"{__name__}:_wrong_length")])
+        score(short, ["p", "p"], ["a", "b"])
     with pytest.raises(ConfigError, match=r"rewards\[x\].function='nosuchmod_xyz:f'"):
         resolve([RewardSpec(name="x", function="nosuchmod_xyz:f")])
     with pytest.raises(ConfigError, match=r"has no function 'nope'"):
