@@ -1,7 +1,7 @@
-"""Builders at the edge: experiment config sections -> model, tokenizer, optimiser, loss spec.
+"""Builders at the edge: config sections -> model config, model, tokenizer.
 
-This is the only place (with the trainer loop) that reads `ExperimentConfig` fields; everything it returns is
-a plain object with explicit arguments (a `Transformer`, an optax transformation, frozen specs).
+Called by `jaxrl.trainer.setup` (and the CLI commands) with one config section each; everything they return is
+a plain object with explicit arguments (a `TransformerConfig`, a `Transformer`, a tokenizer).
 """
 
 from __future__ import annotations
@@ -13,14 +13,10 @@ from typing import Any
 
 from flax import nnx
 
-from jaxrl.algos import AdvantageSpec
-from jaxrl.config import AlgorithmConfig, ExperimentConfig, ModelConfig, TokenizerConfig
+from jaxrl.config import ModelConfig, TokenizerConfig
 from jaxrl.errors import ConfigError
-from jaxrl.optim import build_optimizer  # noqa: F401 -- re-exported for the trainer
 from jaxrl.models import Transformer, TransformerConfig
-from jaxrl.rollout import SamplingSpec
 from jaxrl.sharding import Constrain, no_constraint
-from jaxrl.train_step import LossSpec
 
 # Presets of `TransformerConfig` selectable by name in `model.preset` (explicit table, no getattr magic).
 PRESETS = {
@@ -110,29 +106,3 @@ def build_model(cfg: ModelConfig, *, vocab_size: int, seed: int, constrain: Cons
     # Execution-only switches (no parameter depends on them) apply to loaded weights as well.
     model.cfg = model.cfg.replace(remat=cfg.remat, scan_layers=cfg.scan_layers)
     return model
-
-
-def loss_spec(cfg: AlgorithmConfig, *, kl_in_loss: bool) -> LossSpec:
-    return LossSpec(
-        agg=cfg.agg_mode.replace("_", "-"),
-        dual_clip=cfg.dual_clip,
-        kl_beta=cfg.kl_beta if kl_in_loss else 0.0,
-        kl_kind=cfg.kl_kind,
-        entropy_coef=cfg.entropy_coef,
-        sft_lambda=cfg.sft_lambda if cfg.name.value == "sft_aux" else 0.0,
-        grad_accum=cfg.grad_accum,
-    )
-
-
-def advantage_spec(cfg: ExperimentConfig) -> AdvantageSpec:
-    a = cfg.algorithm
-    return AdvantageSpec(group_size=cfg.rollout.group_size, eps=a.adv_eps, clip_low=a.clip_low,
-                         clip_high=a.clip_high, etr_alpha=a.etr_alpha, etr_beta=a.etr_beta,
-                         etr_adv_max=a.etr_adv_max, gd2po_mode=a.gd2po_mode, gd2po_tau=a.gd2po_tau)
-
-
-def sampling_spec(cfg: ExperimentConfig) -> SamplingSpec:
-    r = cfg.rollout
-    return SamplingSpec(group_size=r.group_size, max_new_tokens=r.max_new_tokens, temperature=r.temperature,
-                        top_k=r.top_k, top_p=r.top_p, prompt_buckets=tuple(r.prompt_buckets),
-                        gen_buckets=tuple(r.gen_buckets))

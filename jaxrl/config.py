@@ -21,18 +21,17 @@ import enum
 import importlib.resources
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 
 from jaxrl._config_io import dump_yaml_config, load_yaml_config
 from jaxrl.errors import ConfigError
+from jaxrl.losses import AggMode, KLKind
 from jaxrl.sharding.mesh import MeshConfig
 
 DTYPES = ("float32", "bfloat16")
 NORMS = ("pre", "post", "siamese")
 REMATS = ("none", "full", "dots")
-AGG_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm")
-KL_KINDS = ("k1", "k2", "k3")
 SCHEDULES = ("cosine", "constant")
 
 
@@ -191,72 +190,168 @@ class RolloutConfig:
             )
 
 
+class KLWhere(str, enum.Enum):
+    """Where the reference KL acts: a term of the loss (GRPO, TRL `beta`) or a penalty in the reward (PPO)."""
+
+    LOSS = "loss"
+    REWARD = "reward"
+
+
+class GD2POMode(str, enum.Enum):
+    """GD²PO conflict filter: drop every conflicting sample, or only those with a small signal-to-noise."""
+
+    HARD = "hard"
+    SNR = "snr"
+
+
+class BatchNorm(str, enum.Enum):
+    """GDPO's batch standardisation of the summed advantages: over samples (TRL) or over tokens (verl)."""
+
+    SAMPLE = "sample"
+    TOKEN = "token"
+
+
+@dataclasses.dataclass(frozen=True)
+class ClipSection:
+    """PPO clip: ratio in [1 - low, 1 + high] (DAPO clip-higher: 0.2/0.28); `dual`: c of dual-clip or null."""
+
+    low: float = 0.2
+    high: float = 0.2
+    dual: float | None = None
+
+    def __post_init__(self):
+        _check(0 <= self.low < 1, "algorithm.clip.low", self.low, "must be in [0, 1)")
+        _check(self.high >= 0, "algorithm.clip.high", self.high, "must be >= 0")
+        if self.dual is not None:
+            _check(self.dual > 1, "algorithm.clip.dual", self.dual, "must be > 1 or null")
+
+
+@dataclasses.dataclass(frozen=True)
+class KLSection:
+    """KL to the reference policy: β (`beta`, 0 keeps no reference model), estimator, loss or reward."""
+
+    beta: float = 0.0
+    kind: KLKind = KLKind.K3
+    where: KLWhere = KLWhere.LOSS
+
+    def __post_init__(self):
+        _check(self.beta >= 0, "algorithm.kl.beta", self.beta, "must be >= 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class ETRSection:
+    """ETR elastic clip bounds [READING] (`losses.etr`): elasticities α, β and the advantage cap."""
+
+    alpha: float = 0.0
+    beta: float = 0.0
+    adv_max: float = 3.0
+
+    def __post_init__(self):
+        for name in ("alpha", "beta", "adv_max"):
+            _check(getattr(self, name) >= 0, f"algorithm.etr.{name}", getattr(self, name), "must be >= 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class GDPOSection:
+    """GDPO (`losses.gdpo`): `batch_norm` sample (TRL, default) or token (verl form, as GD²PO uses)."""
+
+    batch_norm: BatchNorm = BatchNorm.SAMPLE
+
+
+@dataclasses.dataclass(frozen=True)
+class GD2POSection:
+    """GD²PO conflict filter (`losses.gd2po_advantages`): mode, SNR threshold τ, ε of the SNR denominator."""
+
+    mode: GD2POMode = GD2POMode.HARD
+    tau: float = 0.2
+    eps_snr: float = 1e-6
+
+    def __post_init__(self):
+        _check(0 <= self.tau <= 1, "algorithm.gd2po.tau", self.tau, "must be in [0, 1]")
+        _check(self.eps_snr > 0, "algorithm.gd2po.eps_snr", self.eps_snr, "must be > 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class CLIPOSection:
+    """CLIPO contrastive head (arXiv:2603.10101): temperature τ, bonus scale λ (`lam`), head width (reference
+    scripts: 512 GSM8K, 2048 MATH), head AdamW lr, and RL steps during which only the head trains."""
+
+    tau: float = 0.05
+    lam: float = 0.2
+    head_dim: int = 512
+    lr: float = 1e-3
+    warmup_steps: int = 0
+
+    def __post_init__(self):
+        _check(self.tau > 0, "algorithm.clipo.tau", self.tau, "must be > 0")
+        _check(self.lr > 0, "algorithm.clipo.lr", self.lr, "must be > 0")
+        _check(self.lam >= 0, "algorithm.clipo.lam", self.lam, "must be >= 0")
+        _check(self.head_dim >= 1, "algorithm.clipo.head_dim", self.head_dim, "must be >= 1")
+        _check(self.warmup_steps >= 0, "algorithm.clipo.warmup_steps", self.warmup_steps, "must be >= 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class DAPOSection:
+    """DAPO dynamic sampling: resampling rounds per step (0 = off), and the rewards whose sum decides whether a
+    group is kept (empty: every reward except the length shaping ones, i.e. the recipe's `acc`)."""
+
+    max_tries: int = 8
+    filter_rewards: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        _check(self.max_tries >= 0, "algorithm.dapo.max_tries", self.max_tries, "must be >= 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTSection:
+    """AFRL SFT-auxiliary loss: weight λ_SFT (`lam`) of the expert-row NLL."""
+
+    lam: float = 0.1
+
+    def __post_init__(self):
+        _check(self.lam >= 0, "algorithm.sft.lam", self.lam, "must be >= 0")
+
+
 @dataclasses.dataclass(frozen=True)
 class AlgorithmConfig:
     """Advantage estimator, policy objective, aggregation and their hyper-parameters (spec/algorithms.md).
 
-    clip_low/clip_high: ε_low/ε_high of the clipped ratio (DAPO clip-higher: 0.2/0.28); dual_clip: c of
-    dual-clip (None = off); kl_beta: β of the reference KL (0 keeps no reference model); kl_in: 'loss' or
-    'reward'; etr_*: the ETR [READING] elasticities; gd2po_*: conflict filter; clipo_*: contrastive head;
-    sft_lambda: λ_SFT of AFRL; dynamic_sampling_max_tries: DAPO resampling rounds (0 = off).
+    `name` is a key of `jaxrl.algorithms.ALGORITHMS` (built-ins: the `Algo` values). Each method's own
+    settings live in its sub-section (`etr`, `gd2po`, `clipo`, `dapo`, `sft`, `gdpo`); `clip` and `kl` are
+    shared. The flat keys of earlier versions (`etr_alpha`, `clipo_tau`, ...) are refused with their new place.
     """
 
-    name: Algo = Algo.GRPO
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    dual_clip: float | None = None
-    agg_mode: str = "token_mean"
+    name: str = "grpo"
+    agg_mode: AggMode = AggMode.TOKEN_MEAN
     adv_eps: float = 1e-6
-    kl_beta: float = 0.0
-    kl_kind: str = "k3"
-    kl_in: str = "loss"
     entropy_coef: float = 0.0
     ppo_epochs: int = 1
     mini_batches: int = 1
     grad_accum: int = 1
-    etr_alpha: float = 0.0
-    etr_beta: float = 0.0
-    etr_adv_max: float = 3.0
-    gd2po_mode: str = "hard"
-    gd2po_tau: float = 0.2
-    clipo_tau: float = 0.05
-    clipo_lambda: float = 0.2
-    clipo_head_dim: int = 64
-    clipo_lr: float = 1e-3
-    clipo_warmup_steps: int = 0
-    sft_lambda: float = 0.1
-    dynamic_sampling_max_tries: int = 0
+    clip: ClipSection = ClipSection()
+    kl: KLSection = KLSection()
+    etr: ETRSection = ETRSection()
+    gdpo: GDPOSection = GDPOSection()
+    gd2po: GD2POSection = GD2POSection()
+    clipo: CLIPOSection = CLIPOSection()
+    dapo: DAPOSection = DAPOSection()
+    sft: SFTSection = SFTSection()
+
+    MOVED_KEYS: ClassVar[dict[str, str]] = {
+        "clip_low": "clip.low", "clip_high": "clip.high", "dual_clip": "clip.dual",
+        "kl_beta": "kl.beta", "kl_kind": "kl.kind", "kl_in": "kl.where",
+        "etr_alpha": "etr.alpha", "etr_beta": "etr.beta", "etr_adv_max": "etr.adv_max",
+        "gd2po_mode": "gd2po.mode", "gd2po_tau": "gd2po.tau",
+        "clipo_tau": "clipo.tau", "clipo_lambda": "clipo.lam", "clipo_head_dim": "clipo.head_dim",
+        "clipo_lr": "clipo.lr", "clipo_warmup_steps": "clipo.warmup_steps",
+        "sft_lambda": "sft.lam", "dynamic_sampling_max_tries": "dapo.max_tries",
+    }
 
     def __post_init__(self):
-        _check(0 <= self.clip_low < 1, "algorithm.clip_low", self.clip_low, "must be in [0, 1)")
-        _check(self.clip_high >= 0, "algorithm.clip_high", self.clip_high, "must be >= 0")
-        if self.dual_clip is not None:
-            _check(self.dual_clip > 1, "algorithm.dual_clip", self.dual_clip, "must be > 1 or null")
-        _check_choice("algorithm.agg_mode", self.agg_mode, AGG_MODES)
         _check(self.adv_eps > 0, "algorithm.adv_eps", self.adv_eps, "must be > 0")
-        _check(self.kl_beta >= 0, "algorithm.kl_beta", self.kl_beta, "must be >= 0")
-        _check_choice("algorithm.kl_kind", self.kl_kind, KL_KINDS)
-        _check_choice("algorithm.kl_in", self.kl_in, ("loss", "reward"))
-        for name in ("ppo_epochs", "mini_batches", "grad_accum", "clipo_head_dim"):
+        _check(self.entropy_coef >= 0, "algorithm.entropy_coef", self.entropy_coef, "must be >= 0")
+        for name in ("ppo_epochs", "mini_batches", "grad_accum"):
             _check(getattr(self, name) >= 1, f"algorithm.{name}", getattr(self, name), "must be >= 1")
-        for name in (
-            "etr_alpha",
-            "etr_beta",
-            "etr_adv_max",
-            "clipo_lambda",
-            "sft_lambda",
-            "clipo_warmup_steps",
-            "dynamic_sampling_max_tries",
-        ):
-            _check(getattr(self, name) >= 0, f"algorithm.{name}", getattr(self, name), "must be >= 0")
-        _check_choice("algorithm.gd2po_mode", self.gd2po_mode, ("hard", "snr"))
-        _check(0 <= self.gd2po_tau <= 1, "algorithm.gd2po_tau", self.gd2po_tau, "must be in [0, 1]")
-        _check(
-            self.clipo_tau > 0 and self.clipo_lr > 0,
-            "algorithm.clipo_tau/clipo_lr",
-            (self.clipo_tau, self.clipo_lr),
-            "must be > 0",
-        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -387,11 +482,17 @@ class SFTWarmupConfig:
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
+    """`max_failed_reward_steps`: consecutive steps on which a reward may fail (raise or give NaN) on every
+    sample before the run stops with that reward's first error."""
+
     steps: int = 100
     seed: int = 0
     eval_every: int = 20
+    max_failed_reward_steps: int = 3
 
     def __post_init__(self):
+        _check(self.max_failed_reward_steps >= 1, "train.max_failed_reward_steps", self.max_failed_reward_steps,
+               "must be >= 1")
         _check(self.steps >= 0, "train.steps", self.steps, "must be >= 0")
         _check(self.eval_every >= 0, "train.eval_every", self.eval_every, "must be >= 0 (0 = never)")
 
@@ -415,14 +516,15 @@ class ExperimentConfig:
         names = [r.name for r in self.rewards]
         dup = sorted({n for n in names if names.count(n) > 1})
         _check(not dup, "rewards", dup, "reward names must be unique")
-        multi = (Algo.GDPO, Algo.GD2PO)
-        if self.algorithm.name in multi:
-            _check(
-                len(self.rewards) >= 2,
-                "algorithm.name",
-                self.algorithm.name.value,
-                "gdpo/gd2po normalise each reward separately and need at least 2 rewards",
-            )
+        from jaxrl.algorithms import ALGORITHMS  # the registry; algorithms never import this module
+
+        algo = ALGORITHMS.get(self.algorithm.name)
+        _check(algo is not None, "algorithm.name", self.algorithm.name,
+               f"allowed values are {', '.join(map(repr, ALGORITHMS))}")
+        if algo.per_reward and self.algorithm.kl.beta > 0:
+            _check(self.algorithm.kl.where is KLWhere.LOSS, "algorithm.kl.where", self.algorithm.kl.where.value,
+                   f"{algo.name} normalises each reward column within its group, which would erase β of a KL "
+                   "penalty in the reward; use kl.where: loss (as its reference implementations do)")
         # Every algorithm here normalises rewards within a group of samples of the same prompt.
         _check(
             self.rollout.group_size >= 2,

@@ -3,10 +3,10 @@
 `train_step(state, batch, graphdef, spec)` is a pure function of arrays (jitted by the caller with donated
 state), so the train loop stays a thin functional loop (STYLE.md principle 14):
 
-    loss = policy_loss(logp, old_logp, A, m; eps_low_i, eps_high_i, c)        # jaxrl.losses.policy_loss
-         + beta * aggregate(k(logp, ref_logp), m)                             # KL in the loss (optional)
-         - lambda_H * aggregate(H, m)                                         # entropy bonus (optional)
-         + lambda_SFT * sft_nll(logp*, m*)                                    # AFRL SFT auxiliary (optional)
+    l_BT = clipped_objective(logp, old_logp, A, m; eps_low_i, eps_high_i, c)   # jaxrl.losses, per token
+         + beta * kl_penalty(logp, ref_logp)                                   # KL in the loss (optional)
+         - lambda_H * H                                                        # entropy bonus (optional)
+    loss = aggregate(l_BT, m, agg) + lambda_SFT * sft_nll(logp*, m*)          # aggregated once
 
 Gradient accumulation splits the mini-batch into `spec.grad_accum` equal micro-batches and scans over them;
 each micro-batch is aggregated with the *full* mini-batch's normaliser (`aggregation_normalizer`), so the
@@ -17,7 +17,8 @@ left unchanged and `train/nonfinite` is 1 in the returned metrics (the loop coun
 the run).
 
 Deviations from verl/TRL: token log-probs are computed from final hidden states in vocabulary chunks in
-float32 (`jaxrl.losses.token_logprobs_and_entropy`), never from a materialised [B, L, V] logits tensor.
+float32 (`jaxrl.losses.token_logprobs_and_entropy`), never from a materialised [B, L, V] logits tensor, and
+only at the T completion positions (the batch is in completion space, `TrainBatch`).
 """
 
 from __future__ import annotations
@@ -46,18 +47,20 @@ class TrainState:
 
 @flax.struct.dataclass
 class TrainBatch:
-    """A mini-batch of full sequences (prompt, left-padded, then completion, right-padded), length L.
+    """A mini-batch in completion space: full sequences for the forward pass, everything else `[B, T]`.
 
-    Per-token arrays are aligned with `tokens_BL`: `old_logp_BL[b, t]` is the log-prob of token t. The loss
-    uses positions 1..L-1 as targets, predicted from hidden states 0..L-2.
+    `tokens_BL` is [left-padded prompt (width W) | completion (width T)], L = W + T. The loss reads only the
+    completion positions: `completion_mask_BT[b, t]` marks token `tokens_BL[b, W + t]` as trained on, and
+    `old_logp_BT`, `ref_logp_BT`, `adv_BT` are aligned with those tokens. The forward pass projects only the
+    hidden states that predict them (positions W-1 .. L-2) onto the vocabulary.
     """
 
     tokens_BL: jax.Array  # int32
     mask_BL: jax.Array  # bool, real (non-pad) tokens
-    loss_mask_BL: jax.Array  # bool, completion tokens that are trained on (incl. EOS)
-    old_logp_BL: jax.Array  # float32, behaviour-policy log-probs of completion tokens
-    ref_logp_BL: jax.Array  # float32, reference-policy log-probs (zeros when no KL)
-    adv_BL: jax.Array  # float32 per-token advantages (aligned with tokens; 0 off the completion)
+    completion_mask_BT: jax.Array  # bool, completion tokens that are trained on (incl. EOS)
+    old_logp_BT: jax.Array  # float32, behaviour-policy log-probs of completion tokens
+    ref_logp_BT: jax.Array  # float32, reference-policy log-probs (zeros when no KL)
+    adv_BT: jax.Array  # float32 per-token advantages (0 off the completion)
     clip_low_B: jax.Array  # float32 per-sequence lower clip bounds (ETR; constant otherwise)
     clip_high_B: jax.Array  # float32 per-sequence upper clip bounds
     sft_weight_B: jax.Array  # float32, 1 for expert (SFT-aux) rows, 0 for rollout rows
@@ -67,11 +70,11 @@ class TrainBatch:
 class LossSpec:
     """Static settings of the update (hashable: a jit static argument)."""
 
-    agg: str = "token-mean"
+    agg: losses.AggMode = losses.AggMode.TOKEN_MEAN
     dual_clip: float | None = None
     ratio_level: str = "token"
     kl_beta: float = 0.0
-    kl_kind: str = "k3"
+    kl_kind: losses.KLKind = losses.KLKind.K3
     entropy_coef: float = 0.0
     sft_lambda: float = 0.0
     policy_weight: float = 1.0  # 0 turns the step into pure SFT (warm start)
@@ -80,62 +83,67 @@ class LossSpec:
     temperature: float = 1.0
 
 
-def _shifted(batch: TrainBatch):
-    """Targets and masks for next-token prediction: positions 1..L-1."""
-    return (
-        batch.tokens_BL[:, 1:],
-        batch.loss_mask_BL[:, 1:],
-        batch.old_logp_BL[:, 1:],
-        batch.ref_logp_BL[:, 1:],
-        batch.adv_BL[:, 1:],
-    )
+def token_logprobs(model: nnx.Module, tokens_BL, mask_BL, width: int, *, chunk: int, temperature: float = 1.0):
+    """(logp_BT, entropy_BT, hidden_BLD) of the last `width` tokens given their prefixes, chunked over V.
 
-
-def token_logprobs(model: nnx.Module, tokens_BL, mask_BL, *, chunk: int, temperature: float = 1.0):
-    """(logp_BT, entropy_BT, hidden_BLD): log-probs of tokens 1..L-1 given their prefixes, chunked over V."""
+    Only the T = `width` hidden states that predict those tokens are projected onto the vocabulary.
+    """
     out = model.forward(tokens_BL, None, mask_BL, return_hidden=True, return_logits=False)
+    length = tokens_BL.shape[1]
+    hidden_BTD = out.hidden[:, length - width - 1:length - 1]
     logp_BT, ent_BT = losses.token_logprobs_and_entropy(
-        out.hidden[:, :-1], model.unembedding(), tokens_BL[:, 1:], chunk_size=chunk, temperature=temperature
+        hidden_BTD, model.unembedding(), tokens_BL[:, length - width:], chunk_size=chunk, temperature=temperature
     )
     return logp_BT, ent_BT, out.hidden
 
 
+def _masks(batch: TrainBatch):
+    """(rl_m_BT, sft_m_BT): completion tokens of rollout rows and of expert (SFT) rows."""
+    m_BT = batch.completion_mask_BT
+    expert_B1 = batch.sft_weight_B[:, None] > 0
+    return m_BT & ~expert_B1, m_BT & expert_B1
+
+
 def _loss(params, graphdef, batch: TrainBatch, spec: LossSpec, norm):
+    """The step's loss: per-token terms summed, aggregated once with the mini-batch's normalisers.
+
+        l_BT = l_pg + β·k(logp, ref_logp) − λ_H·H          (rollout rows)
+        loss = w_pg·aggregate(l, m, agg) + λ_SFT·sft_nll(logp*, m*)
+    """
     model = nnx.merge(graphdef, params)
+    width = batch.completion_mask_BT.shape[1]
     logp_BT, ent_BT, _ = token_logprobs(
-        model, batch.tokens_BL, batch.mask_BL, chunk=spec.logprob_chunk, temperature=spec.temperature
+        model, batch.tokens_BL, batch.mask_BL, width, chunk=spec.logprob_chunk, temperature=spec.temperature
     )
-    _, m_BT, old_BT, ref_BT, adv_BT = _shifted(batch)
-    rl_m_BT = m_BT & (batch.sft_weight_B[:, None] == 0)
-    pg, metrics = losses.policy_loss(
-        logp_BT, old_BT, adv_BT, rl_m_BT, clip_low=batch.clip_low_B, clip_high=batch.clip_high_B,
-        dual_clip=spec.dual_clip, agg=spec.agg, ratio_level=spec.ratio_level, normalizer=norm["rl"],
+    rl_m_BT, sft_m_BT = _masks(batch)
+    agg = lambda v_BT: losses.aggregate(v_BT, rl_m_BT, spec.agg, normalizer=norm["rl"])
+    pg_BT, metrics = losses.clipped_objective(
+        logp_BT, batch.old_logp_BT, batch.adv_BT, rl_m_BT, clip_low=batch.clip_low_B,
+        clip_high=batch.clip_high_B, dual_clip=spec.dual_clip, ratio_level=spec.ratio_level,
     )
-    loss = spec.policy_weight * pg
+    total_BT = spec.policy_weight * pg_BT
+    metrics["pg/loss"] = jax.lax.stop_gradient(agg(pg_BT))
     if spec.kl_beta > 0:
-        kl_BT = losses.kl_penalty(logp_BT, ref_BT, spec.kl_kind)
-        kl = losses.aggregate(kl_BT, rl_m_BT, spec.agg, normalizer=norm["rl"])
-        loss = loss + spec.kl_beta * kl
-        metrics["kl/loss"] = kl
-    ent_term, ent_metrics = losses.entropy_bonus(ent_BT, rl_m_BT, coef=spec.entropy_coef, agg=spec.agg,
-                                                 normalizer=norm["rl"])
-    metrics.update(ent_metrics)
-    loss = loss + ent_term
+        kl_BT = losses.kl_penalty(logp_BT, batch.ref_logp_BT, spec.kl_kind)
+        total_BT = total_BT + spec.kl_beta * kl_BT
+        metrics["kl/loss"] = jax.lax.stop_gradient(agg(kl_BT))
+    if spec.entropy_coef > 0:
+        total_BT = total_BT - spec.entropy_coef * ent_BT
+    entropy = jax.lax.stop_gradient(agg(ent_BT))
+    metrics["entropy/mean"] = losses.masked_mean(jax.lax.stop_gradient(ent_BT), rl_m_BT)
+    metrics["entropy/loss"] = -spec.entropy_coef * entropy
+    loss = agg(total_BT)
     if spec.sft_lambda > 0:
-        sft_m_BT = m_BT & (batch.sft_weight_B[:, None] > 0)
-        # token-mean NLL over the expert rows of the whole mini-batch (global token count in norm["sft"])
-        sft = -jnp.sum(jnp.where(sft_m_BT, logp_BT, 0.0)) / norm["sft"]
+        sft = losses.sft_nll(logp_BT, sft_m_BT, normalizer=norm["sft"])
         loss = loss + spec.sft_lambda * sft
-        metrics["sft/nll"] = sft
+        metrics["sft/nll"] = jax.lax.stop_gradient(sft)
     metrics["loss"] = loss
     return loss, metrics
 
 
 def normalizers(batch: TrainBatch, spec: LossSpec) -> dict[str, jax.Array]:
     """Global aggregation normalisers of a whole mini-batch (shared by its micro-batches)."""
-    _, m_BT, _, _, _ = _shifted(batch)
-    rl_m_BT = m_BT & (batch.sft_weight_B[:, None] == 0)
-    sft_m_BT = m_BT & (batch.sft_weight_B[:, None] > 0)
+    rl_m_BT, sft_m_BT = _masks(batch)
     return {
         "rl": losses.aggregation_normalizer(rl_m_BT, spec.agg),
         "sft": jnp.maximum(jnp.sum(sft_m_BT).astype(jnp.float32), 1.0),
@@ -203,8 +211,10 @@ def update_compiler_options(backend: str | None = None) -> dict[str, str] | None
     return dict(_CPU_UPDATE_OPTIONS) if backend == "cpu" else None
 
 
-def sequence_logprobs(params, graphdef, tokens_BL, mask_BL, *, chunk: int, temperature: float = 1.0):
-    """Per-token log-probs aligned with `tokens_BL` (position 0 gets 0), for old / reference log-probs."""
+def sequence_logprobs(params, graphdef, tokens_BL, mask_BL, width: int, *, chunk: int,
+                      temperature: float = 1.0):
+    """Log-probs [B, T] of the last T = `width` tokens of each row (the completion), for old / reference
+    log-probs."""
     model = nnx.merge(graphdef, params)
-    logp_BT, _, _ = token_logprobs(model, tokens_BL, mask_BL, chunk=chunk, temperature=temperature)
-    return jnp.pad(logp_BT, ((0, 0), (1, 0)))
+    logp_BT, _, _ = token_logprobs(model, tokens_BL, mask_BL, width, chunk=chunk, temperature=temperature)
+    return logp_BT

@@ -1,23 +1,19 @@
-"""The RL training loop: a thin functional loop around the jitted update (STYLE.md principle 14).
+"""Setup and the RL step's stages: the config is read once, here, into a `Run` of resolved specs.
 
-    state = init(...)
-    for step:
-        rollout   = collect(params, prompts)           # jitted sampler + host-side reward functions
-        adv       = ADVANTAGES[algo](rewards, ...)      # jaxrl.algos
-        batch     = assemble(rollout, adv, logprobs)    # old / reference log-probs recomputed (jitted)
-        state, m  = train_step(state, batch)            # jitted, donated; PPO epochs x mini-batches
-        hooks: metrics, samples, eval, checkpoint       # between steps, never inside the jitted step
+    run, state = setup(cfg, run_dir)          # the only function below the CLI that reads ExperimentConfig
+    ro    = collect(run, params, records)      # jitted sampler + host-side rewards       (jaxrl.rollout)
+    ro    = resample / shape(ro)               # the algorithm record's optional stages  (jaxrl.algorithms)
+    adv   = run.algorithm.advantages(...)      # per-token advantages, clip bounds
+    batch = assemble(run, params, ro, adv)     # completion-space TrainBatch, old / reference log-probs
+    state = update(run, state, batch, step)    # jitted, donated; PPO epochs x mini-batches
 
-Reproducibility: every random choice is derived from (train.seed, step) with `fold_in`, and the data
-iterator's position is checkpointed, so a resumed run repeats exactly the steps an uninterrupted run would
-take.
+Everything below `setup` takes the `Run` (and plain arrays); nothing imports or reads `ExperimentConfig`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import logging
 from pathlib import Path
 from typing import Any
 
@@ -27,50 +23,110 @@ import numpy as np
 import optax
 from flax import nnx
 
-from jaxrl import build, checkpoint as ckpt_lib, model_io, rollout as rollout_lib
-from jaxrl.config import ExperimentConfig, dump_config
+from jaxrl import build, checkpoint as ckpt_lib, model_io, rewards as rewards_lib
+from jaxrl.algorithms import ALGORITHMS, AlgoSettings, Algorithm, KLRewardPenalty, Shaper
+from jaxrl.config import ExperimentConfig, KLWhere, dump_config
 from jaxrl.errors import UserError
+from jaxrl.optim import build_optimizer
+from jaxrl.sampling import SamplingSpec
 from jaxrl.sharding import RULES, batch_shardings, make_constrain, make_mesh, state_shardings
 from jaxrl.train_step import (LossSpec, TrainBatch, TrainState, sequence_logprobs, train_step,
                               update_compiler_options)
 
-log = logging.getLogger(__name__)
+# Reward types that shape by length; DAPO's keep filter and CLIPO's correctness read the other columns.
+LENGTH_SHAPING_TYPES = ("length", "overlong")
 
 
 class NonFiniteError(UserError):
     """Too many consecutive steps had a non-finite loss or gradient."""
 
 
+@dataclasses.dataclass(frozen=True)
+class UpdateSpec:
+    """PPO epochs x mini-batches over one rollout batch; `seed` orders the rows of each epoch."""
+
+    ppo_epochs: int = 1
+    mini_batches: int = 1
+    seed: int = 0
+
+
 @dataclasses.dataclass
 class Run:
-    """Everything set up once for a run (host-side objects and jitted functions)."""
+    """Everything resolved once for a run: specs, host objects and jitted functions (no config)."""
 
-    cfg: ExperimentConfig
     run_dir: Path
     mesh: Any
+    rules: Any
     graphdef: Any
+    hidden_dim: int
     tokenizer: Any
     tx: optax.GradientTransformation
-    spec: LossSpec
+    loss: LossSpec
+    update: UpdateSpec
+    sampling: SamplingSpec
+    eval_sampling: SamplingSpec
+    rewards: rewards_lib.Rewards  # resolved once (`jaxrl.rewards.resolve`)
+    algorithm: Algorithm
+    settings: AlgoSettings
+    seed: int
+    logprobs_from_sampler: bool
     state_sharding: Any
     step_fn: Any
-    logprob_fn: Any
+    logprob_fn: Any  # (params, tokens_BL, mask_BL, T) -> logp_BT
     ref_params: Any
+    shapers: list[Shaper] = dataclasses.field(default_factory=list)
 
 
 def _pure(params) -> dict:
     return params.to_pure_dict() if hasattr(params, "to_pure_dict") else params
 
 
+def sampling_spec(cfg: ExperimentConfig, *, greedy: bool = False) -> SamplingSpec:
+    """The rollout's `SamplingSpec` (greedy: one sample per prompt at τ = 0, for held-out evaluation)."""
+    r = cfg.rollout
+    buckets = lambda b: tuple(b) or None
+    if greedy:
+        return SamplingSpec(max_new_tokens=r.max_new_tokens, num_samples=1, temperature=0.0,
+                            prompt_buckets=buckets(r.prompt_buckets), gen_buckets=buckets(r.gen_buckets))
+    return SamplingSpec(max_new_tokens=r.max_new_tokens, num_samples=r.group_size, temperature=r.temperature,
+                        top_k=r.top_k, top_p=r.top_p, prompt_buckets=buckets(r.prompt_buckets),
+                        gen_buckets=buckets(r.gen_buckets))
+
+
+def algo_settings(cfg: ExperimentConfig) -> AlgoSettings:
+    a = cfg.algorithm
+    names = [r.name for r in cfg.rewards]
+    if a.dapo.filter_rewards:
+        unknown = sorted(set(a.dapo.filter_rewards) - set(names))
+        if unknown:
+            raise UserError(f"algorithm.dapo.filter_rewards: {unknown} are not reward names ({names})")
+        task = tuple(names.index(n) for n in a.dapo.filter_rewards)
+    else:
+        task = tuple(k for k, r in enumerate(cfg.rewards) if r.type not in LENGTH_SHAPING_TYPES)
+    return AlgoSettings(group_size=cfg.rollout.group_size, eps=a.adv_eps, clip_low=a.clip.low,
+                        clip_high=a.clip.high, section=a, task_columns=task)
+
+
+def loss_spec(cfg: ExperimentConfig, algorithm: Algorithm, settings: AlgoSettings) -> LossSpec:
+    a = cfg.algorithm
+    spec = LossSpec(agg=a.agg_mode, dual_clip=a.clip.dual,
+                    kl_beta=a.kl.beta if a.kl.where is KLWhere.LOSS else 0.0, kl_kind=a.kl.kind,
+                    entropy_coef=a.entropy_coef, grad_accum=a.grad_accum)
+    return dataclasses.replace(spec, **algorithm.loss(settings))
+
+
 def setup(cfg: ExperimentConfig, run_dir: Path) -> tuple[Run, TrainState, Any]:
-    """Builds mesh, model, tokenizer, optimiser and jitted functions; returns (run, initial state, model)."""
+    """Builds mesh, model, tokenizer, rewards, optimiser and jitted functions; returns (run, state, model)."""
+    rewards = rewards_lib.resolve(cfg.rewards)  # validated before any model is built
+    algorithm = ALGORITHMS[cfg.algorithm.name]
+    settings = algo_settings(cfg)
     mesh = make_mesh(cfg.mesh)
     rules = RULES[cfg.mesh.rules]
     tokenizer = build.build_tokenizer(cfg.model, cfg.tokenizer)
     model = build.build_model(cfg.model, vocab_size=len(tokenizer), seed=cfg.train.seed,
                               constrain=make_constrain(mesh, rules))
     graphdef, params_state = nnx.split(model)
-    tx = build.build_optimizer(cfg.optimizer, cfg.train.steps)
+    tx = build_optimizer(cfg.optimizer, cfg.train.steps)
     param_sharding = state_shardings(params_state, mesh, rules)
     params = jax.device_put(_pure(params_state), _pure(param_sharding))
     opt_state = tx.init(params)
@@ -80,80 +136,70 @@ def setup(cfg: ExperimentConfig, run_dir: Path) -> tuple[Run, TrainState, Any]:
     state_sharding = TrainState(params=_pure(param_sharding), opt_state=opt_sharding, step=rep)
     state = jax.device_put(TrainState(params=params, opt_state=opt_state, step=jnp.zeros((), jnp.int32)),
                            state_sharding)
-    kl_in_loss = cfg.algorithm.kl_beta > 0 and cfg.algorithm.kl_in == "loss"
-    spec = build.loss_spec(cfg.algorithm, kl_in_loss=kl_in_loss)
+    spec = loss_spec(cfg, algorithm, settings)
     step_fn = jax.jit(functools.partial(train_step, graphdef=graphdef, spec=spec, tx=tx),
                       in_shardings=(state_sharding, None), out_shardings=(state_sharding, None),
                       donate_argnums=0, compiler_options=update_compiler_options())
-    def logprobs(params, tokens_BL, mask_BL):
-        return sequence_logprobs(params, graphdef, tokens_BL, mask_BL, chunk=spec.logprob_chunk,
+
+    def logprobs(params, tokens_BL, mask_BL, width):
+        return sequence_logprobs(params, graphdef, tokens_BL, mask_BL, width, chunk=spec.logprob_chunk,
                                  temperature=spec.temperature)
 
-    logprob_fn = jax.jit(logprobs)
+    logprob_fn = jax.jit(logprobs, static_argnums=3)
     # beta = 0 keeps no reference model in memory.
-    ref_params = jax.tree.map(jnp.copy, params) if cfg.algorithm.kl_beta > 0 else None
-    run = Run(cfg, run_dir, mesh, graphdef, tokenizer, tx, spec, state_sharding, step_fn, logprob_fn,
-              ref_params)
+    ref_params = jax.tree.map(jnp.copy, params) if cfg.algorithm.kl.beta > 0 else None
+    run = Run(run_dir=run_dir, mesh=mesh, rules=rules, graphdef=graphdef, hidden_dim=model.cfg.hidden_size,
+              tokenizer=tokenizer, tx=tx, loss=spec,
+              update=UpdateSpec(cfg.algorithm.ppo_epochs, cfg.algorithm.mini_batches, cfg.train.seed),
+              sampling=sampling_spec(cfg), eval_sampling=sampling_spec(cfg, greedy=True), rewards=rewards,
+              algorithm=algorithm, settings=settings, seed=cfg.train.seed,
+              logprobs_from_sampler=cfg.rollout.logprobs_from_sampler, state_sharding=state_sharding,
+              step_fn=step_fn, logprob_fn=logprob_fn, ref_params=ref_params)
+    if algorithm.shaper is not None:
+        run.shapers.append(algorithm.shaper(run, settings))
+    if cfg.algorithm.kl.beta > 0 and cfg.algorithm.kl.where is KLWhere.REWARD:
+        run.shapers.append(KLRewardPenalty(run, cfg.algorithm.kl.beta, cfg.algorithm.kl.kind))
     return run, state, model
 
 
-def _shard_batch(run: Run, batch: TrainBatch) -> TrainBatch:
+def shard_batch(run: Run, batch: TrainBatch) -> TrainBatch:
     arrays = jax.tree.map(np.asarray, batch)
-    return jax.device_put(arrays, batch_shardings(arrays, run.mesh, RULES[run.cfg.mesh.rules]))
+    return jax.device_put(arrays, batch_shardings(arrays, run.mesh, run.rules))
 
 
-def assemble(run: Run, params, ro: rollout_lib.Rollout, adv, *, sft_rows=None) -> TrainBatch:
-    """The train batch of a rollout: advantages per token, old (and reference) log-probs."""
-    n, length = ro.tokens_BL.shape
-    adv_BL = np.zeros((n, length), np.float32)
-    adv_BL[:, ro.prompt_width:] = adv.adv_NT
-    zeros = np.zeros((n, length), np.float32)
-    batch = TrainBatch(ro.tokens_BL, ro.mask_BL, ro.loss_mask_BL, ro.old_logp_BL, zeros, adv_BL,
-                       adv.clip_low_N, adv.clip_high_N, np.zeros((n,), np.float32))
-    if sft_rows is not None:
-        batch = jax.tree.map(lambda a, b: np.concatenate([a, b], axis=0), batch, sft_rows)
-    batch = _shard_batch(run, batch)
-    if not run.cfg.rollout.logprobs_from_sampler:
-        old_BL = run.logprob_fn(params, batch.tokens_BL, batch.mask_BL) * batch.loss_mask_BL
-        batch = batch.replace(old_logp_BL=old_BL)
-    if run.spec.kl_beta > 0:
-        batch = batch.replace(ref_logp_BL=run.logprob_fn(run.ref_params, batch.tokens_BL, batch.mask_BL))
+def assemble(run: Run, params, ro, adv, *, extra_rows: TrainBatch | None = None) -> TrainBatch:
+    """The completion-space train batch of a rollout: advantages, old (and reference) log-probs."""
+    n, t = ro.completion_mask_BT.shape
+    zeros = np.zeros((n, t), np.float32)
+    batch = TrainBatch(ro.tokens_BL, ro.mask_BL, ro.completion_mask_BT, ro.old_logp_BT, zeros,
+                       np.asarray(adv.adv_NT, np.float32), adv.clip_low_N, adv.clip_high_N,
+                       np.zeros((n,), np.float32))
+    if extra_rows is not None:
+        batch = jax.tree.map(lambda a, b: np.concatenate([a, b], axis=0), batch, extra_rows)
+    batch = shard_batch(run, batch)
+    if not run.logprobs_from_sampler:
+        old_BT = run.logprob_fn(params, batch.tokens_BL, batch.mask_BL, t) * batch.completion_mask_BT
+        batch = batch.replace(old_logp_BT=old_BT)
+    if run.loss.kl_beta > 0:
+        batch = batch.replace(ref_logp_BT=run.logprob_fn(run.ref_params, batch.tokens_BL, batch.mask_BL, t))
     return batch
-
-
-def sft_rows(records, tokenizer, width: int, gen_width: int) -> TrainBatch:
-    """Expert rows (prompt + reference target) laid out like rollout rows; trained with the SFT loss only."""
-    pad = int(tokenizer.pad_token_id)
-    n = len(records)
-    tokens = np.full((n, width + gen_width), pad, np.int32)
-    mask = np.zeros(tokens.shape, bool)
-    loss_mask = np.zeros(tokens.shape, bool)
-    for i, r in enumerate(records):
-        p, t = r["prompt_ids"][-width:], r["target_ids"][:gen_width]
-        tokens[i, width - len(p):width] = p
-        tokens[i, width:width + len(t)] = t
-        mask[i, width - len(p):width + len(t)] = True
-        loss_mask[i, width:width + len(t)] = True
-    zeros = np.zeros(tokens.shape, np.float32)
-    ones = np.ones((n,), np.float32)
-    return TrainBatch(tokens, mask, loss_mask, zeros, zeros, zeros, ones * 0.2, ones * 0.2, ones)
 
 
 def update(run: Run, state: TrainState, batch: TrainBatch, step: int) -> tuple[TrainState, dict[str, float]]:
     """PPO epochs x mini-batches over one rollout batch (rows shuffled per epoch with a step-seeded RNG)."""
-    a = run.cfg.algorithm
+    u = run.update
     n = batch.tokens_BL.shape[0]
-    if n % a.mini_batches:
-        raise UserError(f"algorithm.mini_batches={a.mini_batches} does not divide the {n} rows of a batch")
-    size = n // a.mini_batches
-    rng = np.random.default_rng([run.cfg.train.seed, step])
+    if n % u.mini_batches:
+        raise UserError(f"algorithm.mini_batches={u.mini_batches} does not divide the {n} rows of a batch")
+    size = n // u.mini_batches
+    rng = np.random.default_rng([u.seed, step])
     collected: list[dict] = []
-    for _ in range(a.ppo_epochs):
-        order = rng.permutation(n) if a.mini_batches > 1 else np.arange(n)
-        for j in range(a.mini_batches):
+    for _ in range(u.ppo_epochs):
+        order = rng.permutation(n) if u.mini_batches > 1 else np.arange(n)
+        for j in range(u.mini_batches):
             rows = order[j * size:(j + 1) * size]
             take = lambda x: np.asarray(x)[rows]  # noqa: B023 -- used immediately, inside this iteration
-            mb = batch if a.mini_batches == 1 else _shard_batch(run, jax.tree.map(take, batch))
+            mb = batch if u.mini_batches == 1 else shard_batch(run, jax.tree.map(take, batch))
             state, metrics = run.step_fn(state, mb)
             collected.append(metrics)
     host = jax.device_get(collected)

@@ -81,7 +81,7 @@ def log_ratio(
     return jnp.clip(diff_BT, -_MAX_LOG_RATIO, _MAX_LOG_RATIO)
 
 
-def policy_loss(
+def clipped_objective(
     logp_BT: chex.Array,
     old_logp_BT: chex.Array,
     advantages: chex.Array,
@@ -90,17 +90,13 @@ def policy_loss(
     clip_low=0.2,
     clip_high=0.2,
     dual_clip: float | None = None,
-    agg: "aggregation.AggMode | str" = "token-mean",
     ratio_level: str = "token",
-    horizon: int | float | None = None,
-    normalizer: chex.Numeric | None = None,
 ) -> tuple[chex.Array, dict[str, chex.Array]]:
-    """Clipped importance-ratio surrogate of PPO/GRPO, to be minimised.
+    """Per-token clipped importance-ratio surrogate of PPO/GRPO, to be minimised (unaggregated).
 
     rho_it = exp(clamp(logp_it - old_logp_it, -20, 20))
     l_it   = max(-A_it rho_it, -A_it clip(rho_it, 1 - eps_low, 1 + eps_high))
     dual clip, only where A_it < 0:  l_it <- min(l_it, -A_it c)
-    loss   = aggregate(l, m, agg)
     PPO: Schulman et al., arXiv:1707.06347; GRPO: Shao et al., arXiv:2402.03300; clip-higher
     (eps_high > eps_low): DAPO, arXiv:2503.14476; dual clip: Ye et al., arXiv:1912.09729; GSPO sequence ratio:
     Zheng et al., arXiv:2507.18071. Symbols: eps_low = `clip_low`, eps_high = `clip_high`, c = `dual_clip`
@@ -113,14 +109,12 @@ def policy_loss(
       mask_BT: [B, T] mask, 1 = token trained on.
       clip_low, clip_high: scalars, [B] or [B, T] arrays (per-sample bounds, e.g. ETR).
       dual_clip: c > 1 or None.
-      agg: aggregation mode (see `aggregation.aggregate`).
       ratio_level: "token" (PPO/GRPO) or "sequence" (GSPO).
-      horizon, normalizer: passed to `aggregation.aggregate` (micro-batching).
 
     Returns:
-      (loss scalar, metrics) with metrics `pg/loss`, `pg/clip_frac`, `pg/clip_frac_low`, `pg/clip_frac_high`,
-      `pg/dual_clip_frac`, `pg/approx_kl`, `pg/ratio_mean`, `pg/ratio_max` (token means over this batch's
-      mask).
+      (l_BT [B, T] per-token losses, 0 at masked positions; metrics `pg/clip_frac`, `pg/clip_frac_low`,
+      `pg/clip_frac_high`, `pg/dual_clip_frac`, `pg/approx_kl`, `pg/ratio_mean`, `pg/ratio_max` (token means
+      over this batch's mask)). Aggregate with `aggregation.aggregate` (or call `policy_loss`).
     """
     chex.assert_rank([logp_BT, old_logp_BT, mask_BT], 2)
     chex.assert_equal_shape([logp_BT, old_logp_BT, mask_BT])
@@ -142,14 +136,13 @@ def policy_loss(
         cap_BT = -adv_BT * dual_clip
         dual_BT = (adv_BT < 0) & (loss_BT > cap_BT)
         loss_BT = jnp.where(adv_BT < 0, jnp.minimum(loss_BT, cap_BT), loss_BT)
-    loss = aggregation.aggregate(loss_BT, mask_BT, agg, horizon=horizon, normalizer=normalizer)
+    valid_BT = mask_BT.astype(bool)
+    loss_BT = jnp.where(valid_BT, loss_BT, 0.0)
 
     mean = lambda x_BT: aggregation.masked_mean(jax.lax.stop_gradient(x_BT).astype(jnp.float32), mask_BT)
     high_BT = (adv_BT > 0) & (ratio_BT > 1.0 + eps_high_BT)
     low_BT = (adv_BT < 0) & (ratio_BT < 1.0 - eps_low_BT)
-    valid_BT = mask_BT.astype(bool)
     metrics = {
-        "pg/loss": jax.lax.stop_gradient(loss),
         "pg/clip_frac": mean(high_BT | low_BT),
         "pg/clip_frac_low": mean(low_BT),
         "pg/clip_frac_high": mean(high_BT),
@@ -158,7 +151,35 @@ def policy_loss(
         "pg/ratio_mean": mean(ratio_BT),
         "pg/ratio_max": jnp.max(jnp.where(valid_BT, jax.lax.stop_gradient(ratio_BT), 0.0)),
     }
-    return loss, metrics
+    return loss_BT, metrics
+
+
+def policy_loss(
+    logp_BT: chex.Array,
+    old_logp_BT: chex.Array,
+    advantages: chex.Array,
+    mask_BT: chex.Array,
+    *,
+    clip_low=0.2,
+    clip_high=0.2,
+    dual_clip: float | None = None,
+    agg: "aggregation.AggMode | str" = "token-mean",
+    ratio_level: str = "token",
+    horizon: int | float | None = None,
+    normalizer: chex.Numeric | None = None,
+) -> tuple[chex.Array, dict[str, chex.Array]]:
+    """`clipped_objective` aggregated: loss = aggregate(l, m, agg) (a convenience for users; the train step
+    sums its per-token terms and aggregates once).
+
+    Args: as `clipped_objective`, plus `agg`, `horizon`, `normalizer` of `aggregation.aggregate`.
+
+    Returns:
+      (loss scalar, metrics of `clipped_objective` plus `pg/loss`).
+    """
+    loss_BT, metrics = clipped_objective(logp_BT, old_logp_BT, advantages, mask_BT, clip_low=clip_low,
+                                         clip_high=clip_high, dual_clip=dual_clip, ratio_level=ratio_level)
+    loss = aggregation.aggregate(loss_BT, mask_BT, agg, horizon=horizon, normalizer=normalizer)
+    return loss, {"pg/loss": jax.lax.stop_gradient(loss), **metrics}
 
 
 def entropy_bonus(

@@ -21,13 +21,21 @@ import jax
 import jax.numpy as jnp
 
 
-def sft_nll(logp_BT: jax.Array, mask_BT: jax.Array) -> jax.Array:
-    """Token-mean NLL −Σ m·logp / max(Σ m, 1) over expert target tokens, in float32."""
+def sft_nll(logp_BT: jax.Array, mask_BT: jax.Array, *, normalizer: jax.Array | float | None = None
+            ) -> jax.Array:
+    """Token-mean NLL −Σ m·logp / max(Σ m, 1) over expert target tokens, in float32.
+
+    Args:
+      logp_BT: [B, T] log-probs of the expert tokens.  mask_BT: [B, T] expert-token mask.
+      normalizer: the token count to divide by instead of this batch's Σ m (gradient accumulation passes the
+        whole mini-batch's count, so micro-batch values add up to the full-batch NLL).
+    """
     chex.assert_rank([logp_BT, mask_BT], 2)
     chex.assert_equal_shape([logp_BT, mask_BT])
     m_BT = mask_BT.astype(jnp.float32)
     total = -(jnp.where(m_BT > 0, logp_BT.astype(jnp.float32), 0.0) * m_BT).sum()
-    return total / jnp.maximum(m_BT.sum(), 1.0)
+    denom = jnp.maximum(m_BT.sum(), 1.0) if normalizer is None else normalizer
+    return total / denom
 
 
 def mode_balanced_loss(

@@ -1,6 +1,6 @@
 """Prompt data: built-in generators, reasoning-gym, local files; splits, encoding, grain iterator."""
 
-from jaxrl.data.pipeline import Encoder, eval_batches, make_splits, pad_left, split_records, train_iterator
+from jaxrl.data.pipeline import Encoder, eval_batches, make_splits, split_records, train_iterator
 from jaxrl.data.tasks import GENERATORS, arithmetic, countdown, load_records
 
 __all__ = [
@@ -11,7 +11,6 @@ __all__ = [
     "eval_batches",
     "load_records",
     "make_splits",
-    "pad_left",
     "split_records",
     "train_iterator",
 ]

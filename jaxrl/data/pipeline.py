@@ -15,7 +15,7 @@ import grain
 import numpy as np
 
 from jaxrl.data.tasks import load_records
-from jaxrl.errors import ConfigError, UserError
+from jaxrl.errors import ConfigError
 
 
 def split_records(
@@ -141,28 +141,3 @@ def eval_batches(
     """The held-out records, encoded, in fixed order, in batches of at most `batch_size`."""
     encoded = [encoder(r) for r in records]
     return [encoded[i : i + batch_size] for i in range(0, len(encoded), batch_size)]
-
-
-def pad_left(
-    ids: Sequence[Sequence[int]], buckets: Sequence[int], pad_id: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Left-pads token lists to the smallest bucket that fits (the longest list when `buckets` is empty).
-
-    Returns:
-      tokens_PL: int32 [P, L]; mask_PL: bool [P, L], True on real tokens.
-    """
-    longest = max((len(x) for x in ids), default=0)
-    fits = [b for b in buckets if b >= longest]
-    if buckets and not fits:
-        raise UserError(
-            f"a prompt has {longest} tokens, more than the largest bucket {max(buckets)}; "
-            "raise rollout.prompt_buckets or shorten the prompts"
-        )
-    width = min(fits) if buckets else longest
-    tokens_PL = np.full((len(ids), width), pad_id, np.int32)
-    mask_PL = np.zeros((len(ids), width), bool)
-    for i, row in enumerate(ids):
-        if row:
-            tokens_PL[i, width - len(row) :] = row
-            mask_PL[i, width - len(row) :] = True
-    return tokens_PL, mask_PL

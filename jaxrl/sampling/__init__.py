@@ -1,9 +1,9 @@
 """jaxrl.sampling: the rollout engine (jitted prefill + KV-cached decode loop, group sampling).
 
 Public API:
-  generate(model, prompts, ...)                      -> Generation   (nnx.split, then the next one)
-  generate_from_state(graphdef, state, prompts, ...) -> Generation   (the trainer keeps (graphdef, state))
-  Generation, compile_count(), DEFAULT_PROMPT_BUCKETS, DEFAULT_GEN_BUCKETS
+  generate(model, prompts, spec | **fields)                      -> Generation   (nnx.split, then the next)
+  generate_from_state(graphdef, state, prompts, spec | **fields) -> Generation   (the trainer's form)
+  SamplingSpec, Generation, pad_prompts, compile_count(), DEFAULT_PROMPT_BUCKETS, DEFAULT_GEN_BUCKETS
 
 Dimension letters: P prompts, G samples per prompt, B = P·G rows, L padded prompt width, T completion tokens,
 V vocabulary, E stop tokens.
@@ -22,10 +22,11 @@ from jaxrl.sampling.batching import (
     DEFAULT_GEN_BUCKETS,
     DEFAULT_PROMPT_BUCKETS,
     Generation,
+    SamplingSpec,
     bucket,
     check_prompts,
     check_settings,
-    left_pad,
+    pad_prompts,
 )
 from jaxrl.sampling.engine import compile_count, rollout_for
 
@@ -33,7 +34,9 @@ __all__ = [
     "DEFAULT_GEN_BUCKETS",
     "DEFAULT_PROMPT_BUCKETS",
     "Generation",
+    "SamplingSpec",
     "compile_count",
+    "pad_prompts",
     "generate",
     "generate_from_state",
 ]
@@ -42,47 +45,33 @@ __all__ = [
 def generate(
     model: nnx.Module,
     prompts: Sequence[Sequence[int]],
+    spec: SamplingSpec | None = None,
     *,
-    max_new_tokens: int,
-    num_samples: int = 1,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
     eos_ids: Sequence[int] = (),
     seed: int | jax.Array = 0,
     pad_id: int = 0,
-    prompt_buckets: Sequence[int] | None = DEFAULT_PROMPT_BUCKETS,
-    gen_buckets: Sequence[int] | None = DEFAULT_GEN_BUCKETS,
     batch_sharding: jax.sharding.Sharding | None = None,
     per_layer: bool | None = None,
+    **spec_fields,
 ) -> Generation:
-    """Samples `num_samples` completions per prompt from an NNX `Transformer`; see `generate_from_state`."""
+    """Samples completions from an NNX `Transformer`; see `generate_from_state`."""
     graphdef, state = nnx.split(model)
-    return generate_from_state(
-        graphdef, state, prompts, max_new_tokens=max_new_tokens, num_samples=num_samples,
-        temperature=temperature, top_k=top_k, top_p=top_p, eos_ids=eos_ids, seed=seed, pad_id=pad_id,
-        prompt_buckets=prompt_buckets, gen_buckets=gen_buckets, batch_sharding=batch_sharding,
-        per_layer=per_layer,
-    )
+    return generate_from_state(graphdef, state, prompts, spec, eos_ids=eos_ids, seed=seed, pad_id=pad_id,
+                               batch_sharding=batch_sharding, per_layer=per_layer, **spec_fields)
 
 
 def generate_from_state(
     graphdef: nnx.GraphDef,
     state: nnx.State,
     prompts: Sequence[Sequence[int]],
+    spec: SamplingSpec | None = None,
     *,
-    max_new_tokens: int,
-    num_samples: int = 1,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
     eos_ids: Sequence[int] = (),
     seed: int | jax.Array = 0,
     pad_id: int = 0,
-    prompt_buckets: Sequence[int] | None = DEFAULT_PROMPT_BUCKETS,
-    gen_buckets: Sequence[int] | None = DEFAULT_GEN_BUCKETS,
     batch_sharding: jax.sharding.Sharding | None = None,
     per_layer: bool | None = None,
+    **spec_fields,
 ) -> Generation:
     """Samples completions with a KV cache: each prompt is prefilled once and shared by its G samples.
 
@@ -95,16 +84,12 @@ def generate_from_state(
     Args:
       graphdef, state: `nnx.split(model)` of a `jaxrl.models.Transformer`; state may already be sharded.
       prompts: P non-empty lists of token ids (different lengths allowed; they are left-padded).
-      max_new_tokens: completion length T >= 1 (rows stop earlier at an EOS token).
-      num_samples: group size G >= 1.
-      temperature: τ >= 0.
-      top_k: keep the k most likely tokens (None: all).
-      top_p: nucleus mass in (0, 1] (None: no nucleus filter).
+      spec: the sampling settings (`SamplingSpec`); or give its fields as keywords instead
+        (`max_new_tokens=8, num_samples=4, ...`). One compiled program per (P, G, prompt bucket, gen bucket,
+        sampling mode).
       eos_ids: stop tokens; the EOS token is included in the completion and in `lengths`.
       seed: int or PRNG key.
       pad_id: token written after the end of each row (and used to pad prompts).
-      prompt_buckets, gen_buckets: allowed padded prompt widths / decode buffer widths (None: exact sizes).
-        One compiled program per (P, G, prompt bucket, gen bucket, sampling mode).
       batch_sharding: optional sharding of the [P, L] prompt arrays (e.g. rows over a data axis of a mesh).
       per_layer: decode on per-layer copies of the block weights and KV cache (`jaxrl.sampling.engine`):
         faster on CPU, where a layer scan copies every weight slice at every step, at the cost of one more
@@ -114,6 +99,12 @@ def generate_from_state(
     Returns:
       Generation with tokens/logprobs [P·G, T], lengths/finished/prompt_index [P·G].
     """
+    if spec is None:
+        spec = SamplingSpec(**spec_fields)
+    elif spec_fields:
+        raise TypeError(f"pass either spec or its fields, not both (got {sorted(spec_fields)})")
+    max_new_tokens, num_samples, temperature = spec.max_new_tokens, spec.num_samples, spec.temperature
+    top_k, top_p = spec.top_k, spec.top_p
     cfg = _config_of(graphdef, state)
     vocab = int(cfg.vocab_size)
     prompt_ids = check_prompts(prompts, vocab)
@@ -127,9 +118,8 @@ def generate_from_state(
             f"longest prompt ({longest} tokens) + max_new_tokens ({max_new_tokens}) exceeds "
             f"max_position_embeddings ({cfg.max_position_embeddings}) of the model"
         )
-    width = bucket(longest, prompt_buckets, "prompt")
-    gen_width = bucket(int(max_new_tokens), gen_buckets, "completion")
-    tokens_PL, mask_PL = left_pad(prompt_ids, width, pad_id)
+    gen_width = bucket(int(max_new_tokens), spec.gen_buckets, "completion")
+    tokens_PL, mask_PL = pad_prompts(prompt_ids, spec.prompt_buckets, pad_id)
     if batch_sharding is not None:
         tokens_PL, mask_PL = jax.device_put((tokens_PL, mask_PL), batch_sharding)
     key = jax.random.key(int(seed)) if isinstance(seed, (int, np.integer)) else seed

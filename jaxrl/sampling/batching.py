@@ -8,14 +8,39 @@ training run keeps them fixed).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple, Sequence
 
 import jax
 import numpy as np
 
+from jaxrl.errors import UserError
+
 # Powers of two: at most one compiled shape per doubling of the prompt / completion length.
 DEFAULT_PROMPT_BUCKETS: tuple[int, ...] = tuple(2**i for i in range(4, 16))
 DEFAULT_GEN_BUCKETS: tuple[int, ...] = tuple(2**i for i in range(4, 16))
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingSpec:
+    """How to sample: the one definition of the sampler's settings (`generate`, the trainer's rollouts).
+
+    Attributes:
+      max_new_tokens: completion length T >= 1 (rows stop earlier at an EOS token).
+      num_samples: group size G >= 1 (samples per prompt).
+      temperature: τ >= 0 (0 is greedy).
+      top_k: keep the k most likely tokens (None: all).
+      top_p: nucleus mass in (0, 1] (None: no nucleus filter).
+      prompt_buckets, gen_buckets: allowed padded prompt widths / decode buffer widths (None: exact sizes).
+    """
+
+    max_new_tokens: int
+    num_samples: int = 1
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    prompt_buckets: tuple[int, ...] | None = DEFAULT_PROMPT_BUCKETS
+    gen_buckets: tuple[int, ...] | None = DEFAULT_GEN_BUCKETS
 
 
 class Generation(NamedTuple):
@@ -37,13 +62,17 @@ class Generation(NamedTuple):
     prompt_index: jax.Array
 
 
+class BucketError(UserError, ValueError):
+    """An input longer than the largest shape bucket (a user-facing error: one line, exit 2 in the CLI)."""
+
+
 def bucket(n: int, buckets: Sequence[int] | None, what: str) -> int:
     """Smallest bucket >= n (n itself when `buckets` is None); ValueError when n exceeds every bucket."""
     if buckets is None:
         return n
     fitting = [b for b in sorted(buckets) if b >= n]
     if not fitting:
-        raise ValueError(
+        raise BucketError(
             f"{what} of {n} tokens exceeds the largest {what} bucket ({max(buckets)}), which bounds the KV "
             f"cache capacity; pass larger buckets or a shorter input"
         )
@@ -107,3 +136,11 @@ def left_pad(prompts: Sequence[Sequence[int]], width: int, pad_id: int) -> tuple
         tokens_PL[p, width - len(ids):] = ids
         mask_PL[p, width - len(ids):] = True
     return tokens_PL, mask_PL
+
+
+def pad_prompts(prompts: Sequence[Sequence[int]], buckets: Sequence[int] | None, pad_id: int
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """Left-pads prompts to the smallest bucket that holds the longest (its exact length when `buckets` is
+    None): tokens_PL int32 and mask_PL bool. The one bucketing + padding helper of jaxrl."""
+    width = bucket(max(len(p) for p in prompts), buckets, "prompt")
+    return left_pad(prompts, width, pad_id)

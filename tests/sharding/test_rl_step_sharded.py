@@ -40,7 +40,8 @@ def _batch(b=16, length=12, prompt=4) -> TrainBatch:
     old = np.where(loss_mask, rng.normal(-3.0, 0.3, (b, length)), 0.0).astype(np.float32)
     ref = np.where(loss_mask, rng.normal(-3.0, 0.3, (b, length)), 0.0).astype(np.float32)
     adv = (rng.normal(size=(b, 1)) * loss_mask).astype(np.float32)
-    return TrainBatch(tokens, mask, loss_mask, old, ref, adv, np.full(b, 0.2, np.float32),
+    c = slice(prompt, None)  # completion space
+    return TrainBatch(tokens, mask, loss_mask[:, c], old[:, c], ref[:, c], adv[:, c], np.full(b, 0.2, np.float32),
                       np.full(b, 0.28, np.float32), np.zeros(b, np.float32))
 
 

@@ -12,8 +12,8 @@ import optax
 import pytest
 from flax import nnx
 
-from jaxrl.algos import ADVANTAGES, AdvantageSpec
-from jaxrl.config import Algo
+from jaxrl.algorithms import ALGORITHMS, AlgoSettings
+from jaxrl.config import AlgorithmConfig, ETRSection
 from jaxrl.models import Transformer, TransformerConfig
 from jaxrl.train_step import LossSpec, TrainBatch, TrainState, loss_and_grad, train_step
 
@@ -43,8 +43,10 @@ def _batch(seed: int, *, sft_rows: int = 0) -> TrainBatch:
     adv = np.where(comp, rng.normal(size=(B, 1)), 0.0).astype(np.float32)
     sft = np.zeros((B,), np.float32)
     sft[B - sft_rows:] = 1.0
-    return TrainBatch(jnp.asarray(tokens), jnp.asarray(prompt | comp), jnp.asarray(comp), jnp.asarray(old),
-                      jnp.asarray(ref), jnp.asarray(adv), jnp.full((B,), 0.2, jnp.float32),
+    c = slice(P_WIDTH, None)  # completion space: everything but the forward's inputs is [B, T]
+    return TrainBatch(jnp.asarray(tokens), jnp.asarray(prompt | comp), jnp.asarray(comp[:, c]),
+                      jnp.asarray(old[:, c]), jnp.asarray(ref[:, c]), jnp.asarray(adv[:, c]),
+                      jnp.full((B,), 0.2, jnp.float32),
                       jnp.full((B,), 0.28, jnp.float32), jnp.asarray(sft))
 
 
@@ -85,11 +87,11 @@ def test_etr_with_zero_elasticity_is_grpo_bit_for_bit(model_parts):
     rewards_NK = rng.normal(size=(B, 2)).astype(np.float32)
     weights_K = np.asarray([1.0, 0.5], np.float32)
     batch = _batch(2)
-    mask_NT = np.asarray(batch.loss_mask_BL)[:, P_WIDTH:]
-    spec = AdvantageSpec(group_size=4, clip_low=0.2, clip_high=0.28, etr_alpha=0.0, etr_beta=0.0,
-                         etr_adv_max=3.0)
-    grpo = ADVANTAGES[Algo.GRPO](rewards_NK, weights_K, mask_NT, spec)
-    etr = ADVANTAGES[Algo.ETR](rewards_NK, weights_K, mask_NT, spec)
+    mask_NT = np.asarray(batch.completion_mask_BT)
+    section = AlgorithmConfig(etr=ETRSection(alpha=0.0, beta=0.0, adv_max=3.0))
+    spec = AlgoSettings(group_size=4, eps=1e-6, clip_low=0.2, clip_high=0.28, section=section)
+    grpo = ALGORITHMS["grpo"].advantages(rewards_NK, weights_K, mask_NT, spec)
+    etr = ALGORITHMS["etr"].advantages(rewards_NK, weights_K, mask_NT, spec)
     assert np.array_equal(etr.adv_NT, grpo.adv_NT)
     assert np.array_equal(etr.clip_low_N, grpo.clip_low_N)
     assert np.array_equal(etr.clip_high_N, grpo.clip_high_N)
@@ -97,9 +99,7 @@ def test_etr_with_zero_elasticity_is_grpo_bit_for_bit(model_parts):
     step = jax.jit(functools.partial(train_step, graphdef=graphdef, spec=LossSpec(), tx=tx))
     outs = []
     for adv in (grpo, etr):
-        adv_BL = np.zeros((B, L), np.float32)
-        adv_BL[:, P_WIDTH:] = adv.adv_NT
-        b = batch.replace(adv_BL=jnp.asarray(adv_BL), clip_low_B=jnp.asarray(adv.clip_low_N),
+        b = batch.replace(adv_BT=jnp.asarray(adv.adv_NT), clip_low_B=jnp.asarray(adv.clip_low_N),
                           clip_high_B=jnp.asarray(adv.clip_high_N))
         state = TrainState(jax.tree.map(jnp.copy, params), tx.init(params), jnp.zeros((), jnp.int32))
         outs.append(jax.device_get(step(state, b)))

@@ -148,7 +148,7 @@ def test_nonfinite_updates_are_skipped_then_the_run_stops_with_a_checkpoint(tmp_
 def test_resume_restores_clipo_head_and_warm_started_reference(tmp_path):
     """CLIPO's head/optimiser state and the KL reference (the SFT-warm-started model) survive a restart."""
     # single-digit problems (the embedded default's answers have two digits), so some rollouts succeed
-    extra = ("algorithm.name=clipo", "algorithm.kl_beta=0.1", "sft_warmup.steps=2", "sft_warmup.batch_size=4",
+    extra = ("algorithm.name=clipo", "algorithm.kl.beta=0.1", "sft_warmup.steps=2", "sft_warmup.batch_size=4",
              "checkpoint.every=2", 'data.params={max_operand: 9, ops: "+-"}')
     whole, split = tmp_path / "whole", tmp_path / "split"
     _ok(run_train(whole, *extra, "train.steps=4"))

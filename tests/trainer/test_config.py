@@ -24,7 +24,7 @@ def test_default_is_embedded_quickstart():
     cfg = load_config(None)
     assert default_config_text().startswith("# Run with: jaxrl train")
     assert cfg.model.preset == "tiny_siamese" and cfg.data.source == "arithmetic"
-    assert cfg.algorithm.name is Algo.GDPO and [r.name for r in cfg.rewards] == ["answer", "format"]
+    assert cfg.algorithm.name == Algo.GDPO and [r.name for r in cfg.rewards] == ["answer", "format"]
     assert isinstance(cfg.mesh, MeshConfig)
 
 
@@ -34,7 +34,7 @@ def test_overrides_apply_with_yaml_values():
         [
             "optimizer.lr=1e-5",
             "algorithm.name=dapo",
-            "algorithm.dual_clip=3",
+            "algorithm.clip.dual=3",
             "rollout.top_p=null",
             "rollout.prompt_buckets=[16, 48]",
             "model.overrides.num_layers=3",
@@ -44,7 +44,7 @@ def test_overrides_apply_with_yaml_values():
             "data.params.max_operand=99",
         ],
     )
-    assert cfg.optimizer.lr == 1e-5 and cfg.algorithm.name is Algo.DAPO and cfg.algorithm.dual_clip == 3.0
+    assert cfg.optimizer.lr == 1e-5 and cfg.algorithm.name == Algo.DAPO and cfg.algorithm.clip.dual == 3.0
     default = load_config(None)
     assert cfg.rollout.prompt_buckets == (16, 48)
     assert cfg.model.overrides == {**default.model.overrides, "num_layers": 3}  # merged into the YAML's dict
@@ -85,7 +85,11 @@ def test_full_file_round_trip_of_all_defaults(tmp_path):
         ("checkpoint.async_save=1", "checkpoint.async_save=1: expected bool, got int"),
         ("optimizer.lr=-1", "optimizer.lr=-1.0: must be > 0"),
         ("algorithm.name=grpoo", "algorithm.name='grpoo': allowed values are 'grpo'"),
-        ("algorithm.agg_mode=mean", "algorithm.agg_mode='mean': allowed values are 'token_mean'"),
+        ("algorithm.agg_mode=mean", "algorithm.agg_mode='mean': allowed values are 'token-mean'"),
+        ("algorithm.kl.kind=k4", "algorithm.kl.kind='k4': allowed values are 'k1'"),
+        ("algorithm.etr_alpha=0.5", "'algorithm.etr_alpha' has moved: write 'algorithm.etr.alpha' instead"),
+        ("algorithm.clipo_tau=0.1", "'algorithm.clipo_tau' has moved: write 'algorithm.clipo.tau' instead"),
+        ("algorithm.etr.alpah=1", "unknown key 'algorithm.etr.alpah'; did you mean 'algorithm.etr.alpha'?"),
         ("rollout.prompt_buckets=[64, 32]", "rollout.prompt_buckets=[64, 32]: must be strictly increasing"),
         ("mesh.tensor=2", "mesh.tensor=2 but mesh.rules='fsdp'"),
         ("rewards.nosuch.weight=1", "no list entry 'nosuch'"),
@@ -104,7 +108,7 @@ def test_full_file_round_trip_of_all_defaults(tmp_path):
 )
 def test_errors_name_the_key(override, message):
     if message is None:
-        assert load_config(None, [override]).algorithm.name is Algo.GDPO
+        assert load_config(None, [override]).algorithm.name == Algo.GDPO
         return
     with pytest.raises(ConfigError) as e:
         load_config(None, [override])
@@ -180,3 +184,19 @@ def test_cli_config_error_exits_2_with_one_line(capsys):
         "tokenizer, data, rollout, algorithm, rewards, optimizer, checkpoint, logging, mesh, "
         "sft_warmup, train)"
     )
+
+
+def test_old_flat_algorithm_keys_in_a_file_name_their_new_place(tmp_path):
+    """A config written for the flat `algorithm:` layout fails at load with the key's new place."""
+    text = default_config_text().replace("  kl: {beta: 0.0}", "  kl_beta: 0.0")
+    (tmp_path / "old.yaml").write_text(text)
+    with pytest.raises(ConfigError, match="'algorithm.kl_beta' has moved: write 'algorithm.kl.beta' instead"):
+        load_config(tmp_path / "old.yaml")
+
+
+def test_kl_in_the_reward_is_refused_for_per_reward_normalisation():
+    """GDPO / GD²PO normalise each reward column within its group: a KL column there would lose β."""
+    for name in ("gdpo", "gd2po"):
+        with pytest.raises(ConfigError, match="algorithm.kl.where='reward': .* use kl.where: loss"):
+            load_config(None, [f"algorithm.name={name}", "algorithm.kl.beta=0.1", "algorithm.kl.where=reward"])
+    assert load_config(None, ["algorithm.name=grpo", "algorithm.kl.beta=0.1", "algorithm.kl.where=reward"])

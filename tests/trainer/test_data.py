@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from jaxrl.config import DataConfig
-from jaxrl.data import Encoder, arithmetic, countdown, eval_batches, make_splits, pad_left, train_iterator
+from jaxrl.data import Encoder, arithmetic, countdown, eval_batches, make_splits, train_iterator
 from jaxrl.errors import ConfigError, UserError
 from jaxrl.rewards import countdown as countdown_reward
 from jaxrl.rewards import math_answer
@@ -148,15 +148,17 @@ def test_per_host_shards_are_disjoint_and_cover(encoder):
         train_iterator(records, encoder, batch_size=7, seed=0, process_count=3)
 
 
-def test_eval_batches_and_pad_left(encoder):
+def test_eval_batches_and_pad_prompts(encoder):
+    from jaxrl.sampling import pad_prompts
+
     batches = eval_batches(arithmetic(5, 0), encoder, 2)
     assert [len(b) for b in batches] == [2, 2, 1]
-    tokens_PL, mask_PL = pad_left([[5, 6, 7], [8]], [2, 4, 8], pad_id=0)
+    tokens_PL, mask_PL = pad_prompts([[5, 6, 7], [8]], [2, 4, 8], pad_id=0)
     np.testing.assert_array_equal(tokens_PL, [[0, 5, 6, 7], [0, 0, 0, 8]])
     np.testing.assert_array_equal(mask_PL, [[0, 1, 1, 1], [0, 0, 0, 1]])
-    assert tokens_PL.dtype == np.int32 and pad_left([[1, 2, 3]], [], 0)[0].shape == (1, 3)
-    with pytest.raises(UserError, match="5 tokens, more than the largest bucket 4"):
-        pad_left([[1] * 5], [2, 4], 0)
+    assert tokens_PL.dtype == np.int32 and pad_prompts([[1, 2, 3]], None, 0)[0].shape == (1, 3)
+    with pytest.raises(UserError, match="prompt of 5 tokens exceeds the largest prompt bucket \\(4\\)"):
+        pad_prompts([[1] * 5], [2, 4], 0)
 
 
 def test_builtin_tokenizer_survives_save_pretrained(tmp_path):

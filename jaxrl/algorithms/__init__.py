@@ -1,0 +1,56 @@
+"""jaxrl.algorithms: one `Algorithm` record per RL method, and the registry that `algorithm.name` selects.
+
+To add a method, write its advantage function (and, if it needs them, a shaping / resampling / extra-rows
+stage), then register a record:
+
+    ALGORITHMS["my_method"] = Algorithm("my_method", advantages=my_advantages)
+
+Nothing else changes: the RL step (`jaxrl.rl_step`) runs the record's stages in a fixed order.
+"""
+
+from jaxrl.algorithms import estimators
+from jaxrl.algorithms.base import (
+    AdvantageFn,
+    Advantages,
+    AlgoSettings,
+    Algorithm,
+    Shaper,
+    combined_reward,
+    sequence_advantages,
+    task_reward,
+)
+from jaxrl.algorithms.clipo import ClipoHead, clipo_head
+from jaxrl.algorithms.dapo import dynamic_sampling, informative_groups
+from jaxrl.algorithms.kl_reward import KLRewardPenalty
+from jaxrl.algorithms.sft_aux import expert_rows
+
+ALGORITHMS: dict[str, Algorithm] = {
+    "grpo": Algorithm("grpo", estimators.grpo("group")),
+    "dr_grpo": Algorithm("dr_grpo", estimators.grpo("none")),
+    "dapo": Algorithm("dapo", estimators.grpo("group"), resample=dynamic_sampling),
+    "rloo": Algorithm("rloo", estimators.rloo),
+    "gdpo": Algorithm("gdpo", estimators.gdpo, per_reward=True),
+    "gd2po": Algorithm("gd2po", estimators.gd2po, per_reward=True),
+    "etr": Algorithm("etr", estimators.etr),
+    "clipo": Algorithm("clipo", estimators.grpo("group"), shaper=clipo_head),
+    "sft_aux": Algorithm("sft_aux", estimators.grpo("group"), extra_rows=expert_rows,
+                         loss=lambda s: {"sft_lambda": s.section.sft.lam}),
+}
+
+__all__ = [
+    "ALGORITHMS",
+    "AdvantageFn",
+    "Advantages",
+    "AlgoSettings",
+    "Algorithm",
+    "ClipoHead",
+    "KLRewardPenalty",
+    "Shaper",
+    "combined_reward",
+    "dynamic_sampling",
+    "estimators",
+    "expert_rows",
+    "informative_groups",
+    "sequence_advantages",
+    "task_reward",
+]

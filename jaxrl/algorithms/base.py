@@ -1,0 +1,130 @@
+"""The `Algorithm` record: everything that makes one RL method, in one place.
+
+An RL step is a straight line of stages (`jaxrl.rl_step`):
+
+    collect -> resample? -> shape rewards* -> advantages -> assemble (+ extra rows?) -> update
+
+A method is one `Algorithm` record: its advantage function (required) and the optional stages it adds —
+reward shaping (CLIPO's contrastive bonus), resampling (DAPO's dynamic sampling), extra rows (AFRL's expert
+rows with an SFT loss) — plus the loss settings it changes. Registering a record under a name
+(`ALGORITHMS[name] = record`) makes `algorithm.name: <name>` valid in a config; nothing else needs editing.
+
+The stages receive `AlgoSettings`, a frozen view of the `algorithm:` config section resolved once at setup
+(the group size, the clip bounds and each method's own sub-section), never the experiment config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, NamedTuple, Protocol
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class AlgoSettings:
+    """What an algorithm's stages may read, resolved once at setup.
+
+    Attributes:
+      group_size: G, samples per prompt (rows of a group are contiguous).
+      eps: ε of the group standardisation.
+      clip_low, clip_high: PPO clip bounds ε_low, ε_high.
+      section: the typed `algorithm:` config section (`jaxrl.config.AlgorithmConfig`); a method reads its own
+        sub-section (`section.etr`, `section.gd2po`, ...).
+      task_columns: reward columns that score the task (not length shaping such as the overlong penalty); the
+        DAPO keep filter and CLIPO's correctness use their weighted sum.
+    """
+
+    group_size: int
+    eps: float
+    clip_low: float
+    clip_high: float
+    section: Any
+    task_columns: tuple[int, ...] = ()
+
+
+class Advantages(NamedTuple):
+    """Per-token advantages of the completion positions and per-sample clip bounds."""
+
+    adv_NT: np.ndarray
+    clip_low_N: np.ndarray
+    clip_high_N: np.ndarray
+    metrics: dict[str, float]
+
+
+# (rewards_NK, weights_K, completion_mask_NT, settings) -> Advantages
+AdvantageFn = Callable[[np.ndarray, np.ndarray, np.ndarray, AlgoSettings], Advantages]
+
+
+class Shaper(Protocol):
+    """A reward-shaping stage with host-side state (e.g. CLIPO's contrastive head).
+
+    `__call__` returns one extra reward column (weight 1) and metrics; `actor_frozen(step)` says whether the
+    policy update is skipped this step (CLIPO's head warm-up); `state_json` / `load_state` put the stage's state
+    into checkpoints so a resumed run continues exactly.
+    """
+
+    name: str
+
+    def __call__(self, params, rollout, key) -> tuple[np.ndarray, dict[str, float]]: ...
+
+    def actor_frozen(self, step: int) -> bool: ...
+
+    def state_json(self) -> Any: ...
+
+    def load_state(self, data: Any) -> None: ...
+
+
+# (run, settings) -> Shaper; built once at setup.
+ShaperFactory = Callable[[Any, AlgoSettings], Shaper]
+# (first rollout, collect(round) -> rollout, settings) -> (rollout, metrics)
+ResampleFn = Callable[[Any, Callable[[int], Any], AlgoSettings], tuple[Any, dict[str, float]]]
+# (records, tokenizer, prompt_width, completion_width) -> TrainBatch of expert rows
+ExtraRowsFn = Callable[[list, Any, int, int], Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Algorithm:
+    """One RL method.
+
+    Attributes:
+      name: the `algorithm.name` that selects it.
+      advantages: rewards -> per-token advantages and clip bounds (`AdvantageFn`).
+      per_reward: the estimator normalises each reward column separately (GDPO, GD²PO); a KL penalty in the
+        reward would then be normalised like a task reward, so the config refuses `kl.where: reward`.
+      shaper: optional reward-shaping stage factory (CLIPO).
+      resample: optional resampling stage (DAPO dynamic sampling).
+      extra_rows: optional expert rows appended to the batch (AFRL SFT-aux).
+      loss: settings -> `LossSpec` field overrides (e.g. `{"sft_lambda": λ}`).
+    """
+
+    name: str
+    advantages: AdvantageFn
+    per_reward: bool = False
+    shaper: ShaperFactory | None = None
+    resample: ResampleFn | None = None
+    extra_rows: ExtraRowsFn | None = None
+    loss: Callable[[AlgoSettings], dict[str, Any]] = lambda s: {}
+
+
+def combined_reward(rewards_NK: np.ndarray, weights_K: np.ndarray) -> np.ndarray:
+    """Weighted sum over rewards; NaN (a skipped reward) stays NaN so the estimator can exclude the sample."""
+    return (rewards_NK * weights_K[None, :]).sum(axis=1).astype(np.float32)
+
+
+def task_reward(rewards_NK: np.ndarray, weights_K: np.ndarray, s: AlgoSettings) -> np.ndarray:
+    """The weighted sum of the task columns per sample, skipped (NaN) rewards counted as 0."""
+    cols = list(s.task_columns) or list(range(rewards_NK.shape[1]))
+    return combined_reward(np.nan_to_num(rewards_NK[:, cols]), np.asarray(weights_K)[cols])
+
+
+def sequence_advantages(adv_N, mask_NT, s: AlgoSettings, metrics=None) -> Advantages:
+    """Broadcasts one advantage per sample over its completion tokens, with the constant clip bounds."""
+    adv_N = np.asarray(adv_N, np.float32)
+    n = adv_N.shape[0]
+    return Advantages(
+        adv_NT=adv_N[:, None] * np.asarray(mask_NT, np.float32),
+        clip_low_N=np.full((n,), s.clip_low, np.float32),
+        clip_high_N=np.full((n,), s.clip_high, np.float32),
+        metrics=dict(metrics or {}),
+    )

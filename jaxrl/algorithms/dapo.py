@@ -1,0 +1,42 @@
+"""DAPO dynamic sampling (arXiv:2503.14476 §3.2): resample until the batch is full of informative groups.
+
+A group is kept when the summed *task* reward of its samples is not all equal (the recipe filters on `acc`,
+the score before the overlong penalty: `AlgoSettings.task_columns`, `algorithm.dapo.filter_rewards`), so an
+all-wrong group is not kept for its length penalty alone. Rounds stop when P informative groups are found or
+after `algorithm.dapo.max_tries` extra rollouts; the batch is then filled with degenerate groups (advantage 0).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from jaxrl.algorithms.base import AlgoSettings, task_reward
+from jaxrl.rollout import Rollout, concat, select_groups
+
+
+def informative_groups(ro: Rollout, s: AlgoSettings) -> np.ndarray:
+    """[P] bool: groups whose task rewards are not all equal (`losses.dynamic_sampling_mask`, on the host:
+    the merged batch changes size every round, and a jnp version would compile for each size)."""
+    return np.ptp(task_reward(ro.rewards_NK, ro.weights_K, s).reshape(-1, s.group_size), axis=1) > 0
+
+
+def dynamic_sampling(first: Rollout, collect: Callable[[int], Rollout], s: AlgoSettings
+                     ) -> tuple[Rollout, dict[str, float]]:
+    """Resampling stage: `collect(round)` draws one more rollout of the same prompts with a fresh seed."""
+    g = s.group_size
+    p = first.tokens_BL.shape[0] // g
+    parts, tries = [first], 0
+    while sum(int(informative_groups(x, s).sum()) for x in parts) < p and tries < s.section.dapo.max_tries:
+        tries += 1
+        parts.append(collect(tries))
+    # Widening a prompt writes the run's pad token (any masked position holds it; with none, the value is
+    # never read: masked positions do not reach the loss or other rows).
+    pad_id = int(first.tokens_BL[~first.mask_BL][0]) if (~first.mask_BL).any() else 0
+    merged = concat(parts, pad_id) if len(parts) > 1 else first
+    keep = informative_groups(merged, s)
+    good, bad = np.flatnonzero(keep), np.flatnonzero(~keep)
+    chosen = np.sort(np.concatenate([good, bad])[:p])
+    out = select_groups(merged, chosen, g)
+    return out, {"dapo/resample_rounds": float(tries), "dapo/kept_groups_frac": float(min(len(good), p) / p)}

@@ -1,0 +1,83 @@
+"""Advantage functions of the built-in algorithms: rewards_NK -> per-token advantages and clip bounds.
+
+| algo     | rewards combined              | advantage                                  | clip bounds           |
+|----------|-------------------------------|--------------------------------------------|-----------------------|
+| grpo     | weighted sum                  | (R - mean_g) / (std_g + eps)               | [clip.low, clip.high] |
+| dr_grpo  | weighted sum                  | R - mean_g                                 | same                  |
+| rloo     | weighted sum                  | leave-one-out baseline                     | same                  |
+| gdpo     | per reward, then batch norm   | `losses.gdpo_advantages` (gdpo.batch_norm) | same                  |
+| gd2po    | per reward, conflict filter   | `losses.gd2po_advantages`                  | same                  |
+| etr      | weighted sum                  | GRPO                                       | elastic per sample    |
+
+Rewards that failed with `on_error: skip` arrive as NaN: single-reward estimators leave them out of the group
+statistics and give them advantage 0 (TRL semantics); multi-reward estimators treat them as 0 (the NVlabs GDPO
+fork's choice).
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl import losses
+from jaxrl.algorithms.base import AlgoSettings, Advantages, combined_reward, sequence_advantages
+
+
+def grpo(scale: str):
+    """GRPO (scale "group", arXiv:2402.03300) or Dr.GRPO (scale "none", arXiv:2503.20783) on the summed
+    reward."""
+
+    def advantages(rewards_NK, weights_K, mask_NT, s: AlgoSettings) -> Advantages:
+        r_N = combined_reward(rewards_NK, weights_K)
+        adv_N = losses.group_advantages(jnp.asarray(r_N), s.group_size, scale=scale, eps=s.eps, nan_aware=True)
+        return sequence_advantages(adv_N, mask_NT, s)
+
+    return advantages
+
+
+def rloo(rewards_NK, weights_K, mask_NT, s: AlgoSettings) -> Advantages:
+    """RLOO: the leave-one-out mean of the group as baseline (arXiv:2402.14740)."""
+    r_N = np.nan_to_num(combined_reward(rewards_NK, weights_K))
+    return sequence_advantages(losses.rloo_advantages(jnp.asarray(r_N), s.group_size), mask_NT, s)
+
+
+def gdpo(rewards_NK, weights_K, mask_NT, s: AlgoSettings) -> Advantages:
+    """GDPO (arXiv:2601.05242): each reward normalised within its group, weighted sum, batch standardisation
+    over samples (`gdpo.batch_norm: sample`, TRL) or over tokens (`token`, verl). With a single reward the
+    reference (NVlabs/GDPO) falls back to plain GRPO, and so does this."""
+    if rewards_NK.shape[1] == 1:
+        return grpo("group")(rewards_NK, weights_K, mask_NT, s)
+    r_NK = jnp.asarray(np.nan_to_num(rewards_NK))
+    if s.section.gdpo.batch_norm.value == "token":
+        adv_NT = losses.gdpo_token_advantages(r_NK, s.group_size, jnp.asarray(mask_NT), weights=weights_K,
+                                              eps=s.eps)
+        return sequence_advantages(np.zeros(r_NK.shape[0]), mask_NT, s)._replace(
+            adv_NT=np.asarray(adv_NT, np.float32))
+    adv_N = losses.gdpo_advantages(r_NK, s.group_size, weights=weights_K, eps=s.eps)
+    return sequence_advantages(adv_N, mask_NT, s)
+
+
+def gd2po(rewards_NK, weights_K, mask_NT, s: AlgoSettings) -> Advantages:
+    """GD²PO: GDPO with conflicting samples filtered (hard, or by signal-to-noise) and consensus scaling."""
+    c = s.section.gd2po
+    r_NK = jnp.asarray(np.nan_to_num(rewards_NK))
+    adv_NT, metrics = losses.gd2po_advantages(
+        r_NK, s.group_size, jnp.asarray(mask_NT), mode=c.mode.value, tau=c.tau, weights=weights_K, eps=s.eps,
+        eps_snr=c.eps_snr)
+    base = sequence_advantages(np.zeros(r_NK.shape[0]), mask_NT, s)
+    return base._replace(adv_NT=np.asarray(adv_NT, np.float32),
+                         metrics={k: float(v) for k, v in metrics.items()})
+
+
+def etr(rewards_NK, weights_K, mask_NT, s: AlgoSettings) -> Advantages:
+    """ETR [READING]: GRPO advantages with elastic per-sample clip bounds (`losses.etr_clip_bounds`)."""
+    c = s.section.etr
+    r_N = jnp.asarray(combined_reward(rewards_NK, weights_K))
+    adv_N = losses.group_advantages(r_N, s.group_size, scale="group", eps=s.eps, nan_aware=True)
+    cfg = losses.ETRConfig(clip_low=s.clip_low, clip_high=s.clip_high, alpha=c.alpha, beta=c.beta,
+                           adv_cap=c.adv_max)
+    std_N = losses.group_reward_std(jnp.nan_to_num(r_N), s.group_size)
+    low_N, high_N = losses.etr_clip_bounds(adv_N, std_N, cfg)
+    out = sequence_advantages(adv_N, mask_NT, s, {"etr/clip_low_mean": float(jnp.mean(low_N)),
+                                                  "etr/clip_high_mean": float(jnp.mean(high_N))})
+    return out._replace(clip_low_N=np.asarray(low_N, np.float32), clip_high_N=np.asarray(high_N, np.float32))

@@ -1,0 +1,78 @@
+"""One RL step as a straight line of stages, each a call (the `Run` holds everything they need):
+
+    collect -> resample (DAPO) -> shape rewards (CLIPO bonus, KL in reward) -> advantages
+            -> assemble (+ extra rows: SFT-aux) -> update
+
+Which optional stages run is the algorithm record's business (`jaxrl.algorithms`); this function never names
+an algorithm.
+"""
+
+from __future__ import annotations
+
+import time
+
+import jax
+import numpy as np
+
+from jaxrl import rollout as rollout_lib, trainer
+from jaxrl.algorithms import combined_reward
+from jaxrl.train_step import TrainState
+
+TIMING_PREFIX = "timing/"
+
+
+def step_key(seed: int, step: int, stream: int) -> jax.Array:
+    """The PRNG key of one random stream of one step: every random choice of a run derives from (seed, step)."""
+    return jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), step), stream)
+
+
+def total_reward(ro: rollout_lib.Rollout) -> np.ndarray:
+    """The weighted sum of a rollout's rewards per sample, with skipped (NaN) rewards counted as 0."""
+    return combined_reward(np.nan_to_num(ro.rewards_NK), ro.weights_K)
+
+
+def collect(run: trainer.Run, params, records, step: int, round_: int = 0) -> rollout_lib.Rollout:
+    """Stage 1: G completions per prompt, decoded and scored (round > 0: a resampling round's fresh seed)."""
+    stream = 0 if round_ == 0 else 100 + round_
+    return rollout_lib.collect(run.graphdef, params, records, run.tokenizer, run.rewards, run.sampling,
+                               seed=step_key(run.seed, step, stream))
+
+
+def rl_step(run: trainer.Run, state: TrainState, records, step: int):
+    """One RL step: returns (state, metrics, rollout)."""
+    algo, s = run.algorithm, run.settings
+    t0 = time.perf_counter()
+    ro = collect(run, state.params, records, step)
+    metrics = dict(ro.metrics)
+    if algo.resample is not None:
+        ro, resample_metrics = algo.resample(ro, lambda k: collect(run, state.params, records, step, k), s)
+        metrics.update(resample_metrics)
+    total_N = total_reward(ro)
+    metrics["reward/mean"] = float(total_N.mean())
+    metrics["frac_zero_std_groups"] = float(np.mean(total_N.reshape(-1, s.group_size).std(axis=1) == 0))
+    t1 = time.perf_counter()
+    actor_frozen = False
+    for shaper in run.shapers:
+        values_N, shaper_metrics = shaper(state.params, ro, step_key(run.seed, step, 2))
+        metrics.update(shaper_metrics)
+        ro = ro.add_reward_column(values_N, shaper.name)
+        actor_frozen = actor_frozen or shaper.actor_frozen(step)
+    adv = algo.advantages(ro.rewards_NK, ro.weights_K, ro.completion_mask_BT, s)
+    metrics.update(adv.metrics)
+    extra = None
+    if algo.extra_rows is not None:
+        extra = algo.extra_rows(records, run.tokenizer, ro.prompt_width, ro.completion_mask_BT.shape[1])
+    batch = trainer.assemble(run, state.params, ro, adv, extra_rows=extra)
+    t2 = time.perf_counter()
+    if not actor_frozen:
+        state, update_metrics = trainer.update(run, state, batch, step)
+        metrics.update(update_metrics)
+    t3 = time.perf_counter()
+    tokens = float(np.sum(ro.mask_BL))
+    if "kl/loss" in metrics:  # a KL that was not measured is absent, not a flat 0
+        metrics.setdefault("kl", metrics["kl/loss"])
+    metrics.setdefault("entropy", metrics.get("entropy/mean", float("nan")))
+    metrics.setdefault("clip_frac", metrics.get("pg/clip_frac", float("nan")))
+    metrics.update({f"{TIMING_PREFIX}rollout_s": t1 - t0, f"{TIMING_PREFIX}logprob_s": t2 - t1,
+                    f"{TIMING_PREFIX}update_s": t3 - t2, "tokens_per_s": tokens / max(t3 - t0, 1e-9)})
+    return state, metrics, ro
