@@ -31,13 +31,13 @@ class RewardFailureTracker:
 
     Args:
       max_failed_steps: how many consecutive all-failed steps stop the run (>= 1; the config's
-        `rewards_max_failed_steps`, default 3).
+        `train.max_failed_reward_steps`, default 3).
     """
 
     def __init__(self, max_failed_steps: int = 3):
         is_int = isinstance(max_failed_steps, int) and not isinstance(max_failed_steps, bool)
         if not is_int or max_failed_steps < 1:
-            raise UserError(f"rewards_max_failed_steps={max_failed_steps!r}: must be an integer >= 1")
+            raise UserError(f"train.max_failed_reward_steps={max_failed_steps!r}: must be an integer >= 1")
         self.max_failed_steps = max_failed_steps
         self._streak: dict[str, int] = {}
         self._first: dict[str, str] = {}
@@ -72,5 +72,5 @@ class RewardFailureTracker:
                           name, self._streak[name], first.rstrip())
                 raise RewardError(
                     f"reward {name!r} failed on every sample for {self._streak[name]} consecutive steps "
-                    f"(rewards_max_failed_steps={self.max_failed_steps}); first error: {_last_line(first)}"
+                    f"(train.max_failed_reward_steps={self.max_failed_steps}); first error: {_last_line(first)}"
                 )

@@ -52,7 +52,7 @@ def test_tracker_stops_after_max_failed_steps_consecutive_all_failed_steps():
     with pytest.raises(rewards.RewardError) as e:
         tracker.update(rewards.score(resolved, ["p"] * 2, ["bad", "bad"])[1])
     assert str(e.value) == ("reward 'crash' failed on every sample for 3 consecutive steps "
-                            "(rewards_max_failed_steps=3); first error: ZeroDivisionError: division by zero "
+                            "(train.max_failed_reward_steps=3); first error: ZeroDivisionError: division by zero "
                             "in my reward")
     assert isinstance(e.value, UserError)
 
@@ -69,7 +69,7 @@ def test_one_scored_sample_resets_the_count():
     assert tracker.streaks == {"nan": 0}
     tracker.update(rewards.score(resolved, ["p"], ["bad"])[1])
     with pytest.raises(rewards.RewardError, match=r"'nan' failed on every sample for 2 consecutive steps "
-                                                  r"\(rewards_max_failed_steps=2\); first error: sample 0 "
+                                                  r"\(train\.max_failed_reward_steps=2\); first error: sample 0 "
                                                   r"returned nan"):
         tracker.update(rewards.score(resolved, ["p"], ["bad"])[1], rewards.score(resolved, ["p"], ["bad"])[1])
 
@@ -83,5 +83,5 @@ def test_tracker_reports_the_first_failure_of_the_streak():
 
 @pytest.mark.parametrize("bad", [0, -1, 2.5, True])
 def test_tracker_rejects_a_bad_limit(bad):
-    with pytest.raises(UserError, match="rewards_max_failed_steps=.*must be an integer >= 1"):
+    with pytest.raises(UserError, match=r"train\.max_failed_reward_steps=.*must be an integer >= 1"):
         rewards.RewardFailureTracker(bad)
