@@ -1,0 +1,125 @@
+"""Weight-only quantisation of the projection kernels for QLoRA: int8 per output channel and NF4 blockwise.
+
+int8 (absmax, per output channel c over the kernel's input axes):
+    s_c = max_i |W_ic| / 127,   q_ic = round(W_ic / s_c) ∈ [−127, 127],   Ŵ_ic = q_ic · s_c,
+so |Ŵ − W| ≤ s_c / 2 elementwise.
+NF4 (Dettmers et al. 2023, QLoRA, arXiv:2305.14314): per block of `block` consecutive input entries of one
+output channel, m = max |W| over the block, code = the nearest of the 16 NormalFloat levels ℓ_k to W / m,
+Ŵ = ℓ_code · m. The levels are the normal quantiles of the paper's construction (8 positive from
+Φ⁻¹(linspace(δ, ½, 9)), 7 negative from Φ⁻¹(linspace(δ, ½, 8)), and 0, δ = 0.9677083, scaled to [−1, 1]),
+computed here with `statistics.NormalDist`; two codes are packed per byte. The paper's double quantisation of
+the block absmax values is not done (they stay float32: 0.5 extra bits per weight at block 64).
+
+Only the seven projection kernels of the layers are quantised (embeddings, norms, biases and the LM head stay
+in full precision, as in the QLoRA paper's setup); `jaxrl.models.lora.merge` dequantises them, so the train
+step and the sampler see ordinary dense weights built on the fly from the stored codes.
+"""
+
+from __future__ import annotations
+
+import math
+from statistics import NormalDist
+from typing import Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from jaxrl.errors import ConfigError
+
+KINDS = ("int8", "nf4")
+NF4_BLOCK = 64
+_NF4_OFFSET = 0.9677083
+
+
+def nf4_levels() -> np.ndarray:
+    """The 16 NormalFloat-4 levels in [−1, 1], ascending (float32)."""
+    inv = NormalDist().inv_cdf
+    pos = [inv(p) for p in np.linspace(_NF4_OFFSET, 0.5, 9)[:-1]]
+    neg = [-inv(p) for p in np.linspace(_NF4_OFFSET, 0.5, 8)[:-1]]
+    levels = np.sort(np.asarray(pos + neg + [0.0], np.float64))
+    return (levels / np.abs(levels).max()).astype(np.float32)
+
+
+@struct.dataclass
+class QuantizedKernel:
+    """A quantised kernel `[Y, in…, out…]`: codes and scales are pytree leaves, the layout is static.
+
+    int8: codes int8 [Y, I, O], scale float32 [Y, O]. nf4: codes uint8 [Y, O, I/2] (two per byte, low nibble
+    first), scale float32 [Y, O, I/block]. I, O: the flattened input / output axes.
+    """
+
+    codes: jax.Array
+    scale: jax.Array
+    kind: str = struct.field(pytree_node=False)
+    shape: tuple = struct.field(pytree_node=False)
+    num_in: int = struct.field(pytree_node=False)
+    dtype: str = struct.field(pytree_node=False)
+    block: int = struct.field(pytree_node=False, default=NF4_BLOCK)
+
+
+def _split(shape, num_in):
+    return shape[0], math.prod(shape[1:1 + num_in]), math.prod(shape[1 + num_in:])
+
+
+def quantize(w: jax.Array, num_in: int, kind: str, *, block: int = NF4_BLOCK) -> QuantizedKernel:
+    """Quantise one stacked kernel `w` [Y, in…, out…] whose first `num_in` axes after Y are inputs."""
+    if kind not in KINDS:
+        raise ConfigError(f"quantisation kind {kind!r}; allowed: {list(KINDS)}")
+    y, i, o = _split(w.shape, num_in)
+    w_YIO = jnp.asarray(w, jnp.float32).reshape(y, i, o)
+    if kind == "int8":
+        absmax_YO = jnp.max(jnp.abs(w_YIO), axis=1)
+        scale_YO = jnp.where(absmax_YO > 0, absmax_YO / 127.0, 1.0)
+        codes = jnp.clip(jnp.round(w_YIO / scale_YO[:, None, :]), -127, 127).astype(jnp.int8)
+        return QuantizedKernel(codes, scale_YO, kind, tuple(w.shape), num_in, str(w.dtype), block)
+    if i % block or block % 2:
+        raise ConfigError(f"nf4 quantisation of a kernel {tuple(w.shape)}: input size {i} is not a multiple "
+                          f"of the block size {block} (an even number that divides it is needed)")
+    w_YOGb = w_YIO.transpose(0, 2, 1).reshape(y, o, i // block, block)
+    absmax_YOG = jnp.max(jnp.abs(w_YOGb), axis=-1)
+    safe_YOG = jnp.where(absmax_YOG > 0, absmax_YOG, 1.0)
+    levels = jnp.asarray(nf4_levels())
+    idx = jnp.argmin(jnp.abs(w_YOGb[..., None] / safe_YOG[..., None, None] - levels), axis=-1)
+    idx_YOI = idx.reshape(y, o, i).astype(jnp.uint8)
+    packed = idx_YOI[..., 0::2] | (idx_YOI[..., 1::2] << 4)
+    return QuantizedKernel(packed, safe_YOG, kind, tuple(w.shape), num_in, str(w.dtype), block)
+
+
+def dequantize(q: QuantizedKernel, dtype=None) -> jax.Array:
+    """Ŵ in the kernel's layout and `dtype` (default: the dtype it was quantised from)."""
+    y, i, o = _split(q.shape, q.num_in)
+    dtype = jnp.dtype(dtype or q.dtype)
+    if q.kind == "int8":
+        w_YIO = q.codes.astype(jnp.float32) * q.scale[:, None, :]
+    else:
+        lo, hi = q.codes & 0xF, q.codes >> 4
+        idx_YOI = jnp.stack([lo, hi], axis=-1).reshape(y, o, i)
+        w_YOGb = jnp.asarray(nf4_levels())[idx_YOI.astype(jnp.int32)].reshape(y, o, i // q.block, q.block)
+        w_YIO = (w_YOGb * q.scale[..., None]).reshape(y, o, i).transpose(0, 2, 1)
+    return w_YIO.reshape(q.shape).astype(dtype)
+
+
+def quantize_params(params: Mapping, kind: str, *, block: int = NF4_BLOCK) -> dict:
+    """A copy of `params` with the seven projection kernels of `layers` as `QuantizedKernel`s."""
+    from jaxrl.models.lora import SITES, kernel_path  # local: lora imports this module lazily too
+
+    out = jax.tree.map(lambda x: x, dict(params), is_leaf=lambda x: not isinstance(x, Mapping))
+    for target, (_, num_in, _) in SITES.items():
+        *parents, leaf = kernel_path(target)
+        node = out
+        for key in parents:
+            node = node[key]
+        node[leaf] = quantize(node[leaf], num_in, kind, block=block)
+    return out
+
+
+def quantized_bytes(hf_shape: tuple[int, ...], kind: str, *, block: int = NF4_BLOCK) -> int:
+    """Stored bytes of one quantised [out, in] weight (torch layout): codes plus float32 scales."""
+    out_dim, in_dim = hf_shape
+    if kind == "int8":
+        return out_dim * in_dim + 4 * out_dim
+    if kind == "nf4":
+        return out_dim * in_dim // 2 + 4 * out_dim * math.ceil(in_dim / block)
+    raise ConfigError(f"quantisation kind {kind!r}; allowed: {list(KINDS)}")
