@@ -211,6 +211,21 @@ def apply_override(cls: type, raw: dict[str, Any], item: str) -> dict[str, Any]:
     return raw
 
 
+def yaml_error_message(where: str, error: yaml.YAMLError) -> str:
+    """`FILE:LINE:COLUMN: invalid YAML: PROBLEM (CONTEXT at LINE:COLUMN)`, lines and columns counted from 1."""
+    mark = getattr(error, "problem_mark", None)
+    problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+    context = getattr(error, "context", None)
+    context_mark = getattr(error, "context_mark", None)
+    if context and context_mark is not None and context_mark is not mark:
+        problem += f" ({context} at line {context_mark.line + 1}, column {context_mark.column + 1})"
+    elif context:
+        problem += f" ({context})"
+    if mark is None:
+        return f"{where}: invalid YAML: {problem}"
+    return f"{where}:{mark.line + 1}:{mark.column + 1}: invalid YAML: {problem}"
+
+
 def load_yaml_config(cls: type, path, overrides, default_name: str) -> Any:
     """`cls` from a YAML file (or the packaged `jaxrl.configs/<default_name>` when `path` is None) plus dotted
     `key=value` overrides; every problem is one `ConfigError` naming the file or the full dotted key."""
@@ -228,7 +243,7 @@ def load_yaml_config(cls: type, path, overrides, default_name: str) -> Any:
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise ConfigError(f"{where}: invalid YAML: {str(e).splitlines()[0]}") from None
+        raise ConfigError(yaml_error_message(where, e)) from None
     raw = {} if raw is None else raw
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: the top level must be a mapping of sections, got {type(raw).__name__}")

@@ -1,5 +1,5 @@
-"""Run-directory logging: `metrics.jsonl`, TensorBoard events, `samples.jsonl`, a tqdm bar; cross-host
-reduction.
+"""Run-directory logging: `metrics.jsonl`, TensorBoard events, optional Weights & Biases, `samples.jsonl`, a
+tqdm bar or plain per-step log lines; cross-host reduction.
 
 Only the primary process (process 0) writes anything. On resume from step k, lines of `metrics.jsonl` and
 `samples.jsonl` with step > k (written after the last checkpoint by a killed run) are dropped and TensorBoard
@@ -9,13 +9,17 @@ purges its events from step k+1, so a resumed run's files read exactly like an u
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
+import secrets
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import jax
 import numpy as np
+
+from jaxrl.errors import UserError
 
 METRICS_FILE = "metrics.jsonl"
 SAMPLES_FILE = "samples.jsonl"
@@ -56,16 +60,30 @@ def read_metrics(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+PLAIN_KEYS = ("reward/mean", "loss", "kl", "entropy", "response_length/mean", "eval/accuracy")
+WANDB_ID_FILE = "wandb_run_id"
+log = logging.getLogger(__name__)
+
+
 class MetricsWriter:
-    """Writes one JSON object per step (plus TensorBoard scalars and a progress bar) on the primary process.
+    """Writes one JSON object per step, TensorBoard / W&B scalars and a progress bar or plain log lines.
+
+    Only the primary process writes. With the bar on it shows the step just written and its `postfix_keys`;
+    with it off, one line `step N/TOTAL: key value, ...` is logged (logger `jaxrl.metrics`, INFO) every
+    `log_every` steps and for the last step.
 
     Args:
       run_dir: the run directory.
       resume_step: the step training restarts after (0 for a fresh run); later rows are dropped.
-      total_steps: progress-bar length (None: no bar).
+      total_steps: the run's length (None: unknown; then no bar is drawn).
       tensorboard: also write TensorBoard event files under RUN/tb.
       primary: whether this process writes (default: `jax.process_index() == 0`).
       postfix_keys: metrics shown on the progress bar.
+      progress_bar: draw a tqdm bar (needs `total_steps`); False logs plain lines instead.
+      log_every: steps between plain log lines.
+      wandb: a `WandbConfig` (project, mode, name) to also log to Weights & Biases; None: off.
+      config: the resolved config as plain data, stored with the W&B run.
+      bar_file: stream the bar is drawn on (default stderr).
     """
 
     def __init__(
@@ -77,45 +95,70 @@ class MetricsWriter:
         tensorboard: bool = True,
         primary: bool | None = None,
         postfix_keys: Sequence[str] = ("reward/mean", "loss"),
+        progress_bar: bool = True,
+        log_every: int = 1,
+        wandb: Any = None,
+        config: Mapping[str, Any] | None = None,
+        bar_file: Any = None,
     ):
         self.run_dir = Path(run_dir)
         self.primary = jax.process_index() == 0 if primary is None else primary
         self.postfix_keys = tuple(postfix_keys)
-        self._tb = self._bar = self._file = None
+        self.total_steps = total_steps
+        self.log_every = max(1, int(log_every))
+        self._tb = self._bar = self._file = self._wandb = None
         if not self.primary:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
         for name in (METRICS_FILE, SAMPLES_FILE):
             _truncate_jsonl(self.run_dir / name, resume_step)
+        if wandb is not None:  # before any file is opened: a missing package is a clean error
+            self._wandb = _wandb_run(self.run_dir, wandb, config)
         self._file = open(self.run_dir / METRICS_FILE, "a")
         if tensorboard:
             from tensorboardX import SummaryWriter
 
             self._tb = SummaryWriter(str(self.run_dir / TB_DIR), purge_step=resume_step + 1)
-        if total_steps is not None:
+        if progress_bar and total_steps is not None:
             from tqdm.auto import tqdm
 
-            self._bar = tqdm(total=total_steps, initial=resume_step, unit="step", dynamic_ncols=True)
+            self._bar = tqdm(total=total_steps, initial=resume_step, unit="step", dynamic_ncols=True,
+                             file=bar_file)
+
+    @classmethod
+    def from_config(cls, run_dir, logging_cfg, *, resume_step: int = 0, total_steps: int | None = None,
+                    config: Mapping[str, Any] | None = None, **kwargs) -> "MetricsWriter":
+        """A writer set up from a `LoggingConfig` (`progress_bar`, `every`, `tensorboard`, `wandb`)."""
+        return cls(run_dir, resume_step=resume_step, total_steps=total_steps, tensorboard=logging_cfg.tensorboard,
+                   progress_bar=logging_cfg.progress_bar, log_every=logging_cfg.every,
+                   wandb=getattr(logging_cfg, "wandb", None), config=config, **kwargs)
 
     def write(self, step: int, metrics: Mapping[str, Any]) -> None:
-        """Appends `{"step": step, **metrics}` (scalars; NaN is written as null) and updates the bar."""
+        """Appends `{"step": step, **metrics}` (scalars; NaN is written as null) and updates the bar / log."""
         if not self.primary:
             return
         row = {"step": int(step), **{k: _scalar(v) for k, v in metrics.items()}}
         self._file.write(json.dumps(row) + "\n")
         self._file.flush()
+        numbers = {k: v for k, v in row.items()
+                   if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)}
         if self._tb is not None:
-            for key, value in row.items():
-                if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
-                    self._tb.add_scalar(key, value, int(step))
+            for key, value in numbers.items():
+                self._tb.add_scalar(key, value, int(step))
+        if self._wandb is not None:
+            self._wandb.log(numbers, step=int(step))
         if self._bar is not None:
-            self._bar.update(int(step) - self._bar.n)
             shown = {
                 k.split("/")[0] if k.endswith("/mean") else k: row[k]
                 for k in self.postfix_keys
                 if isinstance(row.get(k), float)
             }
+            # The postfix first, then the count, then one redraw: the bar shows this step's values.
             self._bar.set_postfix({k: f"{v:.3g}" for k, v in shown.items()}, refresh=False)
+            self._bar.update(int(step) - self._bar.n)
+            self._bar.refresh()
+        elif int(step) % self.log_every == 0 or int(step) == self.total_steps:
+            log.info("%s", plain_line(row, self.total_steps))
 
     def write_samples(
         self, step: int, prompts: Sequence[str], completions: Sequence[str], rewards: Sequence[float]
@@ -139,12 +182,40 @@ class MetricsWriter:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None
 
     def __enter__(self) -> "MetricsWriter":
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def plain_line(row: Mapping[str, Any], total_steps: int | None = None) -> str:
+    """`step 5/80: reward/mean 0.42, loss 0.0131, ...`: the `PLAIN_KEYS` a row has (None shows as nan)."""
+    where = f"step {row['step']}" + (f"/{total_steps}" if total_steps is not None else "")
+    parts = []
+    for key in PLAIN_KEYS:
+        if key in row:
+            value = row[key]
+            parts.append(f"{key} {'nan' if value is None else format(value, '.4g')}")
+    return f"{where}: {', '.join(parts)}" if parts else where
+
+
+def _wandb_run(run_dir: Path, wandb_cfg: Any, config: Mapping[str, Any] | None):
+    """A W&B run logging into RUN/wandb; its id is kept in RUN/wandb_run_id so a resumed run continues it."""
+    try:
+        import wandb
+    except ImportError:
+        raise UserError("logging.wandb is set but the wandb package is not installed: pip install "
+                        "'jaxrl[wandb]' (or remove logging.wandb)") from None
+    id_file = run_dir / WANDB_ID_FILE
+    run_id = id_file.read_text().strip() if id_file.is_file() else secrets.token_hex(6)
+    id_file.write_text(run_id + "\n")
+    return wandb.init(project=wandb_cfg.project, name=wandb_cfg.name, mode=wandb_cfg.mode, dir=str(run_dir),
+                      id=run_id, resume="allow", config=dict(config) if config is not None else None)
 
 
 def reduce_across_hosts(metrics: Mapping[str, float], op: str = "mean") -> dict[str, float]:

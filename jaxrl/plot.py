@@ -1,7 +1,9 @@
 """PNG plots of training curves from one or more run directories (several runs overlaid, one line per run).
 
 Panels: reward, held-out accuracy, KL, entropy, response length, and the per-reward means. A panel no run has
-data for is skipped. matplotlib runs on the Agg backend (no display needed).
+data for is skipped. A metric a run did not measure is not drawn for it, even where an older run logged a
+placeholder: KL when the run's `config.yaml` has the KL coefficient at 0 (earlier versions logged `kl: 0.0`
+then); null values (NaN: undefined) are gaps. matplotlib runs on the Agg backend (no display needed).
 """
 
 from __future__ import annotations
@@ -9,6 +11,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from typing import Sequence
+
+import yaml
 
 from jaxrl.errors import UserError
 from jaxrl.metrics import METRICS_FILE, read_metrics
@@ -26,6 +30,21 @@ PANELS: dict[str, tuple[str, tuple[str, ...]]] = {
 def _series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
     pairs = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
     return [p[0] for p in pairs], [float(p[1]) for p in pairs]
+
+
+def unmeasured(run_dir: Path) -> set[str]:
+    """Metric keys RUN_DIR's `config.yaml` says were not measured: the KL ones when the KL coefficient is 0
+    (`algorithm.kl_beta`, or `algorithm.kl.beta` in the nested layout). Empty when there is no readable config."""
+    try:
+        cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        return set()
+    algo = cfg.get("algorithm") if isinstance(cfg, dict) else None
+    if not isinstance(algo, dict):
+        return set()
+    kl = algo.get("kl")
+    beta = kl.get("beta") if isinstance(kl, dict) else algo.get("kl_beta")
+    return {"kl", "kl/loss"} if isinstance(beta, (int, float)) and beta == 0 else set()
 
 
 def _labels(run_dirs: Sequence[Path]) -> list[str]:
@@ -48,7 +67,10 @@ def plot_runs(run_dirs: Sequence[str | os.PathLike], out_dir: str | os.PathLike)
     for run in runs:
         if not (run / METRICS_FILE).is_file():
             raise UserError(f"{run}: no {METRICS_FILE} (is it a jaxrl run directory?)")
-    data = {label: read_metrics(run) for label, run in zip(_labels(runs), runs)}
+    data = {}
+    for label, run in zip(_labels(runs), runs):
+        skip = unmeasured(run)
+        data[label] = [{k: v for k, v in row.items() if k not in skip} for row in read_metrics(run)]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = []
