@@ -126,7 +126,7 @@ def rollout_correction(
       max_log_ratio: clamp of the (token or sequence) log ratio before exp.
 
     Returns:
-      (weights_BT [B, T] float32 constant weights, 0 at masked and rejected positions;
+      (weights_BT [B, T] constant weights (float32, or float64 for float64 inputs), 0 at masked and rejected positions;
        keep_BT [B, T] bool, the mask less the rejected tokens (MIS) — equal to the mask for TIS;
        metrics: those of `mismatch_metrics` (cap = upper, or 2) plus "mismatch/is_weight_mean",
        "mismatch/is_weight_min", "mismatch/is_weight_max" (over valid tokens for level="token", over non-empty
@@ -144,7 +144,7 @@ def rollout_correction(
     if upper is not None and not upper > 0.0:
         raise ValueError(f"rollout_correction: upper must be > 0, got {upper}")
     diff_BT, _ = _token_log_ratio(train_logp_BT, sampler_logp_BT, mask_BT)
-    diff_BT = diff_BT.astype(jnp.float32)
+    diff_BT = diff_BT.astype(jnp.promote_types(diff_BT.dtype, jnp.float32))
     valid_BT = mask_BT.astype(bool)
     if level == "token":
         log_rho_BT = diff_BT
