@@ -166,9 +166,11 @@ def build_reward(spec: Any, *, fields: Iterable[str] | None = None) -> Reward:
     if available is not None:
         missing = sorted(required - available)
         if missing:
-            kind = "per-sample field" if builtin else "param (or per-sample field)"
-            raise ConfigError(f"{where}.params.{missing[0]}: {what} needs this {kind}; the data has the "
-                              f"fields {', '.join(sorted(available)) or 'none'}")
+            have = f"the data has the fields {', '.join(sorted(available)) or 'none'}"
+            if builtin:
+                raise ConfigError(f"{where}: {what} needs the per-sample field {missing[0]!r}; {have}")
+            raise ConfigError(f"{where}.params.{missing[0]}: {what} needs this param (or per-sample field); "
+                              f"{have}")
     if builtin and builtin.check:
         defaults = {k: p.default for k, p in named.items() if p.default is not inspect.Parameter.empty}
         try:

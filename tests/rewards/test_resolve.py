@@ -82,8 +82,8 @@ def test_resolve_checks_required_fields_when_the_data_fields_are_known():
     rewards.resolve([spec])  # fields unknown: `threshold` may be a per-sample field
     with pytest.raises(ConfigError, match=r"rewards\[r\]\.params\.threshold: .* needs this param"):
         rewards.resolve([spec], fields=["answer", "completion_length"])
-    want = r"rewards\[a\]\.params\.answer: the .math_answer. reward needs this per-sample field; the data "
-    with pytest.raises(ConfigError, match=want + "has the fields completion_length"):
+    want = r"rewards\[a\]: the 'math_answer' reward needs the per-sample field 'answer'; the data has "
+    with pytest.raises(ConfigError, match=want + "the fields completion_length"):
         rewards.resolve([RewardSpec(name="a", type="math_answer")], fields=["completion_length"])
     got = rewards.resolve([dataclasses.replace(spec, params={"threshold": 1.5})], fields=["answer"])
     assert got.rewards[0].required_fields == {"answer"}
