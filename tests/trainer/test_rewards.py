@@ -80,7 +80,7 @@ def test_math_equal_numeric_and_symbolic():
     assert math_equal("0.5", "\\frac{1}{2}")
     assert math_equal("1000", "1,000")
     assert not math_equal("3", "4")
-    assert math_equal("\\sqrt{2}/2", "\\frac{\\sqrt{2}}{2}")  # needs math-verify (installed in the test venv)
+    assert math_equal("\\sqrt{2}/2", "\\frac{\\sqrt{2}}{2}")  # math-verify (a core dependency)
     assert not math_equal("\\sqrt{2}/2", "\\frac{\\sqrt{3}}{2}")
     assert not math_equal("\\sqrt{2}/2", "\\frac{\\sqrt{2}}{2}", use_math_verify=False)
 
