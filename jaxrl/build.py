@@ -94,8 +94,13 @@ def build_tokenizer(model_cfg: ModelConfig, tok_cfg: TokenizerConfig):
 
 def build_model(cfg: ModelConfig, *, vocab_size: int, seed: int, constrain: Constrain = no_constraint
                 ) -> Transformer:
-    """A fresh preset model, or the weights of an HF directory / jaxrl checkpoint."""
+    """A fresh preset model, or the weights of an HF directory / jaxrl checkpoint.
+
+    With `model.upcycle` the loaded pre-norm model becomes that SiameseNorm variant
+    (`jaxrl.models.upcycle.siamese_from_prenorm`: the same logits at step 0, up to its double-norm factor).
+    """
     from jaxrl import hf, model_io
+    from jaxrl.models.upcycle import siamese_from_prenorm
 
     if cfg.preset is not None:
         return Transformer(preset_config(cfg, vocab_size), rngs=nnx.Rngs(seed), constrain=constrain)
@@ -103,6 +108,13 @@ def build_model(cfg: ModelConfig, *, vocab_size: int, seed: int, constrain: Cons
         model = hf.from_pretrained(cfg.hf_path, dtype=cfg.dtype)
     else:
         model, _ = model_io.load_model_checkpoint(cfg.checkpoint, dtype=cfg.dtype)
+    if cfg.upcycle is not None:
+        if model.cfg.norm != "pre":
+            source = cfg.hf_path if cfg.hf_path is not None else cfg.checkpoint
+            raise ConfigError(f"model.upcycle={cfg.upcycle!r}: the model at {source} has "
+                              f"norm={model.cfg.norm!r}; only a pre-norm model can be upcycled "
+                              "(drop model.upcycle to train it as is)")
+        model = siamese_from_prenorm(model, cfg.upcycle)
     # Execution-only switches (no parameter depends on them) apply to loaded weights as well.
     model.cfg = model.cfg.replace(remat=cfg.remat, scan_layers=cfg.scan_layers)
     return model

@@ -30,7 +30,7 @@ from jaxrl.losses import AggMode, KLKind
 from jaxrl.sharding.mesh import MeshConfig
 
 DTYPES = ("float32", "bfloat16")
-NORMS = ("pre", "post", "siamese")
+NORMS = ("pre", "post", "siamese", "siamese_hybrid")
 REMATS = ("none", "full", "dots")
 SCHEDULES = ("cosine", "constant")
 
@@ -86,6 +86,9 @@ class ModelConfig:
     norm: str | None = None
     remat: str = "none"
     scan_layers: bool = True
+    # Upcycle the loaded pre-norm weights into this SiameseNorm variant (same logits at step 0 up to the
+    # double-norm factor of `jaxrl.models.upcycle`): "siamese" (post-pre) or "siamese_hybrid" (hybrid-pre).
+    upcycle: str | None = None
 
     def __post_init__(self):
         _expand_paths(self, ("hf_path", "checkpoint"))
@@ -100,6 +103,11 @@ class ModelConfig:
         if self.norm is not None:
             _check_choice("model.norm", self.norm, NORMS)
         _check_choice("model.remat", self.remat, REMATS)
+        if self.upcycle is not None:
+            _check_choice("model.upcycle", self.upcycle, ("siamese", "siamese_hybrid"))
+            _check(self.preset is None, "model.upcycle", self.upcycle,
+                   "needs pre-norm weights to start from: set model.hf_path or model.checkpoint, "
+                   "not model.preset")
 
 
 @dataclasses.dataclass(frozen=True)

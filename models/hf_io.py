@@ -14,8 +14,8 @@ Names beyond the standard Llama/Qwen ones (post-norm and SiameseNorm models, exp
 * SiameseNorm: `model.layers.{i}.siamese.{attn,mlp}_{post,pre,in}_norm.weight` (six per layer, no
   input/post-attention layernorm), and `model.norm_x.weight`, `model.norm_y.weight` next to
   `model.norm.weight`.
-* SiameseNorm hybrid-pre: `model.layers.{i}.siamese.{attn_norm,attn_y_norm,mlp_norm,mlp_y_norm,mlp_in_norm}.weight`
-  and the same three model-level norms.
+* SiameseNorm hybrid-pre: `model.layers.{i}.siamese.<name>.weight` for the five names `attn_norm`,
+  `attn_y_norm`, `mlp_norm`, `mlp_y_norm`, `mlp_in_norm`, and the same three model-level norms.
 Which names a config uses follows from its abstract parameter tree: table rows whose parameter does not exist
 for that config are skipped.
 """

@@ -1,4 +1,4 @@
-"""Upcycling: a SiameseNorm model built from a pre-norm (Llama / Qwen2 / Qwen3) model, same function at step 0.
+"""Upcycling: a SiameseNorm model built from a pre-norm (Llama / Qwen2 / Qwen3) model, same logits at step 0.
 
 Li et al., "SiameseNorm: Breaking the Barrier to Reconciling Pre/Post-Norm", arXiv:2602.08064 — the paper and
 its code start from scratch; this construction is ours (spec algorithms-2.md §7). Source block:
@@ -72,7 +72,8 @@ def upcycle_params(cfg: TransformerConfig, params: dict,
     if norm not in UPCYCLE_NORMS:
         raise ValueError(f"upcycle norm={norm!r}; allowed: {UPCYCLE_NORMS}")
     if cfg.norm != "pre":
-        raise ValueError(f"only a pre-norm model can be upcycled to SiameseNorm; this one has norm={cfg.norm!r}")
+        raise ValueError(f"only a pre-norm model can be upcycled to SiameseNorm; this one has "
+                         f"norm={cfg.norm!r}")
     layers = dict(params["layers"])
     g1 = layers.pop("input_layernorm")["weight"]
     g2 = layers.pop("post_attention_layernorm")["weight"]

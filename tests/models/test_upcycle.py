@@ -1,4 +1,4 @@
-"""Upcycling a pre-norm model into SiameseNorm (`jaxrl.models.upcycle`): same logits at step 0, then trainable.
+"""Upcycling a pre-norm model into SiameseNorm (`jaxrl.models.upcycle`): same logits at step 0, trainable.
 
 Exactness holds in the ε → 0 limit; with ε > 0 each doubly-normalised input is scaled by
 κ_ε(m) = √((m+ε)/(m+ε(m+ε))) (module docstring), which these tests measure rather than hide.
@@ -121,7 +121,8 @@ def test_one_adam_step_moves_the_post_stream_gains(variant):
     grads = jax.grad(loss_fn)(params).to_pure_dict()
     zeroed = ["attn_post_norm", "mlp_post_norm"] if variant == "siamese" else ["attn_norm", "mlp_norm"]
     for name in zeroed:
-        np.testing.assert_array_equal(np.asarray(params.to_pure_dict()["layers"]["siamese"][name]["weight"]), 0)
+        start = params.to_pure_dict()["layers"]["siamese"][name]["weight"]
+        np.testing.assert_array_equal(np.asarray(start), 0)
         assert np.all(np.linalg.norm(np.asarray(grads["layers"]["siamese"][name]["weight"]), axis=-1) > 1e-6)
     assert np.linalg.norm(np.asarray(grads["norm_x"]["weight"])) > 1e-6
 
@@ -144,3 +145,33 @@ def test_rejects_a_non_prenorm_source_and_unknown_variant():
         siamese_from_prenorm(model, "siamese")
     with pytest.raises(ValueError, match="allowed"):
         siamese_from_prenorm(_source("llama", 1e-6), "post")
+
+
+def test_model_upcycle_config_applies_to_an_hf_directory(tmp_path):
+    """`model.upcycle` in a config: build_model loads the pre-norm HF directory and upcycles it."""
+    from jaxrl import hf
+    from jaxrl.build import build_model
+    from jaxrl.config import ModelConfig
+
+    source = _source("qwen3", eps=1e-12)
+    hf.save_pretrained(source, tmp_path / "src")
+    cfg = ModelConfig(preset=None, hf_path=str(tmp_path / "src"), upcycle="siamese_hybrid", scan_layers=False)
+    model = build_model(cfg, vocab_size=64, seed=0)
+    assert model.cfg.norm == "siamese_hybrid" and not model.cfg.scan_layers and model.cfg.qk_norm
+    np.testing.assert_allclose(np.asarray(model(TOKENS)), np.asarray(source(TOKENS)), atol=1e-6, rtol=0)
+
+
+def test_model_upcycle_config_errors(tmp_path):
+    from jaxrl import hf
+    from jaxrl.build import build_model
+    from jaxrl.config import ModelConfig
+    from jaxrl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"model.upcycle='post': allowed values are 'siamese', 'siamese_h"):
+        ModelConfig(preset=None, hf_path=str(tmp_path), upcycle="post")
+    with pytest.raises(ConfigError, match="model.upcycle='siamese': needs pre-norm weights"):
+        ModelConfig(upcycle="siamese")  # the default preset
+    hf.save_pretrained(Transformer(TransformerConfig.tiny(norm="post"), rngs=nnx.Rngs(0)), tmp_path / "post")
+    with pytest.raises(ConfigError, match="has norm='post'; only a pre-norm model can be upcycled"):
+        build_model(ModelConfig(preset=None, hf_path=str(tmp_path / "post"), upcycle="siamese"),
+                    vocab_size=64, seed=0)
