@@ -1,0 +1,347 @@
+"""LoRA adapters on disk: adapter-only checkpoints tied to their base by hash, merged HF and PEFT exports.
+
+Adapter checkpoint (`save_adapters` / `load_adapters`), a directory:
+
+    DIR/lora_config.json          {"format": 1, "lora": {rank, alpha, dropout, targets},
+                                   "base": {"path": str, "sha256": hex of `base_fingerprint`}}
+    DIR/adapters.safetensors      "layers/<self_attn|mlp>/<target>/lora_a|lora_b", float32, stacked [Y, …]
+
+`load_adapters` recomputes the fingerprint of the base it is given and refuses (CheckpointError) a base whose
+hash differs from the recorded one, so adapters never silently land on weights they were not trained on. The
+arrays are stored bit for bit (float32 safetensors), so a resume continues from exactly the saved adapters.
+
+PEFT (`export_peft` / `import_peft`): `adapter_config.json` + `adapter_model.safetensors` with tensors
+`base_model.model.model.layers.{i}.{self_attn|mlp}.{target}.lora_A.weight` `[r, in]` and `.lora_B.weight`
+`[out, r]` (torch Linear layout, ΔW = (α/r)·B_peft·A_peft). Ours: A `[in…, r]` = A_peftᵀ and B `[r, out…]` =
+B_peftᵀ, with the input / output axes flattened in the order of `jaxrl.models.hf_io` (heads-major for N·H).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+from safetensors.numpy import save_file
+
+from jaxrl._safetensors_dir import atomic_output_dir
+from jaxrl.errors import CheckpointError, ConfigError
+from jaxrl.models import TransformerConfig
+from jaxrl.models import lora
+
+CONFIG_FILE = "lora_config.json"
+ADAPTERS_FILE = "adapters.safetensors"
+PEFT_CONFIG = "adapter_config.json"
+PEFT_WEIGHTS = "adapter_model.safetensors"
+FORMAT = 1
+
+
+def base_fingerprint(params: Mapping) -> str:
+    """sha256 of a base model's parameters: every leaf's path, shape and float32 little-endian bytes.
+
+    Leaves are visited in sorted path order, one at a time (host memory: one parameter). bfloat16 and its
+    exact float32 upcast hash the same. Hash the dense base (before any QLoRA quantisation).
+    """
+    digest = hashlib.sha256()
+    for path, value in sorted(_flatten(params)):
+        array = np.ascontiguousarray(np.asarray(value, dtype=np.float32)).astype("<f4", copy=False)
+        digest.update(f"{path}:{array.shape};".encode())
+        digest.update(array.tobytes())
+    return digest.hexdigest()
+
+
+def _flatten(tree: Mapping, prefix: str = ""):
+    for key, sub in tree.items():
+        path = f"{prefix}/{key}" if prefix else str(key)
+        if isinstance(sub, Mapping):
+            yield from _flatten(sub, path)
+        else:
+            yield path, sub
+
+
+def _nest(flat: Mapping[str, Any]) -> dict:
+    out: dict = {}
+    for path, value in flat.items():
+        *parents, leaf = path.split("/")
+        node = out
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    return out
+
+
+def base_ref(path: str | os.PathLike, params: Mapping) -> dict[str, str]:
+    """{"path": str(path), "sha256": base_fingerprint(params)}: what `save_adapters` records."""
+    return {"path": str(path), "sha256": base_fingerprint(params)}
+
+
+def lora_config_from_dict(data: Mapping[str, Any], *, where: str) -> lora.LoraConfig:
+    """LoraConfig from a JSON/YAML dict; unknown keys or bad values are a ConfigError naming `where`."""
+    known = {"rank", "alpha", "dropout", "targets"}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(f"{where}: unknown LoRA keys {unknown}; allowed: {sorted(known)}")
+    try:
+        return lora.LoraConfig(**{k: tuple(v) if k == "targets" else v for k, v in data.items()})
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from e
+
+
+def save_adapters(directory: str | os.PathLike, adapters: Mapping, cfg: lora.LoraConfig,
+                  base: Mapping[str, str], *, overwrite: bool = False) -> Path:
+    """Write adapters (host copies, float32) + config + base reference; atomic (see `atomic_output_dir`).
+
+    Args:
+      directory: output directory (created; an existing non-empty one needs `overwrite`).
+      adapters: tree of `lora.init_adapters` (jax or numpy arrays).
+      cfg: the LoRA config the adapters belong to.
+      base: `base_ref(path, params)` of the base model.
+    """
+    if set(base) != {"path", "sha256"}:
+        raise ValueError(f"base reference needs keys path and sha256, got {sorted(base)}")
+    tensors = {}
+    for target, a, b in lora.adapter_pairs(adapters, cfg):
+        prefix = f"layers/{lora.SITES[target][0]}/{target}"
+        tensors[f"{prefix}/lora_a"] = np.ascontiguousarray(np.asarray(a, np.float32))
+        tensors[f"{prefix}/lora_b"] = np.ascontiguousarray(np.asarray(b, np.float32))
+    meta = {"format": FORMAT, "lora": {"rank": cfg.rank, "alpha": cfg.alpha, "dropout": cfg.dropout,
+                                       "targets": list(cfg.targets)}, "base": dict(base)}
+    with atomic_output_dir(directory, overwrite=overwrite) as tmp:
+        save_file(tensors, str(tmp / ADAPTERS_FILE))
+        (tmp / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+    return Path(directory)
+
+
+def read_adapter_config(directory: str | os.PathLike) -> tuple[lora.LoraConfig, dict[str, str]]:
+    """(LoraConfig, base reference) of an adapter checkpoint, without reading the arrays."""
+    file = Path(directory) / CONFIG_FILE
+    if not file.is_file():
+        raise CheckpointError(f"{directory} is not a LoRA adapter checkpoint: no {CONFIG_FILE}")
+    try:
+        meta = json.loads(file.read_text())
+        fmt, lora_dict, base = meta["format"], meta["lora"], meta["base"]
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{file}: not a LoRA adapter config ({e})") from e
+    if fmt != FORMAT:
+        raise CheckpointError(f"{file}: format {fmt!r}, this jaxrl reads format {FORMAT}")
+    try:
+        return lora_config_from_dict(lora_dict, where=str(file)), dict(base)
+    except ConfigError as e:
+        raise CheckpointError(str(e)) from e
+
+
+def load_adapters(directory: str | os.PathLike, base_params: Mapping) -> tuple[dict, lora.LoraConfig]:
+    """(adapters as numpy float32, LoraConfig) of `directory`, checked against `base_params`.
+
+    Raises CheckpointError when the base's fingerprint differs from the recorded one (naming both hashes and
+    the recorded base path) or when an adapter's shape does not fit the base's kernel.
+    """
+    from safetensors import safe_open
+
+    cfg, base = read_adapter_config(directory)
+    found = base_fingerprint(base_params)
+    if found != base.get("sha256"):
+        raise CheckpointError(
+            f"{directory}: the adapters were trained on base {base.get('path')!r} (sha256 "
+            f"{str(base.get('sha256'))[:16]}…), but the given base weights hash to {found[:16]}…; load the "
+            "matching base model")
+    file = Path(directory) / ADAPTERS_FILE
+    try:
+        with safe_open(str(file), framework="np") as f:
+            flat = {name: f.get_tensor(name) for name in f.keys()}
+    except Exception as e:  # safetensors raises its own error type for missing or corrupt files
+        raise CheckpointError(f"cannot read {file}: {e}") from e
+    adapters = _nest(flat)
+    check_adapters(adapters, cfg, base_params, where=str(file))
+    return adapters, cfg
+
+
+def check_adapters(adapters: Mapping, cfg: lora.LoraConfig, params: Mapping, *, where: str) -> None:
+    """CheckpointError unless `adapters` hold exactly cfg's targets with shapes that fit `params`."""
+    expected = set()
+    for target in cfg.targets:
+        block, num_in, _ = lora.SITES[target]
+        kernel = lora._get(params, lora.kernel_path(target)).shape
+        want_a = tuple(kernel[:1 + num_in]) + (cfg.rank,)
+        want_b = (kernel[0], cfg.rank) + tuple(kernel[1 + num_in:])
+        for leaf, want in (("lora_a", want_a), ("lora_b", want_b)):
+            path = f"layers/{block}/{target}/{leaf}"
+            expected.add(path)
+            try:
+                got = tuple(lora._get(adapters, tuple(path.split("/"))).shape)
+            except KeyError:
+                raise CheckpointError(f"{where}: adapter {path} is missing") from None
+            if got != want:
+                raise CheckpointError(f"{where}: adapter {path} has shape {got}, the base needs {want}")
+    extra = sorted(set(p for p, _ in _flatten(adapters)) - expected)
+    if extra:
+        raise CheckpointError(f"{where}: unexpected adapter tensors {extra[:4]} (targets: {list(cfg.targets)})")
+
+
+# ------------------------------------------------------------------------------------------ HF exports
+
+def export_merged(model_cfg: TransformerConfig, params: Mapping, adapters: Mapping, cfg: lora.LoraConfig,
+                  out: str | os.PathLike, *, tokenizer=None, max_shard_size: int | str = "5GB",
+                  overwrite: bool = False) -> Path:
+    """Write base + adapters merged (W + (α/r)·A·B, `lora.merge`) as a full HF directory (`hf.save_pretrained`)."""
+    from jaxrl import hf
+    from jaxrl.model_io import model_from_params
+
+    merged = lora.merge(params, adapters, cfg)
+    model = model_from_params(model_cfg, merged, where="merged LoRA model")
+    return hf.save_pretrained(model, out, tokenizer=tokenizer, max_shard_size=max_shard_size,
+                              overwrite=overwrite)
+
+
+def peft_tensors(adapters: Mapping, cfg: lora.LoraConfig):
+    """Yields (PEFT tensor name, float32 array in torch layout) per layer and target (see module doc)."""
+    for target, a, b in lora.adapter_pairs(adapters, cfg):
+        block, r = lora.SITES[target][0], cfg.rank
+        a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+        for y in range(a.shape[0]):
+            prefix = f"{_PEFT_PREFIX}model.layers.{y}.{block}.{target}"
+            yield f"{prefix}.lora_A.weight", np.ascontiguousarray(a[y].reshape(-1, r).T)
+            yield f"{prefix}.lora_B.weight", np.ascontiguousarray(b[y].reshape(r, -1).T)
+
+
+def export_peft(adapters: Mapping, cfg: lora.LoraConfig, out: str | os.PathLike, *, base_model: str,
+                overwrite: bool = False) -> Path:
+    """Write `adapter_config.json` + `adapter_model.safetensors` for `peft.PeftModel.from_pretrained`.
+
+    Args:
+      adapters, cfg: the adapters and their config.
+      out: output directory (atomic; an existing non-empty one needs `overwrite`).
+      base_model: `base_model_name_or_path` recorded for PEFT (the HF base the adapters apply to).
+    """
+    config = {
+        "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": str(base_model),
+        "r": cfg.rank, "lora_alpha": cfg.alpha, "lora_dropout": cfg.dropout, "target_modules": list(cfg.targets),
+        "bias": "none", "fan_in_fan_out": False, "use_rslora": False, "use_dora": False,
+        "init_lora_weights": True, "inference_mode": True, "modules_to_save": None, "layers_to_transform": None,
+        "rank_pattern": {}, "alpha_pattern": {},
+    }
+    tensors = dict(peft_tensors(adapters, cfg))
+    with atomic_output_dir(out, overwrite=overwrite) as tmp:
+        save_file(tensors, str(tmp / PEFT_WEIGHTS), metadata={"format": "pt"})
+        (tmp / PEFT_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+    return Path(out)
+
+
+_PEFT_PREFIX = "base_model.model."
+_PEFT_NAME = re.compile(r"model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.default)?\.weight")
+# adapter_config.json options that change the math we implement: key -> the only accepted value(s)
+_PEFT_FIXED = {"peft_type": ("LORA",), "bias": ("none",), "fan_in_fan_out": (False,), "use_rslora": (False,),
+               "use_dora": (False,), "modules_to_save": (None, []), "layers_to_transform": (None,),
+               "rank_pattern": ({}, None), "alpha_pattern": ({}, None)}
+
+
+def import_peft(peft_dir: str | os.PathLike, params: Mapping) -> tuple[dict, lora.LoraConfig, list[str]]:
+    """Read a PEFT LoRA adapter for the base whose parameters are `params`.
+
+    Returns:
+      (adapters [Y, …] float32 numpy, LoraConfig, notes): notes name settings that were read but play no part
+      here (a `lora_dropout` > 0 is a training-time option; jaxrl's LoRA has none and sets it to 0).
+    Raises CheckpointError for a missing file, an option we do not implement (DoRA, rsLoRA, rank patterns,
+    biases, extra trained modules, fan_in_fan_out), a tensor outside the seven projections, a missing layer or
+    a shape that does not fit the base.
+    """
+    from safetensors import safe_open
+
+    where = Path(peft_dir) / PEFT_CONFIG
+    try:
+        config = json.loads(where.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"cannot read PEFT adapter config {where}: {e}") from e
+    for key, allowed in _PEFT_FIXED.items():
+        if config.get(key, allowed[0]) not in allowed:
+            raise CheckpointError(f"{where}: {key}={config[key]!r} is not supported; jaxrl reads {key}={allowed[0]!r}")
+    notes = []
+    if config.get("lora_dropout", 0):
+        notes.append(f"lora_dropout={config['lora_dropout']} in {where} is not used (jaxrl LoRA has no dropout)")
+    file = Path(peft_dir) / PEFT_WEIGHTS
+    try:
+        with safe_open(str(file), framework="np") as f:
+            raw = {name: f.get_tensor(name) for name in f.keys()}
+    except Exception as e:  # safetensors raises its own error type for missing or corrupt files
+        raise CheckpointError(f"cannot read PEFT adapter weights {file}: {e}") from e
+    per_target: dict[str, dict[int, dict[str, np.ndarray]]] = {}
+    for name, value in raw.items():
+        match = _PEFT_NAME.fullmatch(name.removeprefix(_PEFT_PREFIX))
+        if not match or match[3] not in lora.SITES or lora.SITES[match[3]][0] != match[2]:
+            raise CheckpointError(f"{file}: tensor {name!r} is not a LoRA A/B of {list(lora.TARGETS)}")
+        per_target.setdefault(match[3], {}).setdefault(int(match[1]), {})[match[4]] = value
+    targets = tuple(t for t in lora.TARGETS if t in per_target)
+    listed = config.get("target_modules")
+    if isinstance(listed, list) and set(listed) != set(targets):
+        raise CheckpointError(f"{where}: target_modules {listed} but the weights hold LoRA for {list(targets)}")
+    try:
+        cfg = lora.LoraConfig(rank=int(config["r"]), alpha=float(config["lora_alpha"]), targets=targets)
+    except (KeyError, TypeError, ValueError, ConfigError) as e:
+        raise CheckpointError(f"{where}: {e}") from e
+    adapters: dict = {}
+    for target in targets:
+        block, num_in, _ = lora.SITES[target]
+        kernel = lora._get(params, lora.kernel_path(target)).shape
+        layers = per_target[target]
+        if sorted(layers) != list(range(kernel[0])) or any(set(v) != {"A", "B"} for v in layers.values()):
+            raise CheckpointError(f"{file}: {target} needs lora_A and lora_B for layers 0..{kernel[0] - 1}")
+        ins, outs = tuple(kernel[1:1 + num_in]), tuple(kernel[1 + num_in:])
+        want_a, want_b = (cfg.rank, int(np.prod(ins))), (int(np.prod(outs)), cfg.rank)
+        for y, pair in layers.items():
+            if pair["A"].shape != want_a or pair["B"].shape != want_b:
+                raise CheckpointError(f"{file}: layer {y} {target} lora_A {pair['A'].shape} / lora_B "
+                                      f"{pair['B'].shape}; the base needs {want_a} / {want_b}")
+        a = np.stack([layers[y]["A"].astype(np.float32).T.reshape(ins + (cfg.rank,)) for y in range(kernel[0])])
+        b = np.stack([layers[y]["B"].astype(np.float32).T.reshape((cfg.rank,) + outs) for y in range(kernel[0])])
+        adapters.setdefault("layers", {}).setdefault(block, {})[target] = {"lora_a": a, "lora_b": b}
+    return adapters, cfg, notes
+
+
+# ------------------------------------------------------------------------------------------ CLI entry points
+
+def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, *, mode: str,
+                      base: str | os.PathLike | None = None, max_shard_size: int | str = "5GB",
+                      overwrite: bool = False) -> Path:
+    """`jaxrl export-hf --merge|--peft`: adapters of `checkpoint` on their base (recorded path or `base`).
+
+    mode "merge" writes a full HF model (W + (α/r)·A·B); "peft" writes a PEFT adapter directory whose
+    `base_model_name_or_path` is the base path. The base (HF directory or jaxrl checkpoint) must hash to the
+    fingerprint recorded with the adapters.
+    """
+    from flax import nnx
+
+    from jaxrl import model_io
+
+    if mode not in ("merge", "peft"):
+        raise ValueError(f"mode must be 'merge' or 'peft', got {mode!r}")
+    _, ref = read_adapter_config(checkpoint)
+    base_path = Path(base if base is not None else ref["path"])
+    if not base_path.exists():
+        raise CheckpointError(f"base model {base_path} of the adapters in {checkpoint} not found; pass --base")
+    model, tokenizer = model_io.load_model(base_path)
+    params = nnx.state(model, nnx.Param).to_pure_dict()
+    adapters, cfg = load_adapters(checkpoint, params)
+    if mode == "peft":
+        return export_peft(adapters, cfg, out, base_model=str(base_path), overwrite=overwrite)
+    return export_merged(model.cfg, params, adapters, cfg, out, tokenizer=tokenizer, max_shard_size=max_shard_size,
+                         overwrite=overwrite)
+
+
+def import_peft_checkpoint(peft_dir: str | os.PathLike, hf_dir: str | os.PathLike, out: str | os.PathLike, *,
+                           overwrite: bool = False) -> list[str]:
+    """`jaxrl import-hf --peft DIR --hf BASE`: a PEFT adapter as a jaxrl adapter checkpoint tied to BASE.
+
+    Returns the notes of `import_peft` (settings read but not used), for the CLI to print.
+    """
+    from flax import nnx
+
+    from jaxrl import hf
+
+    params = nnx.state(hf.from_pretrained(hf_dir), nnx.Param).to_pure_dict()
+    adapters, cfg, notes = import_peft(peft_dir, params)
+    save_adapters(out, adapters, cfg, base_ref(Path(hf_dir).absolute(), params), overwrite=overwrite)
+    return notes
