@@ -79,8 +79,8 @@ def train(cfg: ExperimentConfig, run_dir: str | Path, checkpoint_dir: str | None
     `checkpoint_dir` (default RUN/checkpoints) may be an object-store URL such as gs://bucket/run/checkpoints.
     """
     run_dir = Path(run_dir)
+    run, state, model = trainer.setup(cfg, run_dir)  # validates rewards first, before any model is built
     trainer.write_resolved_config(cfg, run_dir)
-    run, state, model = trainer.setup(cfg, run_dir)
     d, w = cfg.data, cfg.sft_warmup
     train_records, eval_records = make_splits(d.source, train_size=d.train_size, eval_size=d.eval_size,
                                               seed=d.seed, params=d.params, prompt_field=d.prompt_field,
