@@ -1,0 +1,194 @@
+"""A seedable synthetic world of fictional entities: documents to search and questions only search answers.
+
+`build_world(seed, size)` is a pure function of its arguments (numpy `default_rng(seed)`, no set iteration,
+no hashing of strings): the same seed gives the same world on every machine. Entities and their facts:
+
+    Country  area (km²), capital → City
+    City     founded (year), population, in → Country
+    Person   born (year), occupation, born in → City
+    Landmark (bridge / lighthouse / tower) opened (year), height or length (m), in → City, designed by → Person
+    Company  founded (year), employees, founded by → Person, headquarters → City
+
+Every entity has one document "Title\\nsentences" stating its facts and relations; about one in four cities
+and persons also has a near-twin distractor (a name one letter away, other numbers). Questions ask a fact
+of one entity (1 hop) or follow relations (2-3 hops: "In which country was the designer of X born?"); each
+carries its `chain` of entity names, and searching those names in order reaches the answer (the oracle
+used by the tests). Names come from a syllable table, so no model knows the answers. Shapes follow the
+corpus of the multi-agent spec (/work/shared/spec/multi-agent.md §4), simplified.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+SIZES = {
+    "tiny": dict(countries=4, cities=12, people=24, landmarks=12, companies=8),
+    "small": dict(countries=12, cities=60, people=150, landmarks=80, companies=50),
+}
+_ONSETS = ("b", "br", "c", "d", "dr", "f", "g", "gr", "h", "k", "l", "m", "n", "p", "qu", "r", "s", "st",
+           "t", "th", "tr", "v", "w", "z")
+_VOWELS = ("a", "e", "i", "o", "u", "ae", "ia", "ou")
+_CODAS = ("", "n", "r", "l", "s", "th", "nd", "rk", "m", "x")
+_FIRST = ("Ilse", "Oren", "Maelis", "Tobin", "Sabra", "Edric", "Lunet", "Corvin", "Anwen", "Iskra", "Dorian",
+          "Yselle", "Bastien", "Marit", "Quill", "Rhoswen", "Teodor", "Vela", "Ansel", "Orla")
+_OCCUPATIONS = ("architect", "weaver", "cartographer", "engineer", "botanist", "composer", "glassmaker",
+                "astronomer")
+_COUNTRY_SUFFIX = ("Vale", "Reach", "March", "Isles", "Commons")
+_LANDMARK_KIND = {"Bridge": "long", "Lighthouse": "tall", "Tower": "tall"}
+_COMPANY_SUFFIX = ("Looms", "Works", "Foundry", "Mills", "Shipwrights")
+_BLOCKLIST = ("Paris", "London", "Berlin", "Rome", "Tokyo", "Darwin", "Newton", "Lincoln")
+
+
+@dataclasses.dataclass(frozen=True)
+class World:
+    """Documents (`contents` = "Title\\ntext", ids d000000…) and questions with exact answers."""
+
+    seed: int
+    size: str
+    docs: tuple[dict[str, str], ...]
+    questions: tuple[dict[str, Any], ...]
+    entities: dict[str, dict[str, Any]]
+
+    @property
+    def contents(self) -> tuple[str, ...]:
+        return tuple(d["contents"] for d in self.docs)
+
+    def records(self, split: str) -> list[dict[str, Any]]:
+        """Questions of a split: every fifth question (by index) is "eval", the rest "train"."""
+        if split not in ("train", "eval"):
+            raise ValueError(f"split={split!r}: allowed values are 'train', 'eval'")
+        return [q for q in self.questions if (q["index"] % 5 == 4) == (split == "eval")]
+
+
+class _Names:
+    def __init__(self, rng: np.random.Generator):
+        self.rng, self.used = rng, set()
+
+    def word(self, syllables: int) -> str:
+        while True:
+            parts = [self.rng.choice(_ONSETS) + self.rng.choice(_VOWELS) for _ in range(syllables)]
+            w = ("".join(parts) + self.rng.choice(_CODAS)).capitalize()
+            if w not in self.used and w not in _BLOCKLIST and len(w) >= 4:
+                self.used.add(w)
+                return w
+
+
+def _pick(rng: np.random.Generator, seq):
+    return seq[int(rng.integers(len(seq)))]
+
+
+def _num(n: int) -> str:
+    return f"{n:,}"
+
+
+def build_world(seed: int = 0, size: str = "tiny") -> World:
+    """The world for (seed, size); `size` is a key of `SIZES`. Builds in milliseconds for "tiny"."""
+    if size not in SIZES:
+        raise ValueError(f"size={size!r}: allowed values are {', '.join(map(repr, SIZES))}")
+    n = SIZES[size]
+    rng = np.random.default_rng(int(seed))
+    names = _Names(rng)
+    ent: dict[str, dict[str, Any]] = {}
+    countries = [f"{names.word(2)} {_pick(rng, _COUNTRY_SUFFIX)}" for _ in range(n["countries"])]
+    cities = [names.word(2) for _ in range(n["cities"])]
+    people = [f"{_pick(rng, _FIRST)} {names.word(2)}" for _ in range(n["people"])]
+    landmarks = [f"{names.word(2)} {_pick(rng, tuple(_LANDMARK_KIND))}" for _ in range(n["landmarks"])]
+    companies = [f"{names.word(2)} {_pick(rng, _COMPANY_SUFFIX)}" for _ in range(n["companies"])]
+    for i, c in enumerate(cities):  # every country gets at least one city; the first is its capital
+        ent[c] = dict(type="city", country=countries[i % len(countries)], founded=int(rng.integers(900, 1900)),
+                      population=int(rng.integers(10, 2000)) * 1000)
+    for i, c in enumerate(countries):
+        ent[c] = dict(type="country", capital=cities[i], area=int(rng.integers(2_000, 400_000)))
+    for p in people:
+        ent[p] = dict(type="person", born=int(rng.integers(1850, 1991)), city=_pick(rng, cities),
+                      occupation=_pick(rng, _OCCUPATIONS))
+    for lm in landmarks:
+        ent[lm] = dict(type="landmark", kind=lm.split()[-1], city=_pick(rng, cities), designer=_pick(rng, people),
+                       opened=int(rng.integers(1800, 2021)), metres=int(rng.integers(20, 900)))
+    for co in companies:
+        ent[co] = dict(type="company", founder=_pick(rng, people), hq=_pick(rng, cities),
+                       founded=int(rng.integers(1850, 2021)), employees=int(rng.integers(5, 9000)) * 10)
+    texts = [_document(name, e) for name, e in ent.items()]
+    twins = [name for name in cities + people if rng.random() < 0.25]
+    for name in twins:
+        texts.append(_document(_twin(name, names, rng), _perturbed(ent[name], rng)))
+    docs = tuple({"id": f"d{i:06d}", "contents": t} for i, t in enumerate(texts))
+    questions = tuple(dict(q, index=i, id=f"q{seed}-{i:05d}") for i, q in enumerate(_questions(ent)))
+    return World(int(seed), size, docs, questions, ent)
+
+
+def _document(name: str, e: dict[str, Any]) -> str:
+    t = e["type"]
+    if t == "country":
+        body = f"{name} is a country with an area of {_num(e['area'])} square kilometres. Its capital is {e['capital']}."
+    elif t == "city":
+        body = (f"{name} is a city in {e['country']}. It was founded in {e['founded']} and has a population of "
+                f"{_num(e['population'])}.")
+    elif t == "person":
+        article = "an" if e["occupation"][0] in "aeiou" else "a"
+        body = f"{name} was {article} {e['occupation']} born in {e['born']} in the city of {e['city']}."
+    elif t == "landmark":
+        kind = e["kind"].lower()
+        body = (f"The {name} is a {kind} in {e['city']}, designed by {e['designer']}. It opened in {e['opened']} "
+                f"and is {e['metres']} metres {_LANDMARK_KIND[e['kind']]}.")
+    else:
+        body = (f"{name} is a company founded in {e['founded']} by {e['founder']}. Its headquarters are in "
+                f"{e['hq']} and it employs {_num(e['employees'])} people.")
+    return f"{name}\n{body}"
+
+
+def _twin(name: str, names: _Names, rng: np.random.Generator) -> str:
+    """The name with one vowel of its last word changed (unique, never a real entity's name)."""
+    head, _, last = name.rpartition(" ")
+    for _ in range(50):
+        i = int(rng.integers(1, len(last)))
+        w = last[:i] + _pick(rng, ("a", "e", "i", "o", "u", "y")) + last[i + 1:]
+        if w != last and w not in names.used:
+            names.used.add(w)
+            return f"{head} {w}".strip()
+    return f"{head} {names.word(2)}".strip()
+
+
+def _perturbed(e: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
+    out = dict(e)
+    for key in ("founded", "population", "born"):
+        if key in out:
+            out[key] = out[key] + int(rng.integers(1, 40)) * (1000 if key == "population" else 1)
+    return out
+
+
+def _q(question: str, answer: Any, chain: list[str]) -> dict[str, Any]:
+    ans = _num(answer) if isinstance(answer, int) and answer >= 10_000 else str(answer)
+    return {"question": question, "answers": [ans], "hops": len(chain), "chain": chain}
+
+
+def _questions(ent: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for name, e in ent.items():
+        t = e["type"]
+        if t == "country":
+            out.append(_q(f"What is the capital of {name}?", e["capital"], [name]))
+        elif t == "city":
+            out.append(_q(f"In which country is {name}?", e["country"], [name]))
+            out.append(_q(f"In which year was {name} founded?", e["founded"], [name]))
+        elif t == "person":
+            city = ent[e["city"]]
+            out.append(_q(f"In which year was {name} born?", e["born"], [name]))
+            out.append(_q(f"In which city was {name} born?", e["city"], [name]))
+            out.append(_q(f"In which country was {name} born?", city["country"], [name, e["city"]]))
+        elif t == "landmark":
+            d, city = ent[e["designer"]], ent[e["city"]]
+            out.append(_q(f"Who designed the {name}?", e["designer"], [name]))
+            out.append(_q(f"In which year was the designer of the {name} born?", d["born"], [name, e["designer"]]))
+            out.append(_q(f"What is the population of the city where the {name} stands?", city["population"],
+                          [name, e["city"]]))
+            out.append(_q(f"In which country was the designer of the {name} born?", ent[d["city"]]["country"],
+                          [name, e["designer"], d["city"]]))
+        else:
+            out.append(_q(f"Who founded {name}?", e["founder"], [name]))
+            out.append(_q(f"In which city was the founder of {name} born?", ent[e["founder"]]["city"],
+                          [name, e["founder"]]))
+    return out

@@ -1,0 +1,245 @@
+"""Multi-turn episodes as training rows: `collect_episodes` (sampled) and `scripted_episodes` (demonstrations).
+
+Episode i = p·G + g (G per record, rows of one record contiguous) runs turns until its env says done, the
+model emits EOS, `max_turns` is reached or the context would exceed `max_total_tokens`. The row is
+
+    tokens_BL    = [left-padded prompt | a_1 o_1 a_2 o_2 … a_m | right padding]   (exactly the fed ids)
+    loss_mask_BL = 1 on action tokens a_k (sampled), 0 on prompt, observations o_k and padding
+    old_logp_BL  = the sampler's log π(a_k,t | context) on action tokens, 0 elsewhere
+
+in the layout of `jaxrl.rollout.Rollout` (prompt_width columns of prompt, then the completion region).
+`rewards_N` is the episode return Σ_k r_k of the per-turn rewards (`turn_rewards_NK`); environments that
+only score the final answer give a return equal to that final reward.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from jaxrl.envs.base import Action, Env
+from jaxrl.sampling.batching import DEFAULT_GEN_BUCKETS, DEFAULT_PROMPT_BUCKETS, bucket
+from jaxrl.sampling.multiturn import MODES, TurnDecoder, stop_token_sequences
+
+
+@dataclasses.dataclass(frozen=True)
+class EpisodeSpec:
+    """Sampling, budgets and cache policy of multi-turn rollouts.
+
+    Attributes:
+      group_size: G episodes per record.
+      max_turns: model turns per episode.
+      max_new_tokens: tokens per turn.
+      max_total_tokens: the whole context (prompt, actions, observations) of an episode.
+      temperature, top_k, top_p: as `jaxrl.sampling.generate`.
+      cache: "reprefill" (rebuild each episode's KV cache every turn) or "continue" (keep it).
+      cache_slots: the carried cache capacity in continue mode (0: 2·max_total_tokens + turns·turn width).
+      chunk_buckets, gen_buckets: compiled chunk / per-turn decode widths; row_buckets: widths of the
+        training rows' prompt and completion regions.
+    """
+
+    group_size: int = 1
+    max_turns: int = 4
+    max_new_tokens: int = 64
+    max_total_tokens: int = 1024
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    cache: str = "reprefill"
+    cache_slots: int = 0
+    chunk_buckets: tuple[int, ...] = DEFAULT_PROMPT_BUCKETS
+    gen_buckets: tuple[int, ...] = DEFAULT_GEN_BUCKETS
+    row_buckets: tuple[int, ...] = DEFAULT_GEN_BUCKETS
+
+    def __post_init__(self):
+        if self.cache not in MODES:
+            raise ValueError(f"cache={self.cache!r}: allowed values are {', '.join(map(repr, MODES))}")
+        for name in ("group_size", "max_turns", "max_new_tokens", "max_total_tokens"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclasses.dataclass
+class Episodes:
+    """N episodes as host arrays (row n = p·G + g); field names follow `jaxrl.rollout.Rollout` where shared."""
+
+    tokens_BL: np.ndarray  # int32 [N, L], L = prompt_width + completion width
+    mask_BL: np.ndarray  # bool, real tokens
+    loss_mask_BL: np.ndarray  # bool, sampled action tokens only
+    old_logp_BL: np.ndarray  # float32, sampler log-probs on action tokens, 0 elsewhere
+    prompt_width: int
+    rewards_N: np.ndarray  # float32 episode return
+    turn_rewards_NK: np.ndarray  # float32 [N, max_turns] per-turn rewards (0 after the last turn)
+    turns_N: np.ndarray  # int32 model turns
+    tool_calls_N: np.ndarray  # int32
+    tool_errors_N: np.ndarray  # int32
+    obs_tokens_N: np.ndarray  # int32 observation tokens fed after the prompt
+    action_tokens_N: np.ndarray  # int32 sampled tokens
+    lengths_N: np.ndarray  # int32 completion-region length (actions + observations)
+    finished_N: np.ndarray  # bool, ended by the env or EOS (False: cut by a turn or token budget)
+    records: list[dict[str, Any]]  # the record of each episode (repeated G times)
+    prompts: list[str]
+    completions: list[str]  # readable transcript of the completion region (special tokens kept)
+    turn_info: list[list[dict[str, Any]]]  # the env's info of every turn
+    metrics: dict[str, float]
+
+    @property
+    def completion_mask_NT(self) -> np.ndarray:
+        return self.loss_mask_BL[:, self.prompt_width:]
+
+
+@dataclasses.dataclass
+class _Episode:
+    env: Env
+    prompt: list[int]
+    context: list[int]
+    logp: list[float]
+    sampled: list[bool]
+    rewards: list[float] = dataclasses.field(default_factory=list)
+    info: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    done: bool = False
+    finished: bool = False
+
+    def act(self, ids: Sequence[int], logp: Sequence[float], action: Action, max_turns: int, max_total: int) -> None:
+        """Appends an action, steps the env and appends its observation unless the episode ends."""
+        self.context += ids
+        self.logp += logp
+        self.sampled += [True] * len(ids)
+        res = self.env.step(action)
+        self.rewards.append(float(res.reward))
+        self.info.append(dict(res.info))
+        self.finished = bool(res.done or action.eos)
+        obs = [int(x) for x in res.observation]
+        no_room = len(self.context) + len(obs) >= max_total
+        self.done = self.finished or len(self.rewards) >= max_turns or no_room
+        if not self.done:
+            self.context += obs
+            self.logp += [0.0] * len(obs)
+            self.sampled += [False] * len(obs)
+
+
+def _start(env_factory: Callable[[Any], Env], records, tokenizer, group_size: int) -> tuple[list, list]:
+    rep = [r for r in records for _ in range(group_size)]
+    eps = []
+    for r in rep:
+        env = env_factory(tokenizer)
+        prompt = [int(x) for x in env.reset(r)]
+        if not prompt:
+            raise ValueError(f"{type(env).__name__}.reset returned an empty prompt")
+        eps.append(_Episode(env, prompt, list(prompt), [0.0] * len(prompt), [False] * len(prompt)))
+    return rep, eps
+
+
+def collect_episodes(graphdef, params, records: Sequence[dict[str, Any]], tokenizer,
+                     env_factory: Callable[[Any], Env], spec: EpisodeSpec, seed: int) -> Episodes:
+    """Runs G episodes per record, all live episodes decoding each turn together (`TurnDecoder`).
+
+    Args:
+      graphdef, params: `nnx.split(model)` of a `jaxrl.models.Transformer`.
+      records: P dataset records (whatever the env's `reset` reads).
+      tokenizer: the model's HF tokenizer (eos and pad ids, decoding of actions).
+      env_factory: `tokenizer -> Env`, e.g. `jaxrl.envs.make_env(name, params)`; one env per episode.
+      spec: `EpisodeSpec`; seed: int, the sampling seed of this rollout.
+
+    Returns:
+      Episodes with N = P·G rows.
+    """
+    rep, eps = _start(env_factory, records, tokenizer, spec.group_size)
+    eos = int(tokenizer.eos_token_id)
+    pad = int(tokenizer.pad_token_id)
+    stops = stop_token_sequences(tokenizer, eps[0].env.stop_strings)
+    gen_width = bucket(spec.max_new_tokens, spec.gen_buckets, "completion")
+    slots = spec.cache_slots or 2 * spec.max_total_tokens + spec.max_turns * gen_width
+    decoder = TurnDecoder(graphdef, params, len(eps), max_new_tokens=spec.max_new_tokens,
+                          temperature=spec.temperature, top_k=spec.top_k, top_p=spec.top_p, eos_ids=(eos,),
+                          stop_sequences=stops, pad_id=pad, seed=seed, mode=spec.cache,
+                          cache_slots=slots,
+                          chunk_buckets=spec.chunk_buckets, gen_buckets=spec.gen_buckets)
+    gen_s = env_s = 0.0
+    for k in range(spec.max_turns):
+        budgets = [0 if e.done else min(spec.max_new_tokens, spec.max_total_tokens - len(e.context)) for e in eps]
+        for e, b in zip(eps, budgets):
+            e.done = e.done or b <= 0
+        if all(e.done for e in eps):
+            break
+        t0 = time.perf_counter()
+        turn = decoder.turn(k, [None if e.done else e.context for e in eps], [0 if e.done else b
+                                                                                 for e, b in zip(eps, budgets)])
+        t1 = time.perf_counter()
+        gen_s += t1 - t0
+        for i, e in enumerate(eps):
+            n = int(turn.lengths[i])
+            if e.done or n == 0:
+                continue
+            ids = [int(x) for x in turn.tokens[i, :n]]
+            action = Action(tuple(ids), tokenizer.decode(ids, skip_special_tokens=True), ids[-1] == eos)
+            e.act(ids, [float(x) for x in turn.logprobs[i, :n]], action, spec.max_turns, spec.max_total_tokens)
+        env_s += time.perf_counter() - t1
+    out = _assemble(eps, rep, tokenizer, spec)
+    out.metrics.update({"time/generate_s": gen_s, "time/env_s": env_s,
+                        "rollout/prefill_tokens": float(decoder.stats["prefill_tokens"]),
+                        "rollout/cache_compactions": float(decoder.stats["compactions"])})
+    return out
+
+
+def scripted_episodes(records: Sequence[dict[str, Any]], tokenizer, env_factory: Callable[[Any], Env],
+                      policy: Callable[[dict[str, Any]], Sequence[str]], spec: EpisodeSpec) -> Episodes:
+    """Episodes whose actions are given texts (demonstrations for an SFT warm start; oracle tests).
+
+    Action k of record r is `policy(r)[k]`, tokenized alone (no EOS: a stop string such as `</answer>` ends
+    the turn, as in sampling). old_logp_BL is 0 (no sampler). Budgets as in `collect_episodes`, so the rows
+    look exactly like sampled ones.
+    """
+    rep, eps = _start(env_factory, records, tokenizer, spec.group_size)
+    eos = int(tokenizer.eos_token_id)
+    for r, e in zip(rep, eps):
+        for text in policy(r):
+            if e.done:
+                break
+            ids = [int(x) for x in tokenizer.encode(text, add_special_tokens=False)]
+            room = spec.max_total_tokens - len(e.context)
+            ids = ids[: max(room, 0)]
+            if not ids:
+                e.done = True
+                break
+            action = Action(tuple(ids), tokenizer.decode(ids, skip_special_tokens=True), bool(ids) and ids[-1] == eos)
+            e.act(ids, [0.0] * len(ids), action, spec.max_turns, spec.max_total_tokens)
+    return _assemble(eps, rep, tokenizer, spec)
+
+
+def _assemble(eps: list[_Episode], rep: list[dict[str, Any]], tokenizer, spec: EpisodeSpec) -> Episodes:
+    pad = int(tokenizer.pad_token_id)
+    n = len(eps)
+    width = bucket(max(len(e.prompt) for e in eps), spec.row_buckets, "prompt")
+    comp = bucket(max(max(len(e.context) - len(e.prompt) for e in eps), 1), spec.row_buckets, "completion")
+    tokens = np.full((n, width + comp), pad, np.int32)
+    mask = np.zeros((n, width + comp), bool)
+    loss_mask = np.zeros((n, width + comp), bool)
+    old_logp = np.zeros((n, width + comp), np.float32)
+    turn_rewards = np.zeros((n, spec.max_turns), np.float32)
+    for i, e in enumerate(eps):
+        p, c = len(e.prompt), len(e.context)
+        cols = slice(width - p, width - p + c)
+        tokens[i, cols], mask[i, cols] = e.context, True
+        loss_mask[i, cols], old_logp[i, cols] = e.sampled, e.logp
+        turn_rewards[i, : len(e.rewards)] = e.rewards
+    count = lambda key: np.asarray([sum(int(x.get(key, 0)) for x in e.info) for e in eps], np.int32)  # noqa: E731
+    action_tokens = np.asarray([sum(e.sampled) for e in eps], np.int32)
+    lengths = np.asarray([len(e.context) - len(e.prompt) for e in eps], np.int32)
+    out = Episodes(
+        tokens, mask, loss_mask, old_logp, width, turn_rewards.sum(axis=1), turn_rewards,
+        np.asarray([len(e.rewards) for e in eps], np.int32), count("tool_calls"), count("tool_errors"),
+        lengths - action_tokens, action_tokens, lengths, np.asarray([e.finished for e in eps]), list(rep),
+        [tokenizer.decode(e.prompt) for e in eps], [tokenizer.decode(e.context[len(e.prompt):]) for e in eps],
+        [e.info for e in eps], {},
+    )
+    out.metrics.update({
+        "reward/mean": float(out.rewards_N.mean()), "episode/turns": float(out.turns_N.mean()),
+        "episode/tool_calls": float(out.tool_calls_N.mean()), "episode/tool_errors": float(out.tool_errors_N.mean()),
+        "episode/obs_tokens": float(out.obs_tokens_N.mean()), "episode/action_tokens": float(action_tokens.mean()),
+        "episode/finished_frac": float(out.finished_N.mean()),
+    })
+    return out

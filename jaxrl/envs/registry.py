@@ -1,0 +1,106 @@
+"""`ENVS` and `make_env`: environments named in a config (`env: {name, params}`), validated up front.
+
+`name` is a built-in key of `ENVS`, "package.module:Class" (importable), or "path/to/file.py:Class" (a user's
+environment in one file of their own). The class is constructed as `Class(tokenizer, **params)` once per
+episode; `make_env` checks the params against the constructor's signature before any rollout, and, given a
+tokenizer, builds one instance so that bad values fail at setup (ConfigError, one line).
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import importlib.util
+import inspect
+from pathlib import Path
+from typing import Any, Mapping
+
+from jaxrl.envs.base import Env
+from jaxrl.envs.search import SearchEnv, ToolEnv
+from jaxrl.errors import ConfigError
+
+ENVS: dict[str, type] = {"search": SearchEnv, "tools": ToolEnv}
+
+
+class EnvFactory:
+    """`factory(tokenizer) -> Env`: a validated environment class with its params bound."""
+
+    def __init__(self, cls: type, params: Mapping[str, Any], name: str):
+        self.cls, self.params, self.name = cls, dict(params), name
+
+    def __call__(self, tokenizer) -> Env:
+        return self.cls(tokenizer, **self.params)
+
+    def __repr__(self) -> str:
+        return f"EnvFactory({self.name!r}, {self.params!r})"
+
+
+def _import_class(ref: str) -> type:
+    module_name, _, attr = ref.rpartition(":")
+    try:
+        if module_name.endswith(".py"):
+            path = Path(module_name)
+            if not path.is_file():
+                raise ConfigError(f"env.name={ref!r}: no file {str(path)!r}")
+            spec = importlib.util.spec_from_file_location(f"jaxrl_user_env_{path.stem}", path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(module_name)
+    except ConfigError:
+        raise
+    except Exception as e:  # noqa: BLE001 -- user module: ImportError, SyntaxError or its own top-level error
+        raise ConfigError(f"env.name={ref!r}: cannot import {module_name!r} ({type(e).__name__}: {e})") from None
+    cls = getattr(module, attr, None)
+    if not isinstance(cls, type):
+        raise ConfigError(f"env.name={ref!r}: {module_name!r} has no class {attr!r}")
+    return cls
+
+
+def make_env(name: str, params: Mapping[str, Any] | None = None, tokenizer=None) -> EnvFactory:
+    """Resolves and validates an environment; returns `EnvFactory` (call it with the tokenizer).
+
+    Args:
+      name: a key of `ENVS`, "package.module:Class" or "path/file.py:Class".
+      params: constructor keyword arguments (the YAML `env.params`).
+      tokenizer: optional; when given, one instance is built now so that invalid values raise ConfigError.
+
+    Returns:
+      EnvFactory.
+    """
+    params = dict(params or {})
+    if ":" in str(name):
+        cls = _import_class(str(name))
+    elif name in ENVS:
+        cls = ENVS[name]
+    else:
+        close = difflib.get_close_matches(str(name), list(ENVS), n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(f"env.name={name!r}: unknown environment{hint} (built-in: {', '.join(ENVS)}; "
+                          f"or 'package.module:Class' / 'path/file.py:Class')")
+    missing = [m for m in ("reset", "step") if not callable(getattr(cls, m, None))]
+    if missing:
+        raise ConfigError(f"env.name={name!r}: {cls.__name__} lacks {', '.join(missing)} (see jaxrl.envs.Env)")
+    sig = inspect.signature(cls.__init__)
+    accepted = [p for p in list(sig.parameters)[2:] if sig.parameters[p].kind in (
+        inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    takes_any = any(p.kind == inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values())
+    for key in params:
+        if key not in accepted and not takes_any:
+            close = difflib.get_close_matches(key, accepted, n=1, cutoff=0.6)
+            hint = f"; did you mean 'env.params.{close[0]}'?" if close else ""
+            raise ConfigError(f"unknown key 'env.params.{key}'{hint} (valid keys of env {name!r}: "
+                              f"{', '.join(accepted) or 'none'})")
+    required = [p for p in accepted if sig.parameters[p].default is inspect.Parameter.empty]
+    absent = [p for p in required if p not in params]
+    if absent:
+        raise ConfigError(f"env {name!r} needs env.params.{absent[0]} (required: {', '.join(required)})")
+    factory = EnvFactory(cls, params, str(name))
+    if tokenizer is not None:
+        try:
+            env = factory(tokenizer)
+        except (ValueError, TypeError) as e:
+            raise ConfigError(f"env {name!r} with params {params}: {e}") from None
+        if not isinstance(getattr(env, "stop_strings", None), tuple):
+            raise ConfigError(f"env {name!r}: {cls.__name__}.stop_strings must be a tuple of strings")
+    return factory

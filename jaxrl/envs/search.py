@@ -1,0 +1,129 @@
+"""Tool-calling environments: `ToolEnv` (any registered tools) and `SearchEnv` (fictional-entity QA).
+
+Action format, Search-R1 style (arXiv:2503.09516): the model writes `<search>query</search>` (or
+`<calculator>expr</calculator>`), the turn stops at the closing tag, the environment appends
+
+    \\n<result>\\n{tool output or "error: …"}\\n</result>\\n
+
+(obs_format "inline", text inside the assistant turn) or the same text as a chat message (obs_format
+"message", rendered once by `message_ids`), and the model continues. An `<answer>…</answer>` ends the
+episode with reward 1 for an exact match (SQuAD normalisation: lower case, no punctuation or articles,
+single spaces) against any gold answer, else 0. EOS, or a turn with neither a call nor an answer, ends it
+with reward 0. A tool call can earn `call_reward` (a per-turn shaping reward, 0 by default).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import string
+from typing import Any, Mapping, Sequence
+
+from jaxrl.data.entities import build_world
+from jaxrl.envs.base import Action, StepResult, encode_text, message_ids, prompt_ids
+from jaxrl.envs.tools import TOOLS, ToolError, find_calls
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+OBS_FORMATS = ("inline", "message")
+
+
+def normalize_answer(text: str) -> str:
+    """Lower case, punctuation and the articles a/an/the removed, whitespace collapsed (SQuAD, arXiv:1606.05250)."""
+    text = "".join(ch for ch in str(text).lower() if ch not in string.punctuation)
+    return " ".join(_ARTICLES.sub(" ", text).split())
+
+
+def exact_match(prediction: str, answers: Sequence[str]) -> bool:
+    return normalize_answer(prediction) in {normalize_answer(a) for a in answers}
+
+
+class ToolEnv:
+    """Question answering with tools: calls are served until an `<answer>`; reward = exact match.
+
+    Args:
+      tokenizer: the model's tokenizer.
+      tools: names in `jaxrl.envs.tools.TOOLS` (search needs `corpus_seed`/`corpus_size`, see SearchEnv).
+      instructions: the text before "Question: …" in the user message ({tools} is replaced by the tags).
+      obs_format: "inline" or "message" (see the module docstring).
+      calls_per_turn: at most this many calls of one action are served (the rest are ignored).
+      call_reward: reward of a turn whose calls all succeed (a per-turn shaping term).
+      tool_kwargs: extra constructor arguments per tool name.
+    """
+
+    def __init__(self, tokenizer, *, tools: Sequence[str] = ("calculator",),
+                 instructions: str = "Use {tools} when needed, then reply <answer>...</answer>.",
+                 obs_format: str = "inline", calls_per_turn: int = 1, call_reward: float = 0.0,
+                 tool_kwargs: Mapping[str, Mapping[str, Any]] | None = None):
+        unknown = [t for t in tools if t not in TOOLS]
+        if unknown or not tools:
+            raise ValueError(f"tools={list(tools)!r}: allowed names are {', '.join(map(repr, TOOLS))}")
+        if obs_format not in OBS_FORMATS:
+            raise ValueError(f"obs_format={obs_format!r}: allowed values are {', '.join(map(repr, OBS_FORMATS))}")
+        if int(calls_per_turn) < 1:
+            raise ValueError(f"calls_per_turn must be >= 1, got {calls_per_turn}")
+        kwargs = dict(tool_kwargs or {})
+        self.tokenizer, self.obs_format = tokenizer, obs_format
+        self.tools = {t: TOOLS[t](**kwargs.get(t, {})) for t in tools}
+        self.instructions = instructions.replace("{tools}", ", ".join(f"<{t}>...</{t}>" for t in tools))
+        self.calls_per_turn, self.call_reward = int(calls_per_turn), float(call_reward)
+        self.stop_strings = tuple(f"</{t}>" for t in tools) + ("</answer>",)
+        self.answers: list[str] = []
+
+    def reset(self, record: Mapping[str, Any]) -> list[int]:
+        if "question" not in record or "answers" not in record:
+            raise ValueError(f"a {type(self).__name__} record needs 'question' and 'answers'; got {sorted(record)}")
+        self.answers = [str(a) for a in record["answers"]]
+        user = f"{self.instructions}\nQuestion: {record['question']}"
+        return prompt_ids(self.tokenizer, [{"role": "user", "content": user}])
+
+    def step(self, action: Action) -> StepResult:
+        answers = _ANSWER.findall(action.text)
+        if answers:
+            ok = exact_match(answers[-1], self.answers)
+            return StepResult([], float(ok), True, {"answer": answers[-1].strip(), "correct": ok})
+        calls = find_calls(action.text, tuple(self.tools))[: self.calls_per_turn]
+        if action.eos or not calls:
+            return StepResult([], 0.0, True, {"answer": None, "correct": False})
+        outputs, errors = [], 0
+        for name, argument in calls:
+            try:
+                outputs.append(self.tools[name](argument))
+            except ToolError as e:
+                outputs.append(f"error: {e}")
+                errors += 1
+        text = "".join(f"\n<result>\n{out}\n</result>\n" for out in outputs)
+        obs = encode_text(self.tokenizer, text) if self.obs_format == "inline" else \
+            message_ids(self.tokenizer, "user", text.strip("\n"))
+        reward = self.call_reward if errors == 0 else 0.0
+        return StepResult(obs, reward, False, {"tool_calls": len(calls), "tool_errors": errors})
+
+
+class SearchEnv(ToolEnv):
+    """Fictional-entity QA (`jaxrl.data.entities`): search the world's documents, answer exactly.
+
+    Args:
+      tokenizer: the model's tokenizer.
+      corpus_seed, corpus_size: which world to search (`build_world(seed, size)`); records come from
+        `World.records(split)` of the same world.
+      top_k: documents per search.
+      obs_format, call_reward: as `ToolEnv`.
+    """
+
+    def __init__(self, tokenizer, *, corpus_seed: int = 0, corpus_size: str = "tiny", top_k: int = 1,
+                 obs_format: str = "inline", call_reward: float = 0.0):
+        world = _world(int(corpus_seed), str(corpus_size))
+        super().__init__(tokenizer, tools=("search",),
+                         instructions="Search with <search>name</search>, then reply <answer>...</answer>.",
+                         obs_format=obs_format, call_reward=call_reward,
+                         tool_kwargs={"search": {"contents": world.contents, "top_k": top_k}})
+
+
+@functools.lru_cache(maxsize=4)
+def _world(seed: int, size: str):
+    return build_world(seed, size)
+
+
+def oracle_actions(record: Mapping[str, Any]) -> list[str]:
+    """The demonstration policy: search each entity of the record's chain in order, then answer."""
+    return [f"<search>{name}</search>" for name in record["chain"]] + [f"<answer>{record['answers'][0]}</answer>"]

@@ -1,0 +1,268 @@
+"""Batched turn-by-turn decoding for multi-turn episodes (agents with tools), on a jitted KV-cache sampler.
+
+One `TurnDecoder.turn(contexts, max_new)` call decodes the next action of every live episode together:
+
+    cache, z_N = forward(chunk_NW, cache)              # new context tokens of each row (left-padded to W)
+    for t < gen_width while some row is live:          # lax.while_loop
+        y_N ~ filter(z_N / τ);  ℓ_N = log_softmax(z_N)[y_N]
+        live_N &= not (y_N ∈ eos  or  the last tokens spell a stop sequence  or  t + 1 = max_new_N)
+        z_N, cache = forward(y_N, mask = live_N, cache) # a token that ends the turn is not fed here
+
+Two cache policies (`mode`):
+* "reprefill": every turn starts from an empty cache and the chunk is the whole context (prompt, earlier
+  actions and observations). Simplest and always correct; costs one prefill of the full context per turn.
+* "continue": each row keeps its cache across turns, so the chunk is only what the cache lacks: the token
+  that ended the previous turn plus the new observation. Rows share one write index (`KVCache.index`), so
+  every turn uses W + (steps decoded) slots of the `cache_slots` capacity; padding and unused decode slots
+  stay invalid (masked), which gives the same attention as a contiguous cache. When the next turn would not
+  fit, the live rows are re-prefilled into a fresh cache ("compaction"), so the result never depends on the
+  capacity, only the speed does.
+
+Shapes are bucketed (chunk width W by `chunk_buckets`, decode buffer by `gen_buckets`); the row count N is
+fixed for the episode batch (finished rows get max_new = 0 and a 1-token dummy chunk), and temperature,
+top-p and per-row max_new are traced. So a rollout compiles once per (chunk bucket, fresh cache or not),
+never per turn; `compile_count()` counts traces.
+
+Stop sequences are token-id sequences (`stop_token_sequences` turns strings into the ids the tokenizer
+produces for them); a turn is ended when its last sampled tokens equal one of them. The stop tokens are
+kept in the action (they were sampled). Row r of turn k draws with fold_in(fold_in(fold_in(key(seed), k),
+t), rows[r]), so an episode's tokens do not depend on which other episodes share its batch. Log-probs are
+those of `jaxrl.sampling.engine`: log-softmax of the raw logits at the chosen token.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxrl.models import KVCache
+from jaxrl.sampling import filters
+from jaxrl.sampling.batching import DEFAULT_GEN_BUCKETS, DEFAULT_PROMPT_BUCKETS, bucket, left_pad
+from jaxrl.sampling.engine import _CPU_PER_LAYER_OPTIONS, _last_logits
+
+MODES = ("reprefill", "continue")
+_trace_count = 0
+
+
+def compile_count() -> int:
+    """Number of times the turn function has been traced (≈ compiled) in this process."""
+    return _trace_count
+
+
+class Turn(NamedTuple):
+    """One decoded turn for N rows (host arrays; rows with max_new = 0 have length 0).
+
+    Attributes:
+      tokens: [N, T] int32 sampled tokens, pad after the end.
+      logprobs: [N, T] float32 log π(token | context), 0 after the end.
+      lengths: [N] int32 sampled tokens of the turn (stop tokens and EOS included).
+      stopped: [N] bool, the turn ended with an EOS token or a stop sequence (False: it hit max_new).
+    """
+
+    tokens: np.ndarray
+    logprobs: np.ndarray
+    lengths: np.ndarray
+    stopped: np.ndarray
+
+
+def stop_token_sequences(tokenizer, stops: Sequence[str]) -> list[list[int]]:
+    """Token-id sequences that end a turn: each stop string as encoded alone and after a space/newline.
+
+    BPE tokenizers may merge a stop string with the character before it ("…x </search>" -> " </", …); the
+    variants cover the common cases. A stop string tokenized some other way does not end the turn (the action
+    then runs to max_new or EOS; its tokens stay exact either way).
+    """
+    out: list[list[int]] = []
+    for s in stops:
+        base = tokenizer.encode(s, add_special_tokens=False)
+        variants = [base]
+        for lead in (" ", "\n"):
+            lead_ids = tokenizer.encode(lead, add_special_tokens=False)
+            ids = tokenizer.encode(lead + s, add_special_tokens=False)
+            if ids[: len(lead_ids)] != lead_ids:  # the lead merged into the stop string's first token
+                variants.append(ids)
+        for v in variants:
+            if v and v not in out:
+                out.append(list(v))
+    return out
+
+
+def _turn(graphdef, state, cache, chunk_NW, chunk_mask_NW, key, rows_N, temperature, top_p, max_new_N,
+          stop_SK, eos_E, pad_id, *, gen_width, greedy, top_k, use_top_p, per_layer, capacity, keep_cache):
+    """Prefills the chunk into `cache` (a fresh one of `capacity` slots when None), then decodes one turn.
+
+    Args:
+      graphdef, state: `nnx.split` of a `jaxrl.models.Transformer`.
+      cache: the carried `KVCache` (continue mode) or None (fresh cache).
+      chunk_NW, chunk_mask_NW: [N, W] left-padded new tokens and their mask (every row has >= 1 real token).
+      key: PRNG key of this turn; rows_N: [N] int32 global row ids for the per-row draws.
+      temperature, top_p: float32 scalars; max_new_N: [N] int32 per-row turn budget <= gen_width.
+      stop_SK: [S, K] int32 stop sequences, right-aligned, -1 = no constraint (a row of -1: matches nothing
+        because it is dropped on the host); eos_E: [E] int32 (-1 never matches); pad_id: int32 scalar.
+
+    Returns:
+      (tokens_NT, logp_NT, length_N, stopped_N, cache or None) with T = gen_width.
+    """
+    global _trace_count
+    _trace_count += 1
+    chex.assert_rank([chunk_NW, chunk_mask_NW, stop_SK], 2)
+    model = nnx.merge(graphdef, state)
+    rows = chunk_NW.shape[0]
+    if cache is None:
+        cache = jax.lax.optimization_barrier(KVCache.init(model.cfg, rows, capacity, model.cfg.dtype))
+    layers = None
+    if per_layer:
+        layers, cache = model.layer_states(), cache.unstack()
+    out = model.forward(chunk_NW, None, chunk_mask_NW, cache=cache, layers=layers, return_hidden=True,
+                        return_logits=False)
+    logits_NV = _last_logits(model, out.hidden[:, -1])
+    top_p_arg = top_p if use_top_p else None
+    width = stop_SK.shape[1]
+
+    def cond(carry):
+        return (carry[0] < gen_width) & ~jnp.all(carry[5])
+
+    def body(carry):
+        t, logits_NV, cache, tokens_NT, logp_NT, done_N, length_N, hist_NK, stopped_N = carry
+        keys_N = None if greedy else filters.row_keys(key, t, rows_N)
+        tok_N = filters.choose_tokens(logits_NV, keys_N, temperature, greedy=greedy, top_k=top_k, top_p=top_p_arg)
+        logp_N = jnp.take_along_axis(jax.nn.log_softmax(logits_NV, axis=-1), tok_N[:, None], axis=-1)[:, 0]
+        live_N = ~done_N
+        tok_N = jnp.where(live_N, tok_N, pad_id)
+        tokens_NT = jax.lax.dynamic_update_slice(tokens_NT, tok_N[:, None], (0, t))
+        logp_NT = jax.lax.dynamic_update_slice(logp_NT, jnp.where(live_N, logp_N, 0.0)[:, None], (0, t))
+        length_N = length_N + live_N.astype(jnp.int32)
+        hist_NK = jnp.concatenate([hist_NK[:, 1:], tok_N[:, None]], axis=1)
+        stop_hit_N = jnp.any(jnp.all((stop_SK[None] < 0) | (hist_NK[:, None, :] == stop_SK[None]), -1), -1)
+        hit_N = live_N & (jnp.any(tok_N[:, None] == eos_E[None, :], axis=-1) | stop_hit_N)
+        done_N = done_N | hit_N | (live_N & (length_N >= max_new_N))
+        feed_N = live_N & ~done_N  # a token that ends the turn is fed at the start of the next one
+        step = model.forward(tok_N[:, None], None, feed_N[:, None], cache=cache, layers=layers)
+        return (t + 1, step.logits[:, -1].astype(jnp.float32), step.cache, tokens_NT, logp_NT, done_N, length_N,
+                hist_NK, stopped_N | hit_N)
+
+    init = (jnp.int32(0), logits_NV, out.cache, jnp.full((rows, gen_width), pad_id, jnp.int32),
+            jnp.zeros((rows, gen_width), jnp.float32), max_new_N <= 0, jnp.zeros((rows,), jnp.int32),
+            jnp.full((rows, width), -2, jnp.int32), jnp.zeros((rows,), bool))
+    _, _, cache, tokens_NT, logp_NT, _, length_N, _, stopped_N = jax.lax.while_loop(cond, body, init)
+    return tokens_NT, logp_NT, length_N, stopped_N, (cache if keep_cache else None)
+
+
+_STATIC = ("graphdef", "gen_width", "greedy", "top_k", "use_top_p", "per_layer", "capacity", "keep_cache")
+_turn_jit = jax.jit(_turn, static_argnames=_STATIC, donate_argnames=("cache",))
+_turn_cpu = jax.jit(_turn, static_argnames=_STATIC, donate_argnames=("cache",),
+                    compiler_options=_CPU_PER_LAYER_OPTIONS)
+
+
+class TurnDecoder:
+    """Decodes the next turn of N episodes at once, keeping (mode "continue") or rebuilding their KV caches.
+
+    Args:
+      graphdef, state: `nnx.split(model)` of a `jaxrl.models.Transformer`.
+      num_rows: N, fixed for the decoder's life (finished episodes stay as idle rows).
+      max_new_tokens: the largest per-turn budget (sets the decode buffer width by `gen_buckets`).
+      temperature, top_k, top_p: as `jaxrl.sampling.generate` (τ = 0: greedy).
+      eos_ids: tokens that end a turn (and usually the episode); stop_sequences: token-id lists that end it.
+      pad_id: pad token; seed: int; rows: [N] global row ids for the random draws (default 0..N-1).
+      mode: "reprefill" or "continue"; cache_slots: the carried cache capacity in continue mode.
+      chunk_buckets, gen_buckets: allowed chunk / decode widths (None: exact sizes, more compiles).
+      per_layer: decode on per-layer buffers (default: on CPU), see `jaxrl.sampling.engine`.
+    """
+
+    def __init__(self, graphdef, state, num_rows: int, *, max_new_tokens: int, temperature: float = 1.0,
+                 top_k: int | None = None, top_p: float | None = None, eos_ids: Sequence[int] = (),
+                 stop_sequences: Sequence[Sequence[int]] = (), pad_id: int = 0, seed: int = 0,
+                 rows: Sequence[int] | None = None, mode: str = "reprefill", cache_slots: int = 1024,
+                 chunk_buckets: Sequence[int] | None = DEFAULT_PROMPT_BUCKETS,
+                 gen_buckets: Sequence[int] | None = DEFAULT_GEN_BUCKETS, per_layer: bool | None = None):
+        if mode not in MODES:
+            raise ValueError(f"mode={mode!r}: allowed values are {', '.join(map(repr, MODES))}")
+        if int(max_new_tokens) < 1 or not float(temperature) >= 0.0:
+            raise ValueError(f"need max_new_tokens >= 1 and temperature >= 0, got {max_new_tokens}, {temperature}")
+        self.graphdef, self.state, self.num_rows, self.mode = graphdef, state, int(num_rows), mode
+        self.gen_width = bucket(int(max_new_tokens), gen_buckets, "completion")
+        self.max_new_tokens = int(max_new_tokens)
+        self.temperature, self.top_k, self.top_p = float(temperature), top_k, top_p
+        self.pad_id, self.chunk_buckets, self.cache_slots = int(pad_id), chunk_buckets, int(cache_slots)
+        self.eos_E = np.asarray(tuple(eos_ids) or (-1,), np.int32)
+        stops = [list(map(int, s)) for s in stop_sequences if len(s)]
+        k = max([len(s) for s in stops] or [1])
+        self.stop_SK = np.full((max(len(stops), 1), k), -1, np.int32)
+        if not stops:
+            self.stop_SK[:] = -3  # matches nothing (history starts at -2, tokens are >= 0)
+        for i, s in enumerate(stops):
+            self.stop_SK[i, k - len(s):] = s
+        self.key = jax.random.key(int(seed))
+        self.rows_N = np.asarray(np.arange(self.num_rows) if rows is None else rows, np.int32)
+        leaf = jax.tree.leaves(state)[0]
+        on_cpu = all(d.platform == "cpu" for d in (leaf.devices() if isinstance(leaf, jax.Array) else jax.devices()))
+        self.per_layer = on_cpu if per_layer is None else bool(per_layer)
+        self._fn = _turn_cpu if on_cpu and self.per_layer else _turn_jit
+        self._cache, self._index = None, 0
+        self._fed: list[list[int]] = [[] for _ in range(self.num_rows)]  # tokens in each row's cache
+        self.stats = {"prefill_tokens": 0, "compactions": 0}
+
+    def turn(self, turn_index: int, contexts: Sequence[Sequence[int] | None], max_new: Sequence[int]) -> Turn:
+        """Decodes one turn: row i continues `contexts[i]` for at most `max_new[i]` tokens (None/0: idle).
+
+        In continue mode the context of a row must extend what the row was given before (its earlier
+        context plus the tokens this decoder sampled); ValueError otherwise.
+        """
+        if len(contexts) != self.num_rows or len(max_new) != self.num_rows:
+            raise ValueError(f"turn needs {self.num_rows} contexts and budgets, got {len(contexts)}, {len(max_new)}")
+        live = [c is not None and int(m) > 0 for c, m in zip(contexts, max_new)]
+        budget_N = np.asarray([min(int(m), self.max_new_tokens) if ok else 0 for m, ok in zip(max_new, live)],
+                              np.int32)
+        fresh = self.mode == "reprefill" or self._cache is None
+        chunks = self._chunks(contexts, live, fresh)
+        width = bucket(max(len(c) for c in chunks), self.chunk_buckets, "chunk")
+        if not fresh and self._index + width + self.gen_width > self.cache_slots:
+            self.stats["compactions"] += 1
+            fresh, chunks = True, self._chunks(contexts, live, True)
+            width = bucket(max(len(c) for c in chunks), self.chunk_buckets, "chunk")
+        capacity = (max(self.cache_slots, width + self.gen_width) if self.mode == "continue"
+                    else width + self.gen_width)
+        chunk_NW, mask_NW = left_pad(chunks, width, self.pad_id)
+        self.stats["prefill_tokens"] += int(sum(len(c) for c, ok in zip(chunks, live) if ok))
+        keep = self.mode == "continue"
+        out = self._fn(
+            self.graphdef, self.state, None if fresh else self._cache, chunk_NW, mask_NW,
+            jax.random.fold_in(self.key, int(turn_index)), self.rows_N, jnp.float32(self.temperature),
+            jnp.float32(1.0 if self.top_p is None else self.top_p), budget_N, self.stop_SK, self.eos_E,
+            jnp.int32(self.pad_id), gen_width=self.gen_width, greedy=self.temperature == 0.0,
+            top_k=None if self.top_k is None else int(self.top_k), use_top_p=self.top_p is not None,
+            per_layer=self.per_layer, capacity=capacity, keep_cache=keep,
+        )
+        tokens, logp, lengths, stopped = (np.asarray(x) for x in out[:4])
+        self._cache = out[4]
+        self._index = (0 if fresh else self._index) + width + int(lengths.max(initial=0))
+        for i, ok in enumerate(live):  # what each cache now holds: the chunk and all but the last action token
+            if ok and keep:
+                n = int(lengths[i])
+                self._fed[i] = (list(contexts[i]) if fresh else self._fed[i] + chunks[i]) + \
+                    [int(x) for x in tokens[i, : max(n - 1, 0)]]
+        return Turn(tokens, logp, lengths, stopped & (lengths > 0))
+
+    def _chunks(self, contexts, live, fresh: bool) -> list[list[int]]:
+        out = []
+        for i, (ctx, ok) in enumerate(zip(contexts, live)):
+            if not ok:
+                out.append([self.pad_id])
+                continue
+            ctx = [int(x) for x in ctx]
+            if fresh:
+                out.append(ctx)
+                continue
+            fed = self._fed[i]
+            if ctx[: len(fed)] != fed or len(ctx) <= len(fed):
+                raise ValueError(f"row {i}: the context does not extend the tokens already in its KV cache "
+                                 f"({len(fed)} cached, {len(ctx)} given); continue mode needs append-only contexts")
+            out.append(ctx[len(fed):])
+        if not any(live):
+            out[0] = [self.pad_id]
+        return out

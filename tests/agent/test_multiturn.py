@@ -1,0 +1,150 @@
+"""Batched multi-turn decoding: equals a per-episode loop on the single-turn sampler, compiles once per
+bucket (not per turn), and its training rows are token-exact (teacher-forced log-probs = sampler's)."""
+
+import functools
+import inspect
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxrl import sampling
+from jaxrl.envs import Action, EpisodeSpec, collect_episodes
+from jaxrl.sampling import multiturn
+from jaxrl.tokenizer import builtin_tokenizer
+from jaxrl.train_step import sequence_logprobs
+from agent_helpers import EchoEnv, tiny_model
+
+TOK = builtin_tokenizer()
+RECORDS = [
+    {"question": "Who?", "turns": 3, "obs": ["<r>ab</r>", "<r>a longer observation</r>"]},
+    {"question": "What is the tallest tower?", "turns": 2, "obs": ["<r>x</r>"]},
+]
+BUCKETS = dict(chunk_buckets=(32, 128), gen_buckets=(16,), row_buckets=(128,))
+
+
+@pytest.fixture(scope="module")
+def split():
+    return nnx.split(tiny_model())
+
+
+@pytest.fixture(scope="module")
+def stops(split):
+    """Two stop strings the greedy model really writes (so some turns end on them, others on the budget)."""
+    graphdef, state = split
+    ids = EchoEnv(TOK).reset(RECORDS[0])
+    gen = sampling.generate_from_state(graphdef, state, [ids], max_new_tokens=12, temperature=0.0,
+                                       prompt_buckets=(32,), gen_buckets=(16,))
+    ids = [int(t) for t in gen.tokens[0]]
+    ok = [6 <= t < 102 for t in ids]  # a character of the tokenizer (0-5 are special, 102+ are unused ids)
+    single = next(TOK.decode([t]) for i, t in enumerate(ids) if i >= 3 and ok[i])
+    pair = next(TOK.decode(ids[i:i + 2]) for i in range(5, len(ids) - 1) if ok[i] and ok[i + 1])
+    return (single, pair)
+
+
+def _reference(graphdef, state, record, stops, spec):
+    """One episode with `generate_from_state` per turn (greedy), cut at the first stop string / EOS."""
+    env = EchoEnv(TOK, stops)
+    ctx = env.reset(record)
+    seqs = [TOK.encode(s, add_special_tokens=False) for s in stops]
+    actions, rewards = [], []
+    for _ in range(spec.max_turns):
+        budget = min(spec.max_new_tokens, spec.max_total_tokens - len(ctx))
+        gen = sampling.generate_from_state(graphdef, state, [ctx], max_new_tokens=budget, temperature=0.0,
+                                           eos_ids=(TOK.eos_token_id,), prompt_buckets=(32, 128),
+                                           gen_buckets=(16,))
+        ids = [int(t) for t in gen.tokens[0, : int(gen.lengths[0])]]
+        for t in range(len(ids)):
+            if any(ids[: t + 1][-len(s):] == s for s in seqs):
+                ids = ids[: t + 1]
+                break
+        res = env.step(Action(tuple(ids), TOK.decode(ids, skip_special_tokens=True), ids[-1] == TOK.eos_token_id))
+        ctx, rewards = ctx + ids, rewards + [res.reward]
+        actions.append(ids)
+        if res.done or ids[-1] == TOK.eos_token_id:
+            break
+        ctx = ctx + list(res.observation)
+    return ctx, actions, rewards
+
+
+@pytest.mark.parametrize("mode", ["reprefill", "continue"])
+def test_greedy_batched_equals_per_episode_loop(split, stops, mode):
+    graphdef, state = split
+    spec = EpisodeSpec(group_size=2, max_turns=3, max_new_tokens=10, max_total_tokens=120, temperature=0.0,
+                       cache=mode, **BUCKETS)
+    factory = functools.partial(EchoEnv, stops=stops)
+    ep = collect_episodes(graphdef, state, RECORDS, TOK, factory, spec, seed=0)
+    assert ep.tokens_BL.shape[0] == 4
+    stopped_early = False
+    for n in range(4):
+        ctx, actions, rewards = _reference(graphdef, state, RECORDS[n // 2], stops, spec)
+        stopped_early |= any(len(a) < 10 and a[-1] != TOK.eos_token_id for a in actions)
+        row = ep.tokens_BL[n][ep.mask_BL[n]]
+        np.testing.assert_array_equal(row, ctx)
+        assert ep.turns_N[n] == len(actions)
+        np.testing.assert_allclose(ep.turn_rewards_NK[n, : len(rewards)], rewards, rtol=1e-6)
+        np.testing.assert_allclose(ep.rewards_N[n], sum(rewards), rtol=1e-6)
+        sampled = ep.tokens_BL[n][ep.loss_mask_BL[n]]
+        np.testing.assert_array_equal(sampled, [t for a in actions for t in a])
+    # some turn ended on a stop string before the budget, and episode 0 ran more than one turn
+    assert stopped_early and ep.turns_N.max() >= 2
+
+
+def _teacher_forced(graphdef, state, ep):
+    """`jaxrl.train_step.sequence_logprobs` of the rows, aligned with tokens_BL (0 where not computed)."""
+    tokens, mask = jnp.asarray(ep.tokens_BL), jnp.asarray(ep.mask_BL)
+    if "width" in inspect.signature(sequence_logprobs).parameters:  # the completion-only form
+        width = ep.tokens_BL.shape[1] - ep.prompt_width
+        out = np.asarray(sequence_logprobs(state, graphdef, tokens, mask, width, chunk=8192))
+        return np.pad(out, ((0, 0), (ep.prompt_width, 0)))
+    return np.asarray(sequence_logprobs(state, graphdef, tokens, mask, chunk=8192))
+
+
+@pytest.mark.parametrize("mode", ["reprefill", "continue"])
+def test_rows_are_token_exact_under_sampling(split, stops, mode):
+    """Teacher-forced log-probs of each concatenated row equal the sampler's per-turn log-probs (1e-5)."""
+    graphdef, state = split
+    spec = EpisodeSpec(group_size=2, max_turns=3, max_new_tokens=10, max_total_tokens=120, temperature=1.0,
+                       cache=mode, **BUCKETS)
+    ep = collect_episodes(graphdef, state, RECORDS, TOK, functools.partial(EchoEnv, stops=stops), spec, seed=5)
+    logp = _teacher_forced(graphdef, state, ep)
+    m = ep.loss_mask_BL
+    assert m.sum() == ep.action_tokens_N.sum() > 0 and ep.obs_tokens_N.sum() > 0
+    assert not m[:, : ep.prompt_width].any()
+    np.testing.assert_allclose(ep.old_logp_BL[m], logp[m], atol=1e-5, rtol=0)
+    assert np.all(ep.old_logp_BL[~m] == 0)
+    # observations are in the row (mask 1) but not trained (loss mask 0)
+    assert np.all(ep.mask_BL.sum(1) - ep.loss_mask_BL.sum(1) == ep.obs_tokens_N + (ep.mask_BL[:, : ep.prompt_width]).sum(1))
+
+
+def test_continue_equals_reprefill_and_compaction(split, stops):
+    """Same seed, same sampled tokens for both cache policies, also when a tiny cache forces compaction."""
+    graphdef, state = split
+    factory = functools.partial(EchoEnv, stops=stops)
+    rows = {}
+    for mode, slots in (("reprefill", 0), ("continue", 0), ("continue", 80)):
+        spec = EpisodeSpec(group_size=2, max_turns=3, max_new_tokens=10, max_total_tokens=120, temperature=1.0,
+                           cache=mode, cache_slots=slots, **BUCKETS)
+        ep = collect_episodes(graphdef, state, RECORDS, TOK, factory, spec, seed=9)
+        rows[(mode, slots)] = ep
+    base = rows[("reprefill", 0)]
+    for key in (("continue", 0), ("continue", 80)):
+        np.testing.assert_array_equal(rows[key].tokens_BL, base.tokens_BL)
+        np.testing.assert_allclose(rows[key].old_logp_BL, base.old_logp_BL, atol=1e-5)
+    assert rows[("continue", 80)].metrics["rollout/cache_compactions"] >= 1
+    assert rows[("continue", 0)].metrics["rollout/cache_compactions"] == 0
+    assert rows[("continue", 0)].metrics["rollout/prefill_tokens"] < base.metrics["rollout/prefill_tokens"]
+
+
+def test_no_recompile_across_turns_or_rollouts(split, stops):
+    graphdef, state = split
+    spec = EpisodeSpec(group_size=2, max_turns=3, max_new_tokens=10, max_total_tokens=120, temperature=1.0,
+                       cache="continue", **BUCKETS)
+    factory = functools.partial(EchoEnv, stops=stops)
+    collect_episodes(graphdef, state, RECORDS, TOK, factory, spec, seed=1)
+    before = multiturn.compile_count()
+    for seed in (2, 3):  # other seeds: other turn counts and lengths, same buckets
+        ep = collect_episodes(graphdef, state, RECORDS, TOK, factory, spec, seed=seed)
+    assert ep.turns_N.max() >= 2
+    assert multiturn.compile_count() == before
