@@ -10,7 +10,8 @@ from transformers import PreTrainedConfig
 
 @strict
 class JaxrlDecoderConfig(PreTrainedConfig):
-    """`norm`: "pre" | "post" | "siamese" residual wiring; `qk_norm`: RMSNorm on q and k per head (Qwen3)."""
+    """`norm`: "pre" | "post" | "siamese" | "siamese_hybrid" residual wiring; `qk_norm`: RMSNorm on q and k
+    per head (Qwen3)."""
 
     model_type = "jaxrl_decoder"
     keys_to_ignore_at_inference = ["past_key_values"]
@@ -46,8 +47,8 @@ class JaxrlDecoderConfig(PreTrainedConfig):
         super().__post_init__(**kwargs)
 
     def validate_architecture(self):
-        if self.norm not in ("pre", "post", "siamese"):
-            raise ValueError(f"norm={self.norm!r}; allowed: 'pre', 'post', 'siamese'")
+        if self.norm not in ("pre", "post", "siamese", "siamese_hybrid"):
+            raise ValueError(f"norm={self.norm!r}; allowed: 'pre', 'post', 'siamese', 'siamese_hybrid'")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
                 f"num_attention_heads={self.num_attention_heads} is not a multiple of "

@@ -12,6 +12,11 @@ Residual wiring (`config.norm`):
   (post) and y (pre), x_0 = y_0 = embed. For block l and F in (Attn, MLP), c_l = sqrt(2 (l + 1)):
       x̄ = LN_post^F(x);  u = LN_in^F(x̄ + LN_pre^F(y));  z = F(u);  x = x̄ + z / c_l;  y = y + z
   and h = LN(LN_x(x) + LN_y(y)).
+* "siamese_hybrid": SiameseNorm "hybrid-pre" (the OLMo block of the SiameseNorm repository), same streams, c_l
+  and output; per block
+      h = LN_a(x) + LN_ay(y);  a = Attn(h);  x = x + a / c_l;  y = y + a       (no norm on the merge)
+      x~ = LN_f(x);  m = MLP(LN_fin(x~ + LN_fy(y)));  x = x~ + m / c_l;  y = y + m
+  (attention's per-head q/k RMSNorm when `qk_norm`).
 
 Deviations from transformers' Llama: no KV cache (every forward recomputes the whole sequence, so `generate`
 works but is O(L^2) per step); eager attention only; with an `attention_mask` and no `position_ids`, positions
@@ -123,6 +128,24 @@ class JaxrlSiameseNorms(nn.Module):
         return x_bar + z / c, y + z
 
 
+class JaxrlSiameseHybridNorms(nn.Module):
+    """The five per-block hybrid-pre norms (jaxrl `models/siamese.py`, `HybridNorms`)."""
+
+    def __init__(self, config):
+        super().__init__()
+        for name in ("attn_norm", "attn_y_norm", "mlp_norm", "mlp_y_norm", "mlp_in_norm"):
+            setattr(self, name, JaxrlRMSNorm(config.hidden_size, config.rms_norm_eps))
+
+    def attention(self, x, y, fn, c: float):
+        a = fn(self.attn_norm(x) + self.attn_y_norm(y))
+        return x + a / c, y + a
+
+    def mlp(self, x, y, fn, c: float):
+        x_tilde = self.mlp_norm(x)
+        m = fn(self.mlp_in_norm(x_tilde + self.mlp_y_norm(y)))
+        return x_tilde + m / c, y + m
+
+
 class JaxrlDecoderLayer(nn.Module):
     def __init__(self, config, layer_idx: int):
         super().__init__()
@@ -137,8 +160,10 @@ class JaxrlDecoderLayer(nn.Module):
         elif config.norm == "post":
             self.post_attention_layernorm = JaxrlRMSNorm(d, eps)
             self.post_feedforward_layernorm = JaxrlRMSNorm(d, eps)
-        else:
+        elif config.norm == "siamese":
             self.siamese = JaxrlSiameseNorms(config)
+        else:
+            self.siamese = JaxrlSiameseHybridNorms(config)
 
     def forward(self, x, y, cos, sin, bias):
         attn = lambda u: self.self_attn(u, cos, sin, bias)  # noqa: E731
@@ -148,6 +173,9 @@ class JaxrlDecoderLayer(nn.Module):
         if self.norm_kind == "post":
             x = self.post_attention_layernorm(x + attn(x))
             return self.post_feedforward_layernorm(x + self.mlp(x)), None
+        if self.norm_kind == "siamese_hybrid":
+            x, y = self.siamese.attention(x, y, attn, self.c)
+            return self.siamese.mlp(x, y, self.mlp, self.c)
         x, y = self.siamese.apply("attn", x, y, attn, self.c)
         return self.siamese.apply("mlp", x, y, self.mlp, self.c)
 
@@ -175,7 +203,7 @@ class JaxrlModel(JaxrlPreTrainedModel):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(JaxrlDecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = JaxrlRMSNorm(config.hidden_size, config.rms_norm_eps)
-        if config.norm == "siamese":
+        if config.norm in ("siamese", "siamese_hybrid"):
             self.norm_x = JaxrlRMSNorm(config.hidden_size, config.rms_norm_eps)
             self.norm_y = JaxrlRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_init()
@@ -209,7 +237,7 @@ class JaxrlModel(JaxrlPreTrainedModel):
         y = x
         for layer in self.layers:
             x, y = layer(x, y, cos, sin, bias)
-        if self.config.norm == "siamese":
+        if self.config.norm in ("siamese", "siamese_hybrid"):
             return self.norm(self.norm_x(x) + self.norm_y(y))
         return self.norm(x)
 
