@@ -21,6 +21,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from jaxrl.envs.base import Action, Env
+from jaxrl.errors import UserError
 from jaxrl.sampling.batching import DEFAULT_GEN_BUCKETS, DEFAULT_PROMPT_BUCKETS, bucket
 from jaxrl.sampling.multiturn import MODES, TurnDecoder, stop_token_sequences
 
@@ -121,14 +122,17 @@ class _Episode:
             self.sampled += [False] * len(obs)
 
 
-def _start(env_factory: Callable[[Any], Env], records, tokenizer, group_size: int) -> tuple[list, list]:
-    rep = [r for r in records for _ in range(group_size)]
+def _start(env_factory: Callable[[Any], Env], records, tokenizer, spec: EpisodeSpec) -> tuple[list, list]:
+    rep = [r for r in records for _ in range(spec.group_size)]
     eps = []
-    for r in rep:
+    for i, r in enumerate(rep):
         env = env_factory(tokenizer)
         prompt = [int(x) for x in env.reset(r)]
         if not prompt:
             raise ValueError(f"{type(env).__name__}.reset returned an empty prompt")
+        if len(prompt) >= spec.max_total_tokens:
+            raise UserError(f"the prompt of record {i // spec.group_size} has {len(prompt)} tokens; "
+                            f"max_total_tokens={spec.max_total_tokens} leaves no room for an action")
         eps.append(_Episode(env, prompt, list(prompt), [0.0] * len(prompt), [False] * len(prompt)))
     return rep, eps
 
@@ -147,7 +151,7 @@ def collect_episodes(graphdef, params, records: Sequence[dict[str, Any]], tokeni
     Returns:
       Episodes with N = P·G rows.
     """
-    rep, eps = _start(env_factory, records, tokenizer, spec.group_size)
+    rep, eps = _start(env_factory, records, tokenizer, spec)
     eos = int(tokenizer.eos_token_id)
     pad = int(tokenizer.pad_token_id)
     stops = stop_token_sequences(tokenizer, eps[0].env.stop_strings)
@@ -193,7 +197,7 @@ def scripted_episodes(records: Sequence[dict[str, Any]], tokenizer, env_factory:
     the turn, as in sampling). old_logp_BL is 0 (no sampler). Budgets as in `collect_episodes`, so the rows
     look exactly like sampled ones.
     """
-    rep, eps = _start(env_factory, records, tokenizer, spec.group_size)
+    rep, eps = _start(env_factory, records, tokenizer, spec)
     eos = int(tokenizer.eos_token_id)
     for r, e in zip(rep, eps):
         for text in policy(r):
