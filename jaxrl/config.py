@@ -320,6 +320,76 @@ class SFTSection:
         _check(self.lam >= 0, "algorithm.sft.lam", self.lam, "must be >= 0")
 
 
+class Objective(str, enum.Enum):
+    """The per-token policy objective of the update (`losses`): PPO/GRPO clip, GSPO, GSPO-token, CISPO, SAPO."""
+
+    PPO_CLIP = "ppo_clip"
+    GSPO = "gspo"
+    GSPO_TOKEN = "gspo_token"
+    CISPO = "cispo"
+    SAPO = "sapo"
+
+
+@dataclasses.dataclass(frozen=True)
+class ObjectiveSection:
+    """Which policy objective and its own settings. `ppo_clip` uses `algorithm.clip` (and ETR's elastic
+    bounds); GSPO (arXiv:2507.18071) its sequence-ratio clip `gspo_low/high` (paper 3e-4 / 4e-4); CISPO
+    (MiniMax-M1, arXiv:2506.13585) the IS-weight bounds `cispo_w_max` / `cispo_w_min`; SAPO (arXiv:2511.20347)
+    the gate temperatures `sapo_tau_pos` / `sapo_tau_neg`."""
+
+    name: Objective = Objective.PPO_CLIP
+    gspo_low: float = 3e-4
+    gspo_high: float = 4e-4
+    cispo_w_max: float = 1.28
+    cispo_w_min: float | None = None
+    sapo_tau_pos: float = 1.0
+    sapo_tau_neg: float = 1.05
+
+    def __post_init__(self):
+        _check(0 <= self.gspo_low < 1, "algorithm.objective.gspo_low", self.gspo_low, "must be in [0, 1)")
+        _check(self.gspo_high >= 0, "algorithm.objective.gspo_high", self.gspo_high, "must be >= 0")
+        _check(self.cispo_w_max > 0, "algorithm.objective.cispo_w_max", self.cispo_w_max, "must be > 0")
+        if self.cispo_w_min is not None:
+            _check(0 <= self.cispo_w_min <= self.cispo_w_max, "algorithm.objective.cispo_w_min",
+                   self.cispo_w_min, "must be in [0, cispo_w_max] or null")
+        for name in ("sapo_tau_pos", "sapo_tau_neg"):
+            _check(getattr(self, name) > 0, f"algorithm.objective.{name}", getattr(self, name), "must be > 0")
+
+
+class MismatchMode(str, enum.Enum):
+    """Correction of the sampler/trainer log-prob mismatch: none, truncated IS (TIS) or masked IS (MIS)."""
+
+    OFF = "off"
+    TIS = "tis"
+    MIS = "mis"
+
+
+class MismatchLevel(str, enum.Enum):
+    TOKEN = "token"
+    SEQUENCE = "sequence"
+    GEOMETRIC = "geometric"
+
+
+@dataclasses.dataclass(frozen=True)
+class MismatchSection:
+    """Train-inference mismatch (`losses.rollout_correction`): the importance weight π_trainer / π_sampler of
+    each sampled token (or sequence) multiplies the policy loss (TIS: clipped to [lower, upper]; MIS: tokens or
+    sequences outside the band are dropped). Any mode other than `off` recomputes the old log-probs with the
+    trainer, and the step logs `mismatch/*` whenever both log-probs exist."""
+
+    mode: MismatchMode = MismatchMode.OFF
+    level: MismatchLevel = MismatchLevel.TOKEN
+    lower: float | None = None
+    upper: float | None = 2.0
+
+    def __post_init__(self):
+        _check(self.lower is not None or self.upper is not None, "algorithm.mismatch",
+               (self.lower, self.upper), "set at least one of lower, upper")
+        if self.lower is not None and self.upper is not None:
+            _check(0 <= self.lower <= self.upper, "algorithm.mismatch.lower", self.lower,
+                   "must be in [0, upper]")
+
+
 @dataclasses.dataclass(frozen=True)
 class AlgorithmConfig:
     """Advantage estimator, policy objective, aggregation and their hyper-parameters (spec/algorithms.md).
@@ -344,6 +414,8 @@ class AlgorithmConfig:
     clipo: CLIPOSection = CLIPOSection()
     dapo: DAPOSection = DAPOSection()
     sft: SFTSection = SFTSection()
+    objective: ObjectiveSection = ObjectiveSection()
+    mismatch: MismatchSection = MismatchSection()
 
     MOVED_KEYS: ClassVar[dict[str, str]] = {
         "clip_low": "clip.low", "clip_high": "clip.high", "dual_clip": "clip.dual",

@@ -62,7 +62,8 @@ def rl_step(run: trainer.Run, state: TrainState, records, step: int):
     extra = None
     if algo.extra_rows is not None:
         extra = algo.extra_rows(records, run.tokenizer, ro.prompt_width, ro.completion_mask_BT.shape[1])
-    batch = trainer.assemble(run, state.params, ro, adv, extra_rows=extra)
+    batch, mismatch_metrics = trainer.assemble(run, state.params, ro, adv, extra_rows=extra)
+    metrics.update(mismatch_metrics)
     t2 = time.perf_counter()
     if not actor_frozen:
         state, update_metrics = trainer.update(run, state, batch, step)

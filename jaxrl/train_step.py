@@ -64,6 +64,7 @@ class TrainBatch:
     clip_low_B: jax.Array  # float32 per-sequence lower clip bounds (ETR; constant otherwise)
     clip_high_B: jax.Array  # float32 per-sequence upper clip bounds
     sft_weight_B: jax.Array  # float32, 1 for expert (SFT-aux) rows, 0 for rollout rows
+    is_weight_BT: Any = None  # float32 train/sampler importance weights (TIS / MIS), None = no correction
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +82,32 @@ class LossSpec:
     grad_accum: int = 1
     logprob_chunk: int = 8192
     temperature: float = 1.0
+    objective: str = "ppo_clip"  # a key of OBJECTIVES
+    objective_kwargs: tuple[tuple[str, Any], ...] = ()  # that objective's settings (hashable)
+
+
+def _ppo_clip(logp_BT, batch, m_BT, spec, **_):
+    return losses.clipped_objective(logp_BT, batch.old_logp_BT, batch.adv_BT, m_BT, clip_low=batch.clip_low_B,
+                                    clip_high=batch.clip_high_B, dual_clip=spec.dual_clip,
+                                    ratio_level=spec.ratio_level)
+
+
+def _wrap(fn, **fixed):
+    def objective(logp_BT, batch, m_BT, spec, **kwargs):
+        del spec
+        return fn(logp_BT, batch.old_logp_BT, batch.adv_BT, m_BT, **fixed, **kwargs)
+    return objective
+
+
+# name -> (logp_BT, batch, mask_BT, spec, **objective_kwargs) -> (loss_BT, metrics): the per-token policy
+# objectives of `jaxrl.losses`, unaggregated.
+OBJECTIVES = {
+    "ppo_clip": _ppo_clip,
+    "gspo": _wrap(losses.gspo_objective, token_level=False),
+    "gspo_token": _wrap(losses.gspo_objective, token_level=True),
+    "cispo": _wrap(losses.cispo_objective),
+    "sapo": _wrap(losses.sapo_objective),
+}
 
 
 def token_logprobs(model: nnx.Module, tokens_BL, mask_BL, width: int, *, chunk: int, temperature: float = 1.0):
@@ -107,7 +134,7 @@ def _masks(batch: TrainBatch):
 def _loss(params, graphdef, batch: TrainBatch, spec: LossSpec, norm):
     """The step's loss: per-token terms summed, aggregated once with the mini-batch's normalisers.
 
-        l_BT = l_pg + β·k(logp, ref_logp) − λ_H·H          (rollout rows)
+        l_BT = w_IS·l_pg + β·k(logp, ref_logp) − λ_H·H     (rollout rows; l_pg from OBJECTIVES[spec.objective])
         loss = w_pg·aggregate(l, m, agg) + λ_SFT·sft_nll(logp*, m*)
     """
     model = nnx.merge(graphdef, params)
@@ -117,10 +144,9 @@ def _loss(params, graphdef, batch: TrainBatch, spec: LossSpec, norm):
     )
     rl_m_BT, sft_m_BT = _masks(batch)
     agg = lambda v_BT: losses.aggregate(v_BT, rl_m_BT, spec.agg, normalizer=norm["rl"])
-    pg_BT, metrics = losses.clipped_objective(
-        logp_BT, batch.old_logp_BT, batch.adv_BT, rl_m_BT, clip_low=batch.clip_low_B,
-        clip_high=batch.clip_high_B, dual_clip=spec.dual_clip, ratio_level=spec.ratio_level,
-    )
+    pg_BT, metrics = OBJECTIVES[spec.objective](logp_BT, batch, rl_m_BT, spec, **dict(spec.objective_kwargs))
+    if batch.is_weight_BT is not None:  # train-inference mismatch correction (constant weights)
+        pg_BT = pg_BT * jax.lax.stop_gradient(batch.is_weight_BT)
     total_BT = spec.policy_weight * pg_BT
     metrics["pg/loss"] = jax.lax.stop_gradient(agg(pg_BT))
     if spec.kl_beta > 0:

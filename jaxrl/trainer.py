@@ -23,7 +23,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from jaxrl import build, checkpoint as ckpt_lib, model_io, rewards as rewards_lib
+from jaxrl import build, checkpoint as ckpt_lib, losses, model_io, rewards as rewards_lib
 from jaxrl.algorithms import ALGORITHMS, AlgoSettings, Algorithm, KLRewardPenalty, Shaper
 from jaxrl.config import ExperimentConfig, KLWhere, dump_config
 from jaxrl.errors import UserError
@@ -50,6 +50,16 @@ class UpdateSpec:
     seed: int = 0
 
 
+@dataclasses.dataclass(frozen=True)
+class MismatchSpec:
+    """Sampler/trainer log-prob mismatch correction (`losses.rollout_correction`); mode "off" only measures."""
+
+    mode: str = "off"
+    level: str = "token"
+    lower: float | None = None
+    upper: float | None = 2.0
+
+
 @dataclasses.dataclass
 class Run:
     """Everything resolved once for a run: specs, host objects and jitted functions (no config)."""
@@ -70,6 +80,7 @@ class Run:
     settings: AlgoSettings
     seed: int
     logprobs_from_sampler: bool
+    mismatch: MismatchSpec
     state_sharding: Any
     step_fn: Any
     logprob_fn: Any  # (params, tokens_BL, mask_BL, T) -> logp_BT
@@ -109,9 +120,15 @@ def algo_settings(cfg: ExperimentConfig) -> AlgoSettings:
 
 def loss_spec(cfg: ExperimentConfig, algorithm: Algorithm, settings: AlgoSettings) -> LossSpec:
     a = cfg.algorithm
+    o = a.objective
+    kwargs = {"gspo": {"clip_low": o.gspo_low, "clip_high": o.gspo_high},
+              "gspo_token": {"clip_low": o.gspo_low, "clip_high": o.gspo_high},
+              "cispo": {"w_max": o.cispo_w_max, "w_min": o.cispo_w_min},
+              "sapo": {"tau_pos": o.sapo_tau_pos, "tau_neg": o.sapo_tau_neg}}.get(o.name.value, {})
     spec = LossSpec(agg=a.agg_mode, dual_clip=a.clip.dual,
                     kl_beta=a.kl.beta if a.kl.where is KLWhere.LOSS else 0.0, kl_kind=a.kl.kind,
-                    entropy_coef=a.entropy_coef, grad_accum=a.grad_accum)
+                    entropy_coef=a.entropy_coef, grad_accum=a.grad_accum, objective=o.name.value,
+                    objective_kwargs=tuple(sorted(kwargs.items())))
     return dataclasses.replace(spec, **algorithm.loss(settings))
 
 
@@ -148,12 +165,14 @@ def setup(cfg: ExperimentConfig, run_dir: Path) -> tuple[Run, TrainState, Any]:
     logprob_fn = jax.jit(logprobs, static_argnums=3)
     # beta = 0 keeps no reference model in memory.
     ref_params = jax.tree.map(jnp.copy, params) if cfg.algorithm.kl.beta > 0 else None
+    m = cfg.algorithm.mismatch
     run = Run(run_dir=run_dir, mesh=mesh, rules=rules, graphdef=graphdef, hidden_dim=model.cfg.hidden_size,
               tokenizer=tokenizer, tx=tx, loss=spec,
               update=UpdateSpec(cfg.algorithm.ppo_epochs, cfg.algorithm.mini_batches, cfg.train.seed),
               sampling=sampling_spec(cfg), eval_sampling=sampling_spec(cfg, greedy=True), rewards=rewards,
               algorithm=algorithm, settings=settings, seed=cfg.train.seed,
-              logprobs_from_sampler=cfg.rollout.logprobs_from_sampler, state_sharding=state_sharding,
+              logprobs_from_sampler=cfg.rollout.logprobs_from_sampler,
+              mismatch=MismatchSpec(m.mode.value, m.level.value, m.lower, m.upper), state_sharding=state_sharding,
               step_fn=step_fn, logprob_fn=logprob_fn, ref_params=ref_params)
     if algorithm.shaper is not None:
         run.shapers.append(algorithm.shaper(run, settings))
@@ -167,8 +186,10 @@ def shard_batch(run: Run, batch: TrainBatch) -> TrainBatch:
     return jax.device_put(arrays, batch_shardings(arrays, run.mesh, run.rules))
 
 
-def assemble(run: Run, params, ro, adv, *, extra_rows: TrainBatch | None = None) -> TrainBatch:
-    """The completion-space train batch of a rollout: advantages, old (and reference) log-probs."""
+def assemble(run: Run, params, ro, adv, *, extra_rows: TrainBatch | None = None
+             ) -> tuple[TrainBatch, dict[str, float]]:
+    """The completion-space train batch of a rollout (advantages, old and reference log-probs, importance
+    weights of the mismatch correction) and the mismatch metrics."""
     n, t = ro.completion_mask_BT.shape
     zeros = np.zeros((n, t), np.float32)
     batch = TrainBatch(ro.tokens_BL, ro.mask_BL, ro.completion_mask_BT, ro.old_logp_BT, zeros,
@@ -177,12 +198,33 @@ def assemble(run: Run, params, ro, adv, *, extra_rows: TrainBatch | None = None)
     if extra_rows is not None:
         batch = jax.tree.map(lambda a, b: np.concatenate([a, b], axis=0), batch, extra_rows)
     batch = shard_batch(run, batch)
-    if not run.logprobs_from_sampler:
+    metrics: dict[str, float] = {}
+    if not run.logprobs_from_sampler or run.mismatch.mode != "off":
+        sampler_BT = batch.old_logp_BT
         old_BT = run.logprob_fn(params, batch.tokens_BL, batch.mask_BL, t) * batch.completion_mask_BT
         batch = batch.replace(old_logp_BT=old_BT)
+        batch, metrics = _mismatch(run, batch, sampler_BT, n)
     if run.loss.kl_beta > 0:
         batch = batch.replace(ref_logp_BT=run.logprob_fn(run.ref_params, batch.tokens_BL, batch.mask_BL, t))
-    return batch
+    return batch, metrics
+
+
+def _mismatch(run: Run, batch: TrainBatch, sampler_BT, n_rollout: int) -> tuple[TrainBatch, dict[str, float]]:
+    """Mismatch metrics of the rollout rows, and (mode tis / mis) the correction weights on the batch."""
+    m = run.mismatch
+    rollout_rows = jnp.arange(batch.tokens_BL.shape[0])[:, None] < n_rollout  # expert rows were not sampled
+    mask_BT = batch.completion_mask_BT & rollout_rows
+    if m.mode == "off":
+        out = losses.mismatch_metrics(batch.old_logp_BT, sampler_BT, mask_BT, cap=m.upper or 2.0)
+        return batch, {k: float(v) for k, v in out.items()}
+    weights_BT, keep_BT, out = losses.rollout_correction(
+        batch.old_logp_BT, sampler_BT, mask_BT, level=m.level, mode="truncate" if m.mode == "tis" else "mask",
+        lower=m.lower, upper=m.upper)
+    weights_BT = jnp.where(rollout_rows, weights_BT, 1.0)  # expert rows keep weight 1 (they train on SFT only)
+    keep_BT = jnp.where(rollout_rows, keep_BT, batch.completion_mask_BT)
+    batch = batch.replace(is_weight_BT=weights_BT.astype(jnp.float32),
+                          completion_mask_BT=batch.completion_mask_BT & keep_BT)
+    return batch, {k: float(v) for k, v in out.items()}
 
 
 def update(run: Run, state: TrainState, batch: TrainBatch, step: int) -> tuple[TrainState, dict[str, float]]:

@@ -37,6 +37,9 @@ CASES: dict[str, tuple[str, ...]] = {
     "kl_reward": ("algorithm.name=grpo", "algorithm.kl.beta=0.1", "algorithm.kl.where=reward"),
     "ppo": ("algorithm.name=grpo", "algorithm.ppo_epochs=2", "algorithm.mini_batches=2"),
     "grpo3": ("algorithm.name=grpo", "train.steps=3"),
+    "cispo": ("algorithm.name=grpo", "algorithm.objective.name=cispo"),
+    "gspo_tis": ("algorithm.name=grpo", "algorithm.objective.name=gspo", "algorithm.mismatch.mode=tis",
+                 "algorithm.mismatch.level=sequence"),
 }
 
 

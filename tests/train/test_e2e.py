@@ -101,6 +101,16 @@ def test_reference_kl_is_zero_then_positive(results, name):
     assert rows[1]["kl"] > 1e-4  # one update later it has moved away
 
 
+def test_other_objectives_and_mismatch_correction_train(results):
+    cispo = _case(results, "cispo")["rows"]
+    assert all(0 < row["cispo/weight_mean"] for row in cispo)
+    gspo = _case(results, "gspo_tis")["rows"]
+    for row in gspo:  # the sampler's and the trainer's log-probs of one model agree closely on CPU
+        assert 0 <= row["mismatch/abs_logp_diff_mean"] < 1e-3 and row["mismatch/is_weight_mean"] > 0.99
+    # a run without correction still measures the mismatch (old log-probs recomputed by the trainer)
+    assert all("mismatch/abs_logp_diff_mean" in row for row in _case(results, "grpo")["rows"])
+
+
 def test_ppo_epochs_and_mini_batches_clip(results):
     rows = _case(results, "ppo")["rows"]
     # 2 epochs x 2 mini-batches = 4 updates per batch: later ones are off-policy and some ratios clip.
