@@ -57,15 +57,19 @@ from jaxrl.losses.clipo import (
 )
 from jaxrl.losses.dir import (
     apply_club_classifier,
+    REFERENCE_GAMMA,
     bradley_terry_loss,
     classifier_inner_steps,
+    classifier_micro_steps,
     club_classifier_nll,
     club_mi,
+    club_mi_micro,
     dir_loss,
     infonce_mi_lower_bound,
     init_club_classifier,
     length_attribute,
     pair_representation,
+    reference_gamma,
 )
 from jaxrl.losses.evpv import (
     correctness_rate,
@@ -201,4 +205,8 @@ __all__ = [
     "pass_at_k_per_problem",
     "sapo_loss",
     "sapo_objective",
+    "REFERENCE_GAMMA",
+    "classifier_micro_steps",
+    "club_mi_micro",
+    "reference_gamma",
 ]

@@ -13,9 +13,16 @@ q_ψ(a|x) = softmax(MLP(x))::
     L    = L_BT + γ · Î
     I_NCE = log N + (1/N) Σ_i [f_ii − log Σ_j exp f_ij] ≤ I(X; Y)             (InfoNCE lower bound, critic f)
 
-Symbol mapping: γ = ``gamma`` (``debias_factor``: 0.1 dataclass default, 1 in ``train_debias_rm.sh``);
-the classifier is Linear(d, 1024) → ReLU → Linear(1024, 2) (``debias_hidden_dim``), trained with
-``debias_optim_iter`` = 5 AdamW(1e-4) steps per RM step (``classifier_inner_steps``).
+Symbol mapping: γ = ``gamma`` is the *effective* weight of Î in the global-batch objective above. The reference's
+``debias_factor`` is not the same number: it computes Î on an all-gathered batch whose backward keeps only the
+local slice (``AllGatherWithGrad``), every rank adds the full ``debias_factor``·Î to its local BT loss, and
+DeepSpeed/DDP averages gradients over the W ranks, so its update is that of ``mean BT + (debias_factor/W)·Î``
+(``reference_gamma``). ``train_debias_rm.sh`` runs W = 8 GPUs with ``debias_factor=1``: γ = 0.125, the default
+here (``REFERENCE_GAMMA``); the reference dataclass default 0.1 would be 0.0125 at W = 8. The classifier is
+Linear(d, 1024) → ReLU → Linear(1024, 2) (``debias_hidden_dim``), trained with ``debias_optim_iter`` = 5
+AdamW(lr 1e-4, torch's default weight decay 0.01) steps per *micro-step* (``classifier_inner_steps``;
+``classifier_micro_steps`` runs them over the micro-batches of one RM step, as the reference does over its 16
+gradient-accumulation micro-steps of N = 8 gathered pairs each).
 
 Deviations from the reference:
 - The all-pairs term is computed in O(N·C) as Σ_c log q(c|x_i) · freq(c) with freq the attribute histogram;
@@ -34,6 +41,19 @@ import chex
 import jax
 import jax.numpy as jnp
 import optax
+
+REFERENCE_GAMMA = 0.125  # debias_factor=1 over W=8 GPUs in the reference's scripts/train_debias_rm.sh
+
+
+def reference_gamma(debias_factor: float, num_workers: int) -> float:
+    """γ of this module equivalent to the reference's ``--debias_factor`` on ``num_workers`` data-parallel ranks.
+
+    γ = debias_factor / W (module docstring: the all-gather keeps only the local slice in the backward and the
+    ranks' gradients are averaged). ``reference_gamma(1.0, 8) == REFERENCE_GAMMA``.
+    """
+    if num_workers < 1:
+        raise ValueError(f"reference_gamma: num_workers must be >= 1, got {num_workers}")
+    return debias_factor / num_workers
 
 
 def bradley_terry_loss(r_chosen_B: jax.Array, r_rejected_B: jax.Array) -> jax.Array:
@@ -80,9 +100,12 @@ def dir_loss(
     logits_NC: jax.Array,
     a_N: jax.Array,
     *,
-    gamma: float = 0.1,
+    gamma: float = REFERENCE_GAMMA,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """L = L_BT + γ · Î; returns ``(loss, metrics)`` with ``dir/{bt,club_mi,loss,rm_acc}``."""
+    """L = L_BT + γ · Î; returns ``(loss, metrics)`` with ``dir/{bt,club_mi,loss,rm_acc}``.
+
+    γ is the effective weight (module docstring); default 0.125, the reference script's effective value.
+    """
     bt = bradley_terry_loss(r_chosen_B, r_rejected_B)
     mi = club_mi(logits_NC, a_N)
     loss = bt + gamma * mi
@@ -187,3 +210,59 @@ def classifier_inner_steps(
     nll_before = nll(params)
     params, opt_state = jax.lax.fori_loop(0, k, body, (params, opt_state))
     return params, opt_state, nll_before
+
+
+def classifier_micro_steps(
+    params: dict[str, jax.Array],
+    opt_state: optax.OptState,
+    x_detached_ND: jax.Array,
+    a_N: jax.Array,
+    optimizer: optax.GradientTransformation,
+    k: int,
+    micro_batches: int,
+    apply_fn: Callable[[dict[str, jax.Array], jax.Array], jax.Array] = apply_club_classifier,
+) -> tuple[dict[str, jax.Array], dict[str, jax.Array], optax.OptState, jax.Array]:
+    """The reference's ψ schedule over one RM step: for each of M micro-batches in order, k steps on it.
+
+    The N rows are split into M = ``micro_batches`` consecutive equal micro-batches (the reference's
+    gradient-accumulation micro-steps); ψ_m is ψ after the k steps on micro-batch m (``lax.scan``).
+
+    Returns:
+      (ψ_1..ψ_M stacked on a leading axis (for ``club_mi_micro``), ψ_M, its optimiser state,
+       [M] NLL of each micro-batch before its steps).
+    """
+    n = x_detached_ND.shape[0]
+    if micro_batches < 1 or n % micro_batches:
+        raise ValueError(f"classifier_micro_steps: {n} rows do not split into micro_batches={micro_batches}")
+    x_MND = jax.lax.stop_gradient(x_detached_ND).reshape(micro_batches, n // micro_batches, -1)
+    a_MN = a_N.reshape(micro_batches, n // micro_batches)
+
+    def body(carry, xs):
+        p, s, nll = classifier_inner_steps(*carry, *xs, optimizer, k, apply_fn)
+        return (p, s), (p, nll)
+
+    (params, opt_state), (stacked, nll_M) = jax.lax.scan(body, (params, opt_state), (x_MND, a_MN))
+    return stacked, params, opt_state, nll_M
+
+
+def club_mi_micro(
+    stacked_params: dict[str, jax.Array],
+    x_ND: jax.Array,
+    a_N: jax.Array,
+    apply_fn: Callable[[dict[str, jax.Array], jax.Array], jax.Array] = apply_club_classifier,
+) -> jax.Array:
+    """(1/M) Σ_m Î(ψ_m; x_m, a_m): the CLUB estimate of each micro-batch with its own ψ_m, averaged (the
+    reference's per-micro-step estimates under gradient accumulation). Gradients flow to x; ψ is held fixed.
+
+    Args:
+      stacked_params: ψ_1..ψ_M on a leading axis (``classifier_micro_steps``); M divides N.
+      x_ND: [N, D] pair representations.  a_N: [N] int attributes.
+    """
+    m = jax.tree.leaves(stacked_params)[0].shape[0]
+    n = x_ND.shape[0]
+    if n % m:
+        raise ValueError(f"club_mi_micro: {n} rows do not split into {m} micro-batches")
+    x_MND = x_ND.reshape(m, n // m, -1)
+    a_MN = a_N.reshape(m, n // m)
+    mi_M = jax.vmap(lambda p, x, a: club_mi(apply_fn(p, x), a))(jax.lax.stop_gradient(stacked_params), x_MND, a_MN)
+    return mi_M.mean()

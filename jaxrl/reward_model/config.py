@@ -65,14 +65,29 @@ class DebiasConfig:
     """DIR (arXiv:2512.23461): RM loss L_BT + gamma * CLUB(x; a), x = h_chosen - h_rejected.
 
     The classifier q(a|x) (MLP with `hidden_dim` units, or linear when null) is trained `inner_steps` AdamW
-    steps (`classifier_lr`) per RM step on detached x, with its own optimiser state.
+    steps (`classifier_lr`, `classifier_weight_decay`) per micro-step on detached x, with its own optimiser
+    state. Each RM batch is split into `micro_batches` equal micro-batches, processed in order: `inner_steps`
+    classifier steps on micro-batch m, then its CLUB estimate with that classifier; the RM minimises
+    L_BT + gamma * mean_m CLUB_m (one RM update per batch).
+
+    Reference (Qwen-Applications/DIR, `reward_models/debias_trainer_length.py`, `scripts/train_debias_rm.sh`):
+    * `gamma` is the effective weight of the CLUB term in a global-batch objective, i.e. the reference's
+      `debias_factor / W` with W data-parallel GPUs (`jaxrl.losses.dir.reference_gamma`); the script's
+      debias_factor=1 on W=8 GPUs gives the default 0.125.
+    * 5 classifier steps per micro-step, 16 gradient-accumulation micro-steps of N = 8 gathered pairs per RM
+      step (80 classifier steps per RM step): `data.batch_size=128, debias.micro_batches=16`. The default
+      micro_batches=1 runs the 5 steps once on the whole batch (a larger N per CLUB estimate).
+    * torch AdamW(lr=1e-4) with its default weight decay 0.01 (`classifier_weight_decay`); hidden 1024. The
+      defaults `classifier_lr=1e-3`, `hidden_dim=64` are sized for the tiny demo models.
     """
 
     enabled: bool = False
     attribute: str = "length"
-    gamma: float = 1.0
+    gamma: float = 0.125
     inner_steps: int = 5
+    micro_batches: int = 1
     classifier_lr: float = 1e-3
+    classifier_weight_decay: float = 0.01
     hidden_dim: int | None = 64
     representation: str = "difference"
     warmup_steps: int = 0
@@ -84,7 +99,10 @@ class DebiasConfig:
                f"allowed values are {', '.join(map(repr, REPRESENTATIONS))}")
         _check(self.gamma >= 0, "debias.gamma", self.gamma, "must be >= 0")
         _check(self.inner_steps >= 1, "debias.inner_steps", self.inner_steps, "must be >= 1")
+        _check(self.micro_batches >= 1, "debias.micro_batches", self.micro_batches, "must be >= 1")
         _check(self.classifier_lr > 0, "debias.classifier_lr", self.classifier_lr, "must be > 0")
+        _check(self.classifier_weight_decay >= 0, "debias.classifier_weight_decay",
+               self.classifier_weight_decay, "must be >= 0")
         _check(self.warmup_steps >= 0, "debias.warmup_steps", self.warmup_steps, "must be >= 0")
         if self.hidden_dim is not None:
             _check(self.hidden_dim >= 1, "debias.hidden_dim", self.hidden_dim,
@@ -113,6 +131,11 @@ class RMExperimentConfig:
     checkpoint: CheckpointConfig = CheckpointConfig()
     logging: LoggingConfig = LoggingConfig()
     train: RMTrainConfig = RMTrainConfig()
+
+    def __post_init__(self):
+        if self.debias.enabled and self.data.batch_size % self.debias.micro_batches:
+            raise ConfigError(f"debias.micro_batches={self.debias.micro_batches}: must divide "
+                              f"data.batch_size={self.data.batch_size} (equal micro-batches)")
 
 
 def load_rm_config(path: str | Path | None = None,

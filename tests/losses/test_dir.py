@@ -142,6 +142,51 @@ def test_helpers_and_errors():
         dir_lib.init_club_classifier(jax.random.key(0), 3, num_classes=1)
 
 
+def test_default_gamma_is_the_reference_scripts_effective_weight():
+    """γ = debias_factor / W: the reference script's debias_factor=1 on 8 GPUs is 0.125 (issue 15 item 5)."""
+    assert dir_lib.reference_gamma(1.0, 8) == dir_lib.REFERENCE_GAMMA == 0.125
+    assert dir_lib.reference_gamma(0.1, 8) == pytest.approx(0.0125)
+    logits, a = _example_logits()
+    rc, rr = jnp.array([1.0, 0.2]), jnp.array([0.5, 0.4])
+    loss, _ = dir_lib.dir_loss(rc, rr, logits, a)
+    np.testing.assert_allclose(loss, 0.63611 + 0.125 * 0.72714, atol=1e-5)
+    with pytest.raises(ValueError, match="num_workers must be >= 1"):
+        dir_lib.reference_gamma(1.0, 0)
+
+
+def test_classifier_micro_steps_match_sequential_loop_and_club_mi_micro():
+    x = jax.random.normal(jax.random.key(2), (12, 4))
+    a = (x[:, 1] > 0).astype(jnp.int32)
+    params = dir_lib.init_club_classifier(jax.random.key(3), 4, hidden=8)
+    opt = optax.adamw(1e-2, weight_decay=0.01)
+    state = opt.init(params)
+    stacked, final, _, nll_M = dir_lib.classifier_micro_steps(params, state, x, a, opt, 3, 3)
+    p, s, ps, nlls = params, state, [], []
+    for m in range(3):  # reference order: micro-batch m trains psi, then its CLUB uses that psi
+        p, s, nll = dir_lib.classifier_inner_steps(p, s, x[4 * m:4 * m + 4], a[4 * m:4 * m + 4], opt, 3)
+        ps.append(p)
+        nlls.append(nll)
+    for got, want in zip(jax.tree.leaves(final), jax.tree.leaves(p)):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(nll_M, nlls, rtol=1e-6)
+    mi = dir_lib.club_mi_micro(stacked, x, a)
+    want_mi = np.mean([dir_lib.club_mi(dir_lib.apply_club_classifier(ps[m], x[4 * m:4 * m + 4]), a[4 * m:4 * m + 4])
+                       for m in range(3)])
+    np.testing.assert_allclose(mi, want_mi, rtol=1e-6)
+    # one micro-batch is exactly the plain schedule
+    one, fin1, _, _ = dir_lib.classifier_micro_steps(params, state, x, a, opt, 3, 1)
+    plain, _, _ = dir_lib.classifier_inner_steps(params, state, x, a, opt, 3)
+    for got, want in zip(jax.tree.leaves(fin1), jax.tree.leaves(plain)):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(dir_lib.club_mi_micro(one, x, a),
+                               dir_lib.club_mi(dir_lib.apply_club_classifier(plain, x), a), rtol=1e-6)
+    # gradients reach x through the CLUB term only; psi is held fixed
+    g_x, g_p = jax.grad(lambda xx, st: dir_lib.club_mi_micro(st, xx, a), argnums=(0, 1))(x, stacked)
+    assert float(jnp.abs(g_x).max()) > 0 and all(float(jnp.abs(v).max()) == 0 for v in jax.tree.leaves(g_p))
+    with pytest.raises(ValueError, match="do not split into micro_batches=5"):
+        dir_lib.classifier_micro_steps(params, state, x, a, opt, 3, 5)
+
+
 class VariantsTest(parameterized.TestCase):
     @chex.variants(with_jit=True, without_jit=True)
     def test_jit_equals_reference(self):

@@ -75,10 +75,11 @@ def _tiny_batch(seed=0):
     return Batch(jnp.asarray(chosen), jnp.asarray(rejected), jnp.asarray([1, 0, 1, 0], jnp.int32))
 
 
-@pytest.mark.parametrize("enabled", [False, True])
-def test_step_gradient_equals_direct_grad(enabled):
+@pytest.mark.parametrize("enabled,micro_batches", [(False, 1), (True, 1), (True, 2)])
+def test_step_gradient_equals_direct_grad(enabled, micro_batches):
     """With SGD(lr=1), params_new = params − ∇L; ∇L is recomputed by jax.grad through the whole model."""
-    debias = DebiasConfig(enabled=enabled, gamma=0.7, inner_steps=3, classifier_lr=1e-2, hidden_dim=8)
+    debias = DebiasConfig(enabled=enabled, gamma=0.7, inner_steps=3, classifier_lr=1e-2, hidden_dim=8,
+                          micro_batches=micro_batches)
     rm = RewardModel(TransformerConfig.tiny(), rngs=nnx.Rngs(0))
     rm.score = nnx.Param(rm.score[...] * 30)
     graphdef, params = nnx.split(rm, nnx.Param)
@@ -90,11 +91,21 @@ def test_step_gradient_equals_direct_grad(enabled):
     copy = jax.tree.map(jnp.array, state)
     new_state, metrics = make_train_step(graphdef, opt, debias)(state, batch, jnp.float32(0.7))
 
+    clf_for_loss, stacked = new_state.clf, micro_batches > 1
+    if stacked:  # psi_1..psi_M of the step's micro-steps, recomputed from the incoming state
+        m0 = nnx.merge(graphdef, copy.params)
+        x0 = m0(batch.chosen_BL)[1] - m0(batch.rejected_BL)[1]
+        clf_for_loss, final, _, _ = dir_lib.classifier_micro_steps(
+            copy.clf, copy.clf_opt, x0, batch.a_B, classifier_optimizer(debias), 3, micro_batches)
+        for got, exp in zip(jax.tree.leaves(new_state.clf), jax.tree.leaves(final)):
+            np.testing.assert_allclose(np.asarray(got), np.asarray(exp), rtol=1e-5, atol=1e-6)
+
     def full_loss(p):
         m = nnx.merge(graphdef, p)
         r_c, h_c = m(batch.chosen_BL)
         r_r, h_r = m(batch.rejected_BL)
-        return rm_objective(r_c, r_r, h_c - h_r, batch.a_B, new_state.clf, gamma=0.7, debias=enabled)[0]
+        return rm_objective(r_c, r_r, h_c - h_r, batch.a_B, clf_for_loss, gamma=0.7, debias=enabled,
+                            stacked=stacked)[0]
 
     loss, grads = jax.value_and_grad(full_loss)(copy.params)
     assert float(metrics["rm/loss"]) == pytest.approx(float(loss), rel=1e-5)
