@@ -23,6 +23,7 @@ from jaxrl.errors import UserError
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("jaxrl.commands.train", "RL post-training from a YAML config"),
     "sample": ("jaxrl.commands.sample", "sample completions from a checkpoint or HF directory"),
+    "eval": ("jaxrl.commands.eval", "score a checkpoint on a dataset: accuracy, avg@k, pass@k"),
     "import-hf": ("jaxrl.commands.import_hf", "convert a Hugging Face directory to a jaxrl checkpoint"),
     "export-hf": ("jaxrl.commands.export_hf", "convert a jaxrl checkpoint to a Hugging Face directory"),
     "plot": ("jaxrl.commands.plot", "plot metrics of one or more run directories"),

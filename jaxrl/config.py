@@ -563,14 +563,18 @@ class SFTWarmupConfig:
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """`max_failed_reward_steps`: consecutive steps on which a reward may fail (raise or give NaN) on every
-    sample before the run stops with that reward's first error."""
+    sample before the run stops with that reward's first error. `eval_samples` k > 1: the held-out evaluation
+    also samples k completions per prompt (rollout temperature) and reports avg@k and unbiased pass@j."""
 
     steps: int = 100
     seed: int = 0
     eval_every: int = 20
     max_failed_reward_steps: int = 3
+    eval_samples: int = 1
 
     def __post_init__(self):
+        _check(self.eval_samples >= 1, "train.eval_samples", self.eval_samples,
+               "must be >= 1 (k > 1 adds eval/avg@k and eval/pass@j from k sampled completions per prompt)")
         _check(self.max_failed_reward_steps >= 1, "train.max_failed_reward_steps", self.max_failed_reward_steps,
                "must be >= 1")
         _check(self.steps >= 0, "train.steps", self.steps, "must be >= 0")

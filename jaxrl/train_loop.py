@@ -12,6 +12,7 @@ take.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from pathlib import Path
@@ -22,10 +23,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxrl import checkpoint as ckpt_lib, rewards as rewards_lib, rollout as rollout_lib, trainer
+from jaxrl import checkpoint as ckpt_lib, rewards as rewards_lib, trainer
 from jaxrl.algorithms import expert_rows
 from jaxrl.config import ExperimentConfig
-from jaxrl.data.pipeline import Encoder, eval_batches, make_splits, train_iterator
+from jaxrl.data.pipeline import Encoder, make_splits, train_iterator
+from jaxrl.evaluate import evaluate
 from jaxrl.metrics import MetricsWriter
 from jaxrl.rl_step import TIMING_PREFIX, rl_step, total_reward  # noqa: F401 -- TIMING_PREFIX re-exported
 from jaxrl.sampling import bucket
@@ -59,20 +61,6 @@ def sft_warm_start(run: trainer.Run, state: TrainState, records, encoder, *, ste
     return TrainState(sft_state.params, state.opt_state, state.step), curve
 
 
-def evaluate(run: trainer.Run, params, records, encoder, batch_size: int) -> dict[str, float]:
-    """Greedy completions of the held-out prompts; per-reward means and `eval/accuracy` (first reward > 0)."""
-    scores = []
-    for batch in eval_batches(records, encoder, max(batch_size, 1)):
-        ro = rollout_lib.collect(run.graphdef, params, batch, run.tokenizer, run.rewards, run.eval_sampling,
-                                 seed=0)
-        scores.append(ro.rewards_NK)
-        names = ro.reward_names
-    r_NK = np.concatenate(scores)
-    out = {f"eval/reward/{name}/mean": float(np.nanmean(r_NK[:, k])) for k, name in enumerate(names)}
-    out["eval/accuracy"] = float(np.mean(np.nan_to_num(r_NK[:, 0]) > 0))
-    return out
-
-
 def train(cfg: ExperimentConfig, run_dir: str | Path, checkpoint_dir: str | None = None) -> dict[str, Any]:
     """Runs (or resumes) the experiment in `run_dir`; returns the last metrics row.
 
@@ -90,8 +78,11 @@ def train(cfg: ExperimentConfig, run_dir: str | Path, checkpoint_dir: str | None
                              process_index=jax.process_index(), process_count=jax.process_count())
     warm_start = functools.partial(sft_warm_start, run, records=train_records, encoder=encoder, steps=w.steps,
                                    lr=w.lr, batch_size=w.batch_size)
-    evaluate_now = functools.partial(evaluate, run, records=eval_records, encoder=encoder,
-                                     batch_size=d.prompts_per_step)
+    k = cfg.train.eval_samples
+    sampled = dataclasses.replace(run.sampling, num_samples=k) if k > 1 else None
+    evaluate_now = lambda params: evaluate(run.graphdef, params, eval_records, encoder, run.tokenizer,
+                                           run.rewards, run.eval_sampling, batch_size=d.prompts_per_step,
+                                           sampled=sampled, seed=run.seed)
     ckpt = ckpt_lib.Checkpointer(checkpoint_dir or run_dir / "checkpoints", every=cfg.checkpoint.every,
                                  keep=cfg.checkpoint.keep, async_save=cfg.checkpoint.async_save)
     trainer.save_model_config(ckpt, model, run.tokenizer)

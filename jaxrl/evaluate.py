@@ -1,0 +1,59 @@
+"""Held-out evaluation: greedy accuracy, and avg@k / unbiased pass@k over k sampled completions per prompt.
+
+    greedy:  eval/accuracy       = share of prompts whose greedy completion scores > 0 on the first reward
+             eval/reward/<r>/mean = mean of each reward over the greedy completions
+    k > 1:   eval/avg@k          = mean over prompts of the mean first-reward correctness of k samples
+             eval/pass@j         = unbiased pass@j (Chen et al. 2021, arXiv:2107.03374, `losses.pass_at_k`) for
+                                   j in {1, k} (and the powers of two in between)
+
+Used by the train loop's eval hook and by `jaxrl eval`. Correctness is "first reward > 0", the convention of
+`eval/accuracy` (the first reward of a config is its task reward).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from jaxrl import losses, rollout as rollout_lib
+from jaxrl.data.pipeline import eval_batches
+from jaxrl.sampling import SamplingSpec
+
+
+def pass_ks(k: int) -> list[int]:
+    """The j of pass@j reported for k samples: 1, 2, 4, ... below k, and k."""
+    out, j = [], 1
+    while j < k:
+        out.append(j)
+        j *= 2
+    return [*out, k]
+
+
+def evaluate(graphdef, params, records, encoder, tokenizer, rewards, spec: SamplingSpec, *, batch_size: int,
+             sampled: SamplingSpec | None = None, seed: int = 0) -> dict[str, float]:
+    """Scores the held-out `records` greedily with `spec` and, when `sampled` (k = num_samples > 1) is given,
+    with k samples per prompt.
+
+    Returns:
+      {"eval/accuracy", "eval/reward/<name>/mean", and with `sampled` "eval/avg@k", "eval/pass@j"}.
+    """
+    scores, names = [], ()
+    batches = eval_batches(records, encoder, max(batch_size, 1))
+    for batch in batches:
+        ro = rollout_lib.collect(graphdef, params, batch, tokenizer, rewards, spec, seed=0)
+        scores.append(ro.rewards_NK)
+        names = ro.reward_names
+    r_NK = np.concatenate(scores)
+    out = {f"eval/reward/{name}/mean": float(np.nanmean(r_NK[:, k])) for k, name in enumerate(names)}
+    out["eval/accuracy"] = float(np.mean(np.nan_to_num(r_NK[:, 0]) > 0))
+    if sampled is not None and sampled.num_samples > 1:
+        k = sampled.num_samples
+        correct = []
+        for i, batch in enumerate(batches):
+            ro = rollout_lib.collect(graphdef, params, batch, tokenizer, rewards, sampled, seed=seed + i)
+            correct.append((np.nan_to_num(ro.rewards_NK[:, 0]) > 0).reshape(-1, k))
+        c_PK = np.concatenate(correct).astype(np.float64)
+        out[f"eval/avg@{k}"] = losses.avg_at_k(c_PK)
+        n_P, c_P = np.full(c_PK.shape[0], k), c_PK.sum(axis=1).astype(np.int64)
+        for j in pass_ks(k):
+            out[f"eval/pass@{j}"] = losses.pass_at_k(n_P, c_P, j)
+    return out

@@ -1,0 +1,35 @@
+"""`jaxrl eval` scores a trained run's checkpoint with greedy accuracy, avg@k and unbiased pass@k.
+
+Invariants checked (they hold for any model): with binary correctness, the unbiased pass@1 equals avg@k
+exactly; pass@j never decreases in j; every value is a probability; the eval command uses the run's own
+config (rewards, prompt format) and its held-out split.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from _common import ROOT, env, run_train
+
+
+def test_eval_reports_avg_and_pass_at_k(tmp_path):
+    run = tmp_path / "run"
+    proc = run_train(run, "data.eval_size=6")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = tmp_path / "eval.json"
+    cmd = [sys.executable, "-m", "jaxrl.cli", "eval", "--checkpoint", str(run), "--k", "4", "--out", str(out)]
+    res = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    r = json.loads(out.read_text())
+    assert r == json.loads(res.stdout)
+    assert r["num_prompts"] == 6 and r["k"] == 4
+    assert set(r) >= {"eval/accuracy", "eval/reward/digits/mean", "eval/avg@4", "eval/pass@1", "eval/pass@2",
+                      "eval/pass@4"}
+    assert abs(r["eval/pass@1"] - r["eval/avg@4"]) < 1e-12
+    assert r["eval/pass@1"] <= r["eval/pass@2"] <= r["eval/pass@4"] <= 1.0
+    assert r["eval/pass@4"] > 0  # the digits reward is positive for some random completions
+    bad = subprocess.run([sys.executable, "-m", "jaxrl.cli", "eval", "--checkpoint", str(run), "--k", "0"],
+                         cwd=ROOT, env=env(), capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--k=0: must be >= 1" in bad.stderr
