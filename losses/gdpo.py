@@ -128,6 +128,8 @@ def gd2po_advantages(
     """
     if mode not in ("hard", "snr"):
         raise ValueError(f"mode must be 'hard' or 'snr', got {mode!r}")
+    if not eps_snr > 0:
+        raise ValueError(f"gd2po_advantages: eps_snr must be > 0, got {eps_snr}")
     chex.assert_rank(mask_NT, 2)
     chex.assert_equal_shape_prefix([rewards_NK, mask_NT], 1)
     a_NK = _per_reward_advantages(rewards_NK, group_size, eps) * _weights(weights, rewards_NK.shape[1])
