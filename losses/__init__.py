@@ -102,6 +102,7 @@ from jaxrl.losses.sft import (
     sft_nll,
 )
 from jaxrl.losses.ssp import (
+    answer_tag_counts,
     proposer_reward,
     solver_reward,
 )
@@ -209,4 +210,5 @@ __all__ = [
     "classifier_micro_steps",
     "club_mi_micro",
     "reference_gamma",
+    "answer_tag_counts",
 ]

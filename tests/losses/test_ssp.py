@@ -30,12 +30,37 @@ def test_spec_example_solver_advantages_with_part_a_if_present():
 
 
 def test_solver_reward_rule():
-    got = ssp.solver_reward(jnp.array([1, 1, 0, 0]), jnp.array([2, 11, 2, 30]))
+    got = ssp.solver_reward(jnp.array([1, 1, 0, 0]), jnp.array([2, 11, 2, 30]), jnp.array([2, 11, 2, 30]))
     np.testing.assert_allclose(got, [1.0, 0.25, 0.0, 0.0])
-    np.testing.assert_allclose(ssp.solver_reward(jnp.array([1]), jnp.array([10])), [1.0])
+    np.testing.assert_allclose(ssp.solver_reward(jnp.array([1]), jnp.array([10]), jnp.array([10])), [1.0])
 
 
-@pytest.mark.parametrize("mode", ["1-acc", "intermediate_difficulty"])
+def test_solver_reward_checks_open_and_close_counts_separately():
+    """quark_score.py: `open_count > 10 or close_count > 10` (issue 15 item 6): unbalanced tags count too."""
+    texts = ["<answer>4</answer>",
+             "<answer>" * 11 + "4</answer>",                  # 11 open, 1 close
+             "<answer>4" + "</answer>" * 11,                  # 1 open, 11 close
+             "<answer>" * 10 + "4" + "</answer>" * 10,        # 10 and 10: not overused
+             "no tags"]
+    opens, closes = ssp.answer_tag_counts(texts)
+    np.testing.assert_array_equal(opens, [1, 11, 1, 10, 0])
+    np.testing.assert_array_equal(closes, [1, 1, 11, 10, 0])
+    got = ssp.solver_reward(jnp.ones(5, jnp.int32), jnp.asarray(opens), jnp.asarray(closes))
+    np.testing.assert_allclose(got, [1.0, 0.25, 0.25, 1.0, 1.0])
+    # the old one-count API fed with the opening-tag count (its name's natural reading) missed sample 2
+    open_only = ssp.solver_reward(jnp.ones(5, jnp.int32), jnp.asarray(opens), jnp.asarray(opens))
+    np.testing.assert_allclose(open_only, [1.0, 0.25, 1.0, 1.0, 1.0])
+
+
+def test_proposer_format_only_mode():
+    """ssp_ray_trainer.py `reward_type == "format_only"`: 1 for every extracted problem, the penalty otherwise."""
+    r = jnp.array([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0], [0.25, 0.0, 1.0]])
+    np.testing.assert_allclose(ssp.proposer_reward(r, mode="format_only"), [1.0, 1.0, 1.0])
+    got = ssp.proposer_reward(r, mode="format_only", valid_P=jnp.array([1, 0, 1]), format_penalty=0.0)
+    np.testing.assert_allclose(got, [1.0, 0.0, 1.0])
+
+
+@pytest.mark.parametrize("mode", ["1-acc", "intermediate_difficulty", "format_only"])
 def test_proposer_matches_reference_with_masks(mode):
     rng = np.random.default_rng(0)
     r = rng.choice([0.0, 0.25, 1.0], size=(6, 5))
@@ -48,7 +73,7 @@ def test_proposer_matches_reference_with_masks(mode):
     want = []
     for i in range(6):
         p = float(np.mean(r[i, : counts[i]] > 0)) if counts[i] else 0.0
-        v = 1 - p if mode == "1-acc" else (4 * p * (1 - p) if 0 < p < 1 else 0.0)
+        v = {"1-acc": 1 - p, "format_only": 1.0}.get(mode, 4 * p * (1 - p) if 0 < p < 1 else 0.0)
         want.append(v if valid[i] else -1.0)
     np.testing.assert_allclose(got, want, rtol=1e-6)
 
