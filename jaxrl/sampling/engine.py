@@ -29,6 +29,11 @@ Notes:
   per-layer program is compiled with region-based copy insertion (`rollout_for`): without it XLA copies
   every layer's whole cache buffer at every step, since the attention reads the buffer the step then
   writes in place.
+* Shardings: the state keeps its own (FSDP) shardings; with a `constrain` callback
+  (`jaxrl.sharding.make_constrain(mesh, rules)`) the prompts, the KV cache and every output are pinned to
+  the batch layout (rows over `data` x `fsdp`, the longest prefix that divides the row count), so a host of
+  a multi-host job knows which rows of `tokens_BT` it holds (`jaxrl.sharding.hosts`) instead of inheriting
+  whatever layout the partitioner picked.
 * `compile_count()` counts traces of the compiled function: the only mutable module state here.
 """
 
@@ -43,6 +48,7 @@ from flax import nnx
 
 from jaxrl.models import KVCache
 from jaxrl.sampling import filters
+from jaxrl.sharding import KV_CACHE_NAMES, Constrain
 
 _trace_count = 0
 
@@ -75,6 +81,7 @@ def _rollout(
     top_k: int | None,
     use_top_p: bool,
     per_layer: bool = False,
+    constrain: Constrain | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     """Prefill + decode loop. Returns (tokens_BT, logprobs_BT, lengths_B, finished_B) with T = gen_width.
 
@@ -88,6 +95,8 @@ def _rollout(
       pad_id: int32 scalar written after the end of each row.
       num_samples: G; gen_width: decode buffer width; greedy/top_k/use_top_p: static sampling mode.
       per_layer: decode on per-layer weight and cache buffers (see the module notes).
+      constrain: optional sharding callback (module notes): pins prompts, KV cache and outputs to the batch
+        layout. None leaves the layouts to the partitioner.
     """
     global _trace_count
     _trace_count += 1
@@ -96,6 +105,8 @@ def _rollout(
     chex.assert_rank([temperature, top_p, max_new_tokens, pad_id], 0)
     chex.assert_rank(eos_E, 1)
     model = nnx.merge(graphdef, state)
+    pin = constrain or (lambda x, names: x)
+    tokens_PL, mask_PL = pin(tokens_PL, ("batch", "length")), pin(mask_PL, ("batch", "length"))
     num_prompts, width = tokens_PL.shape
     rows = num_prompts * num_samples
 
@@ -108,7 +119,7 @@ def _rollout(
         tokens_PL, positions_PL, mask_PL, cache=cache, return_hidden=True, return_logits=False
     )
     logits_BV = jnp.repeat(_last_logits(model, out.hidden[:, -1]), num_samples, axis=0)
-    cache = out.cache.repeat(num_samples)
+    cache = _pin_cache(out.cache.repeat(num_samples), pin)
     layers = None
     if per_layer:
         layers, cache = model.layer_states(), cache.unstack()
@@ -148,10 +159,19 @@ def _rollout(
         jnp.zeros((rows,), jnp.int32),
     )
     _, _, _, tokens_BT, logp_BT, done_B, length_B = jax.lax.while_loop(cond, body, init)
-    return tokens_BT, logp_BT, length_B, done_B
+    rows_BT, rows_B = ("batch", None), ("batch",)
+    return pin(tokens_BT, rows_BT), pin(logp_BT, rows_BT), pin(length_B, rows_B), pin(done_B, rows_B)
 
 
-_STATIC = ("graphdef", "num_samples", "gen_width", "greedy", "top_k", "use_top_p", "per_layer")
+def _pin_cache(cache: KVCache, pin) -> KVCache:
+    """The stacked KV cache with each field pinned to its logical names (`KV_CACHE_NAMES`)."""
+    if isinstance(cache.k, (tuple, list)):  # per-layer form: pinned after `unstack` by the decode step
+        return cache
+    return jax.tree_util.tree_map_with_path(
+        lambda path, x: pin(x, KV_CACHE_NAMES[str(getattr(path[-1], "name", path[-1]))]), cache)
+
+
+_STATIC = ("graphdef", "num_samples", "gen_width", "greedy", "top_k", "use_top_p", "per_layer", "constrain")
 rollout = jax.jit(_rollout, static_argnames=_STATIC)
 # Region-based copy insertion: per-layer decode step 37 -> 33 ms for SmolLM2 at B=16 on a 2-core CPU (no more
 # per-step copies of the per-layer cache buffers; benchmarks/RESULTS.md). It made the layer scan no faster.
