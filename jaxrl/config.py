@@ -17,45 +17,40 @@ plain arguments (STYLE.md principle 13). The generic YAML <-> dataclass machiner
 from __future__ import annotations
 
 import dataclasses
-import enum
 import importlib.resources
 import os
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 
+from jaxrl._checks import check as _check, check_choice as _check_choice
 from jaxrl._config_io import dump_yaml_config, load_yaml_config
-from jaxrl.errors import ConfigError
-from jaxrl.losses import AggMode, KLKind
+from jaxrl.algorithm_config import (  # noqa: F401 -- the algorithm section, re-exported
+    Algo,
+    AlgorithmConfig,
+    BatchNorm,
+    ClipSection,
+    CLIPOSection,
+    DAPOSection,
+    ETRSection,
+    GD2POMode,
+    GD2POSection,
+    GDPOSection,
+    KLSection,
+    KLWhere,
+    MismatchLevel,
+    MismatchMode,
+    MismatchSection,
+    Objective,
+    ObjectiveSection,
+    SFTSection,
+)
 from jaxrl.sharding.mesh import MeshConfig
 
 DTYPES = ("float32", "bfloat16")
 NORMS = ("pre", "post", "siamese", "siamese_hybrid")
 REMATS = ("none", "full", "dots")
 SCHEDULES = ("cosine", "constant")
-
-
-class Algo(str, enum.Enum):
-    """RL algorithms selectable with `algorithm.name` (see shared spec/algorithms.md)."""
-
-    GRPO = "grpo"
-    DR_GRPO = "dr_grpo"
-    DAPO = "dapo"
-    RLOO = "rloo"
-    GDPO = "gdpo"
-    GD2PO = "gd2po"
-    ETR = "etr"
-    CLIPO = "clipo"
-    SFT_AUX = "sft_aux"
-
-
-def _check(ok: bool, key: str, value: Any, allowed: str) -> None:
-    if not ok:
-        raise ConfigError(f"{key}={value!r}: {allowed}")
-
-
-def _check_choice(key: str, value: Any, choices: tuple) -> None:
-    _check(value in choices, key, value, f"allowed values are {', '.join(map(repr, choices))}")
 
 
 def _expand_paths(cfg: Any, names: tuple[str, ...]) -> None:
@@ -198,242 +193,6 @@ class RolloutConfig:
             )
 
 
-class KLWhere(str, enum.Enum):
-    """Where the reference KL acts: a term of the loss (GRPO, TRL `beta`) or a penalty in the reward (PPO)."""
-
-    LOSS = "loss"
-    REWARD = "reward"
-
-
-class GD2POMode(str, enum.Enum):
-    """GD²PO conflict filter: drop every conflicting sample, or only those with a small signal-to-noise."""
-
-    HARD = "hard"
-    SNR = "snr"
-
-
-class BatchNorm(str, enum.Enum):
-    """GDPO's batch standardisation of the summed advantages: over samples (TRL) or over tokens (verl)."""
-
-    SAMPLE = "sample"
-    TOKEN = "token"
-
-
-@dataclasses.dataclass(frozen=True)
-class ClipSection:
-    """PPO clip: ratio in [1 - low, 1 + high] (DAPO clip-higher: 0.2/0.28); `dual`: c of dual-clip or null."""
-
-    low: float = 0.2
-    high: float = 0.2
-    dual: float | None = None
-
-    def __post_init__(self):
-        _check(0 <= self.low < 1, "algorithm.clip.low", self.low, "must be in [0, 1)")
-        _check(self.high >= 0, "algorithm.clip.high", self.high, "must be >= 0")
-        if self.dual is not None:
-            _check(self.dual > 1, "algorithm.clip.dual", self.dual, "must be > 1 or null")
-
-
-@dataclasses.dataclass(frozen=True)
-class KLSection:
-    """KL to the reference policy: β (`beta`, 0 keeps no reference model), estimator, loss or reward."""
-
-    beta: float = 0.0
-    kind: KLKind = KLKind.K3
-    where: KLWhere = KLWhere.LOSS
-
-    def __post_init__(self):
-        _check(self.beta >= 0, "algorithm.kl.beta", self.beta, "must be >= 0")
-
-
-@dataclasses.dataclass(frozen=True)
-class ETRSection:
-    """ETR elastic clip bounds [READING] (`losses.etr`): elasticities α, β and the advantage cap."""
-
-    alpha: float = 0.0
-    beta: float = 0.0
-    adv_max: float = 3.0
-
-    def __post_init__(self):
-        for name in ("alpha", "beta", "adv_max"):
-            _check(getattr(self, name) >= 0, f"algorithm.etr.{name}", getattr(self, name), "must be >= 0")
-
-
-@dataclasses.dataclass(frozen=True)
-class GDPOSection:
-    """GDPO (`losses.gdpo`): `batch_norm` sample (TRL, default) or token (verl form, as GD²PO uses)."""
-
-    batch_norm: BatchNorm = BatchNorm.SAMPLE
-
-
-@dataclasses.dataclass(frozen=True)
-class GD2POSection:
-    """GD²PO conflict filter (`losses.gd2po_advantages`): mode, SNR threshold τ, ε of the SNR denominator."""
-
-    mode: GD2POMode = GD2POMode.HARD
-    tau: float = 0.2
-    eps_snr: float = 1e-6
-
-    def __post_init__(self):
-        _check(0 <= self.tau <= 1, "algorithm.gd2po.tau", self.tau, "must be in [0, 1]")
-        _check(self.eps_snr > 0, "algorithm.gd2po.eps_snr", self.eps_snr, "must be > 0")
-
-
-@dataclasses.dataclass(frozen=True)
-class CLIPOSection:
-    """CLIPO contrastive head (arXiv:2603.10101): temperature τ, bonus scale λ (`lam`), head width (reference
-    scripts: 512 GSM8K, 2048 MATH), head AdamW lr, and RL steps during which only the head trains."""
-
-    tau: float = 0.05
-    lam: float = 0.2
-    head_dim: int = 512
-    lr: float = 1e-3
-    warmup_steps: int = 0
-
-    def __post_init__(self):
-        _check(self.tau > 0, "algorithm.clipo.tau", self.tau, "must be > 0")
-        _check(self.lr > 0, "algorithm.clipo.lr", self.lr, "must be > 0")
-        _check(self.lam >= 0, "algorithm.clipo.lam", self.lam, "must be >= 0")
-        _check(self.head_dim >= 1, "algorithm.clipo.head_dim", self.head_dim, "must be >= 1")
-        _check(self.warmup_steps >= 0, "algorithm.clipo.warmup_steps", self.warmup_steps, "must be >= 0")
-
-
-@dataclasses.dataclass(frozen=True)
-class DAPOSection:
-    """DAPO dynamic sampling: resampling rounds per step (0 = off), and the rewards whose sum decides whether a
-    group is kept (empty: every reward except the length shaping ones, i.e. the recipe's `acc`)."""
-
-    max_tries: int = 8
-    filter_rewards: tuple[str, ...] = ()
-
-    def __post_init__(self):
-        _check(self.max_tries >= 0, "algorithm.dapo.max_tries", self.max_tries, "must be >= 0")
-
-
-@dataclasses.dataclass(frozen=True)
-class SFTSection:
-    """AFRL SFT-auxiliary loss: weight λ_SFT (`lam`) of the expert-row NLL."""
-
-    lam: float = 0.1
-
-    def __post_init__(self):
-        _check(self.lam >= 0, "algorithm.sft.lam", self.lam, "must be >= 0")
-
-
-class Objective(str, enum.Enum):
-    """The per-token policy objective of the update (`losses`): PPO/GRPO clip, GSPO, GSPO-token, CISPO, SAPO."""
-
-    PPO_CLIP = "ppo_clip"
-    GSPO = "gspo"
-    GSPO_TOKEN = "gspo_token"
-    CISPO = "cispo"
-    SAPO = "sapo"
-
-
-@dataclasses.dataclass(frozen=True)
-class ObjectiveSection:
-    """Which policy objective and its own settings. `ppo_clip` uses `algorithm.clip` (and ETR's elastic
-    bounds); GSPO (arXiv:2507.18071) its sequence-ratio clip `gspo_low/high` (paper 3e-4 / 4e-4); CISPO
-    (MiniMax-M1, arXiv:2506.13585) the IS-weight bounds `cispo_w_max` / `cispo_w_min`; SAPO (arXiv:2511.20347)
-    the gate temperatures `sapo_tau_pos` / `sapo_tau_neg`."""
-
-    name: Objective = Objective.PPO_CLIP
-    gspo_low: float = 3e-4
-    gspo_high: float = 4e-4
-    cispo_w_max: float = 1.28
-    cispo_w_min: float | None = None
-    sapo_tau_pos: float = 1.0
-    sapo_tau_neg: float = 1.05
-
-    def __post_init__(self):
-        _check(0 <= self.gspo_low < 1, "algorithm.objective.gspo_low", self.gspo_low, "must be in [0, 1)")
-        _check(self.gspo_high >= 0, "algorithm.objective.gspo_high", self.gspo_high, "must be >= 0")
-        _check(self.cispo_w_max > 0, "algorithm.objective.cispo_w_max", self.cispo_w_max, "must be > 0")
-        if self.cispo_w_min is not None:
-            _check(0 <= self.cispo_w_min <= self.cispo_w_max, "algorithm.objective.cispo_w_min",
-                   self.cispo_w_min, "must be in [0, cispo_w_max] or null")
-        for name in ("sapo_tau_pos", "sapo_tau_neg"):
-            _check(getattr(self, name) > 0, f"algorithm.objective.{name}", getattr(self, name), "must be > 0")
-
-
-class MismatchMode(str, enum.Enum):
-    """Correction of the sampler/trainer log-prob mismatch: none, truncated IS (TIS) or masked IS (MIS)."""
-
-    OFF = "off"
-    TIS = "tis"
-    MIS = "mis"
-
-
-class MismatchLevel(str, enum.Enum):
-    TOKEN = "token"
-    SEQUENCE = "sequence"
-    GEOMETRIC = "geometric"
-
-
-@dataclasses.dataclass(frozen=True)
-class MismatchSection:
-    """Train-inference mismatch (`losses.rollout_correction`): the importance weight π_trainer / π_sampler of
-    each sampled token (or sequence) multiplies the policy loss (TIS: clipped to [lower, upper]; MIS: tokens or
-    sequences outside the band are dropped). Any mode other than `off` recomputes the old log-probs with the
-    trainer, and the step logs `mismatch/*` whenever both log-probs exist."""
-
-    mode: MismatchMode = MismatchMode.OFF
-    level: MismatchLevel = MismatchLevel.TOKEN
-    lower: float | None = None
-    upper: float | None = 2.0
-
-    def __post_init__(self):
-        _check(self.lower is not None or self.upper is not None, "algorithm.mismatch",
-               (self.lower, self.upper), "set at least one of lower, upper")
-        if self.lower is not None and self.upper is not None:
-            _check(0 <= self.lower <= self.upper, "algorithm.mismatch.lower", self.lower,
-                   "must be in [0, upper]")
-
-
-@dataclasses.dataclass(frozen=True)
-class AlgorithmConfig:
-    """Advantage estimator, policy objective, aggregation and their hyper-parameters (spec/algorithms.md).
-
-    `name` is a key of `jaxrl.algorithms.ALGORITHMS` (built-ins: the `Algo` values). Each method's own
-    settings live in its sub-section (`etr`, `gd2po`, `clipo`, `dapo`, `sft`, `gdpo`); `clip` and `kl` are
-    shared. The flat keys of earlier versions (`etr_alpha`, `clipo_tau`, ...) are refused with their new place.
-    """
-
-    name: str = "grpo"
-    agg_mode: AggMode = AggMode.TOKEN_MEAN
-    adv_eps: float = 1e-6
-    entropy_coef: float = 0.0
-    ppo_epochs: int = 1
-    mini_batches: int = 1
-    grad_accum: int = 1
-    clip: ClipSection = ClipSection()
-    kl: KLSection = KLSection()
-    etr: ETRSection = ETRSection()
-    gdpo: GDPOSection = GDPOSection()
-    gd2po: GD2POSection = GD2POSection()
-    clipo: CLIPOSection = CLIPOSection()
-    dapo: DAPOSection = DAPOSection()
-    sft: SFTSection = SFTSection()
-    objective: ObjectiveSection = ObjectiveSection()
-    mismatch: MismatchSection = MismatchSection()
-
-    MOVED_KEYS: ClassVar[dict[str, str]] = {
-        "clip_low": "clip.low", "clip_high": "clip.high", "dual_clip": "clip.dual",
-        "kl_beta": "kl.beta", "kl_kind": "kl.kind", "kl_in": "kl.where",
-        "etr_alpha": "etr.alpha", "etr_beta": "etr.beta", "etr_adv_max": "etr.adv_max",
-        "gd2po_mode": "gd2po.mode", "gd2po_tau": "gd2po.tau",
-        "clipo_tau": "clipo.tau", "clipo_lambda": "clipo.lam", "clipo_head_dim": "clipo.head_dim",
-        "clipo_lr": "clipo.lr", "clipo_warmup_steps": "clipo.warmup_steps",
-        "sft_lambda": "sft.lam", "dynamic_sampling_max_tries": "dapo.max_tries",
-    }
-
-    def __post_init__(self):
-        _check(self.adv_eps > 0, "algorithm.adv_eps", self.adv_eps, "must be > 0")
-        _check(self.entropy_coef >= 0, "algorithm.entropy_coef", self.entropy_coef, "must be >= 0")
-        for name in ("ppo_epochs", "mini_batches", "grad_accum"):
-            _check(getattr(self, name) >= 1, f"algorithm.{name}", getattr(self, name), "must be >= 1")
-
-
 @dataclasses.dataclass(frozen=True)
 class RewardSpec:
     """One reward: a built-in `type` (see `jaxrl.rewards.BUILTINS`) or `type: function` with `function:
@@ -462,6 +221,27 @@ class RewardSpec:
                 self.function,
                 "type 'function' needs function: 'package.module:function_name'",
             )
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvConfig:
+    """A multi-turn environment (`jaxrl.envs`): `name` is a built-in (`search`, `tools`), "package.module:Class"
+    or "path/file.py:Class"; `params` go to its constructor (checked against its signature at setup). Each
+    episode has at most `max_turns` model turns of `rollout.max_new_tokens` tokens and `max_total_tokens` of
+    context; `cache` is "reprefill" (rebuild the KV cache every turn) or "continue" (prefill only the new
+    observation tokens). The episode return is reward column 0; `rewards:` add columns scored on the transcript."""
+
+    name: str
+    params: dict[str, Any] = dataclasses.field(default_factory=dict)
+    max_turns: int = 4
+    max_total_tokens: int = 512
+    cache: str = "reprefill"
+
+    def __post_init__(self):
+        _check(bool(self.name), "env.name", self.name, "must name an environment")
+        _check(self.max_turns >= 1, "env.max_turns", self.max_turns, "must be >= 1")
+        _check(self.max_total_tokens >= 1, "env.max_total_tokens", self.max_total_tokens, "must be >= 1")
+        _check_choice("env.cache", self.cache, ("reprefill", "continue"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -595,6 +375,7 @@ class ExperimentConfig:
     mesh: MeshConfig = MeshConfig()
     sft_warmup: SFTWarmupConfig = SFTWarmupConfig()
     train: TrainConfig = TrainConfig()
+    env: EnvConfig | None = None
 
     def __post_init__(self):
         names = [r.name for r in self.rewards]

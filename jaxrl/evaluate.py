@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxrl import losses, rollout as rollout_lib
+from jaxrl import losses
 from jaxrl.data.pipeline import eval_batches
 from jaxrl.sampling import SamplingSpec
 
@@ -28,10 +28,14 @@ def pass_ks(k: int) -> list[int]:
     return [*out, k]
 
 
-def evaluate(graphdef, params, records, encoder, tokenizer, rewards, spec: SamplingSpec, *, batch_size: int,
+def evaluate(collect, params, records, encoder, spec: SamplingSpec, *, batch_size: int,
              sampled: SamplingSpec | None = None, seed: int = 0) -> dict[str, float]:
     """Scores the held-out `records` greedily with `spec` and, when `sampled` (k = num_samples > 1) is given,
     with k samples per prompt.
+
+    Args:
+      collect: `(params, records, spec, seed) -> Rollout` (`jaxrl.trainer.collect` bound to a run, or
+        `jaxrl.rollout.collect` bound to a model, tokenizer and rewards).
 
     Returns:
       {"eval/accuracy", "eval/reward/<name>/mean", and with `sampled` "eval/avg@k", "eval/pass@j"}.
@@ -39,7 +43,7 @@ def evaluate(graphdef, params, records, encoder, tokenizer, rewards, spec: Sampl
     scores, names = [], ()
     batches = eval_batches(records, encoder, max(batch_size, 1))
     for batch in batches:
-        ro = rollout_lib.collect(graphdef, params, batch, tokenizer, rewards, spec, seed=0)
+        ro = collect(params, batch, spec, 0)
         scores.append(ro.rewards_NK)
         names = ro.reward_names
     r_NK = np.concatenate(scores)
@@ -49,7 +53,7 @@ def evaluate(graphdef, params, records, encoder, tokenizer, rewards, spec: Sampl
         k = sampled.num_samples
         correct = []
         for i, batch in enumerate(batches):
-            ro = rollout_lib.collect(graphdef, params, batch, tokenizer, rewards, sampled, seed=seed + i)
+            ro = collect(params, batch, sampled, seed + i)
             correct.append((np.nan_to_num(ro.rewards_NK[:, 0]) > 0).reshape(-1, k))
         c_PK = np.concatenate(correct).astype(np.float64)
         out[f"eval/avg@{k}"] = losses.avg_at_k(c_PK)

@@ -32,10 +32,10 @@ def total_reward(ro: rollout_lib.Rollout) -> np.ndarray:
 
 
 def collect(run: trainer.Run, params, records, step: int, round_: int = 0) -> rollout_lib.Rollout:
-    """Stage 1: G completions per prompt, decoded and scored (round > 0: a resampling round's fresh seed)."""
+    """Stage 1: G completions (or multi-turn episodes) per prompt, decoded and scored (round > 0: a
+    resampling round's fresh seed)."""
     stream = 0 if round_ == 0 else 100 + round_
-    return rollout_lib.collect(run.graphdef, params, records, run.tokenizer, run.rewards, run.sampling,
-                               seed=step_key(run.seed, step, stream))
+    return trainer.collect(run, params, records, run.sampling, step_key(run.seed, step, stream))
 
 
 def rl_step(run: trainer.Run, state: TrainState, records, step: int):

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxrl import checkpoint as ckpt_lib, rewards as rewards_lib, trainer
+from jaxrl import agentic, checkpoint as ckpt_lib, rewards as rewards_lib, trainer
 from jaxrl.algorithms import expert_rows
 from jaxrl.config import ExperimentConfig
 from jaxrl.data.pipeline import Encoder, make_splits, train_iterator
@@ -55,7 +55,11 @@ def sft_warm_start(run: trainer.Run, state: TrainState, records, encoder, *, ste
     curve = []
     for k in range(steps):
         idx = rng.choice(len(records), size=batch_size, replace=False)
-        batch = expert_rows([encoder(records[i], k) for i in idx], run.tokenizer, width, completion_width)
+        if run.env_factory is not None:  # the environment's demonstrations, laid out like episodes
+            batch = agentic.demonstration_rows([records[i] for i in idx], run.tokenizer, run.env_factory,
+                                               run.episode_spec)
+        else:
+            batch = expert_rows([encoder(records[i], k) for i in idx], run.tokenizer, width, completion_width)
         sft_state, metrics = step_fn(sft_state, trainer.shard_batch(run, batch))
         curve.append(float(metrics["sft/nll"]))
     return TrainState(sft_state.params, state.opt_state, state.step), curve
@@ -80,9 +84,9 @@ def train(cfg: ExperimentConfig, run_dir: str | Path, checkpoint_dir: str | None
                                    lr=w.lr, batch_size=w.batch_size)
     k = cfg.train.eval_samples
     sampled = dataclasses.replace(run.sampling, num_samples=k) if k > 1 else None
-    evaluate_now = lambda params: evaluate(run.graphdef, params, eval_records, encoder, run.tokenizer,
-                                           run.rewards, run.eval_sampling, batch_size=d.prompts_per_step,
-                                           sampled=sampled, seed=run.seed)
+    collect = functools.partial(trainer.collect, run)
+    evaluate_now = lambda params: evaluate(collect, params, eval_records, encoder, run.eval_sampling,
+                                           batch_size=d.prompts_per_step, sampled=sampled, seed=run.seed)
     ckpt = ckpt_lib.Checkpointer(checkpoint_dir or run_dir / "checkpoints", every=cfg.checkpoint.every,
                                  keep=cfg.checkpoint.keep, async_save=cfg.checkpoint.async_save)
     trainer.save_model_config(ckpt, model, run.tokenizer)

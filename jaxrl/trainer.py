@@ -23,7 +23,8 @@ import numpy as np
 import optax
 from flax import nnx
 
-from jaxrl import build, checkpoint as ckpt_lib, losses, model_io, rewards as rewards_lib
+from jaxrl import agentic, build, checkpoint as ckpt_lib, losses, model_io, rewards as rewards_lib
+from jaxrl import rollout as rollout_lib
 from jaxrl.algorithms import ALGORITHMS, AlgoSettings, Algorithm, KLRewardPenalty, Shaper
 from jaxrl.config import ExperimentConfig, KLWhere, dump_config
 from jaxrl.errors import UserError
@@ -86,6 +87,16 @@ class Run:
     logprob_fn: Any  # (params, tokens_BL, mask_BL, T) -> logp_BT
     ref_params: Any
     shapers: list[Shaper] = dataclasses.field(default_factory=list)
+    env_factory: Any = None  # `jaxrl.envs.EnvFactory` when the run collects multi-turn episodes
+    episode_spec: Any = None  # `jaxrl.envs.EpisodeSpec` (turn and token budgets, cache policy)
+
+
+def collect(run: Run, params, records, spec: SamplingSpec, key) -> rollout_lib.Rollout:
+    """The collect stage: single-turn completions (`jaxrl.rollout`) or multi-turn episodes (`jaxrl.agentic`)."""
+    if run.env_factory is not None:
+        return agentic.collect_env(run.graphdef, params, records, run.tokenizer, run.rewards, run.env_factory,
+                                   run.episode_spec, spec, key)
+    return rollout_lib.collect(run.graphdef, params, records, run.tokenizer, run.rewards, spec, seed=key)
 
 
 def _pure(params) -> dict:
@@ -174,6 +185,16 @@ def setup(cfg: ExperimentConfig, run_dir: Path) -> tuple[Run, TrainState, Any]:
               logprobs_from_sampler=cfg.rollout.logprobs_from_sampler,
               mismatch=MismatchSpec(m.mode.value, m.level.value, m.lower, m.upper), state_sharding=state_sharding,
               step_fn=step_fn, logprob_fn=logprob_fn, ref_params=ref_params)
+    if cfg.env is not None:
+        from jaxrl.envs import EpisodeSpec, make_env
+
+        e, r = cfg.env, cfg.rollout
+        run.env_factory = make_env(e.name, e.params, tokenizer)  # invalid params fail here, before any step
+        buckets = {k: tuple(v) for k, v in (("gen_buckets", r.gen_buckets), ("chunk_buckets", r.prompt_buckets))
+                   if v}
+        run.episode_spec = EpisodeSpec(group_size=r.group_size, max_turns=e.max_turns,
+                                       max_new_tokens=r.max_new_tokens, max_total_tokens=e.max_total_tokens,
+                                       cache=e.cache, **buckets)
     if algorithm.shaper is not None:
         run.shapers.append(algorithm.shaper(run, settings))
     if cfg.algorithm.kl.beta > 0 and cfg.algorithm.kl.where is KLWhere.REWARD:

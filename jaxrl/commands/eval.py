@@ -78,8 +78,12 @@ def run(args: argparse.Namespace) -> int:
     greedy = sampling_spec(cfg, greedy=True)
     sampled = dataclasses.replace(sampling_spec(cfg), num_samples=args.k) if args.k > 1 else None
     encoder = Encoder(tokenizer, d.system_prompt, d.target_format, tuple(d.target_formats))
-    out = evaluate(graphdef, params, records, encoder, tokenizer, rewards, greedy, batch_size=args.batch_size,
-                   sampled=sampled, seed=cfg.train.seed)
+    from jaxrl import rollout as rollout_lib
+
+    collect = lambda params, batch, spec, seed: rollout_lib.collect(graphdef, params, batch, tokenizer, rewards,
+                                                                    spec, seed=seed)
+    out = evaluate(collect, params, records, encoder, greedy, batch_size=args.batch_size, sampled=sampled,
+                   seed=cfg.train.seed)
     out = {"checkpoint": str(checkpoint), "num_prompts": len(records), "k": args.k, **out}
     text = json.dumps(out, indent=1)
     print(text)

@@ -79,7 +79,24 @@ def countdown(n: int, seed: int, *, num_numbers: int = 3, max_number: int = 10) 
     return out
 
 
-GENERATORS = {"arithmetic": arithmetic, "countdown": countdown}
+def entities(n: int, seed: int, *, corpus_seed: int = 0, corpus_size: str = "tiny", max_hops: int = 3
+             ) -> list[dict[str, Any]]:
+    """Questions about the fictional world `jaxrl.data.entities.build_world(corpus_seed, corpus_size)` (the
+    world the `search` environment searches), at most `n`, shuffled by `seed`; `max_hops` caps the number of
+    documents a question needs. Fields: prompt (the question), answer, answers, chain, hops."""
+    from jaxrl.data.entities import SIZES, build_world
+
+    if corpus_size not in SIZES:
+        raise ConfigError(f"data.params.corpus_size={corpus_size!r}: allowed values are "
+                          f"{', '.join(map(repr, SIZES))}")
+    qs = [q for q in build_world(int(corpus_seed), corpus_size).questions if q["hops"] <= max_hops]
+    order = np.random.default_rng(seed).permutation(len(qs))[:n]
+    return [{"prompt": qs[i]["question"], "question": qs[i]["question"], "answer": qs[i]["answers"][0],
+             "answers": list(qs[i]["answers"]), "chain": list(qs[i]["chain"]), "hops": qs[i]["hops"]}
+            for i in order]
+
+
+GENERATORS = {"arithmetic": arithmetic, "countdown": countdown, "entities": entities}
 
 
 def _reasoning_gym(task: str, n: int, seed: int, params: dict[str, Any]) -> list[dict[str, Any]]:

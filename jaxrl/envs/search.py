@@ -29,7 +29,7 @@ OBS_FORMATS = ("inline", "message")
 
 
 def normalize_answer(text: str) -> str:
-    """Lower case, punctuation and the articles a/an/the removed, whitespace collapsed (SQuAD, arXiv:1606.05250)."""
+    """Lower case, no punctuation, no articles a/an/the, single spaces (SQuAD, arXiv:1606.05250)."""
     text = "".join(ch for ch in str(text).lower() if ch not in string.punctuation)
     return " ".join(_ARTICLES.sub(" ", text).split())
 
@@ -59,7 +59,8 @@ class ToolEnv:
         if unknown or not tools:
             raise ValueError(f"tools={list(tools)!r}: allowed names are {', '.join(map(repr, TOOLS))}")
         if obs_format not in OBS_FORMATS:
-            raise ValueError(f"obs_format={obs_format!r}: allowed values are {', '.join(map(repr, OBS_FORMATS))}")
+            allowed = ", ".join(map(repr, OBS_FORMATS))
+            raise ValueError(f"obs_format={obs_format!r}: allowed values are {allowed}")
         if int(calls_per_turn) < 1:
             raise ValueError(f"calls_per_turn must be >= 1, got {calls_per_turn}")
         kwargs = dict(tool_kwargs or {})
@@ -72,7 +73,8 @@ class ToolEnv:
 
     def reset(self, record: Mapping[str, Any]) -> list[int]:
         if "question" not in record or "answers" not in record:
-            raise ValueError(f"a {type(self).__name__} record needs 'question' and 'answers'; got {sorted(record)}")
+            raise ValueError(
+                f"a {type(self).__name__} record needs 'question' and 'answers'; got {sorted(record)}")
         self.answers = [str(a) for a in record["answers"]]
         user = f"{self.instructions}\nQuestion: {record['question']}"
         return prompt_ids(self.tokenizer, [{"role": "user", "content": user}])
@@ -118,6 +120,10 @@ class SearchEnv(ToolEnv):
                          obs_format=obs_format, call_reward=call_reward,
                          tool_kwargs={"search": {"contents": world.contents, "top_k": top_k}})
 
+    def demonstration(self, record: Mapping[str, Any]) -> list[str]:
+        """The action texts of a correct episode (`oracle_actions`), for the SFT warm start."""
+        return oracle_actions(record)
+
 
 @functools.lru_cache(maxsize=4)
 def _world(seed: int, size: str):
@@ -126,4 +132,5 @@ def _world(seed: int, size: str):
 
 def oracle_actions(record: Mapping[str, Any]) -> list[str]:
     """The demonstration policy: search each entity of the record's chain in order, then answer."""
-    return [f"<search>{name}</search>" for name in record["chain"]] + [f"<answer>{record['answers'][0]}</answer>"]
+    searches = [f"<search>{name}</search>" for name in record["chain"]]
+    return searches + [f"<answer>{record['answers'][0]}</answer>"]

@@ -1,0 +1,84 @@
+"""Multi-turn, tool-using rollouts as a collect stage of the RL step (`env:` in the config).
+
+`collect_env` runs G episodes per record with `jaxrl.envs.collect_episodes` (all live episodes decode each turn
+together) and returns them as a completion-space `Rollout`, so every algorithm record, DAPO resampling,
+checkpoints and evaluation work on episodes unchanged:
+
+    tokens_BL          = [prompt | action, observation, action, ...]   exactly the ids the model saw
+    completion_mask_BT = 1 on sampled action tokens, 0 on observation tokens (never trained on)
+    old_logp_BT        = the sampler's log-probs of the action tokens
+    rewards_NK         = [episode return | the config's rewards scored on the transcript]
+
+`demonstration_rows` lays out an environment's demonstrations (`env.demonstration(record)`, a list of action
+texts) the same way, for the SFT warm start: the model learns the tool format on rows identical to sampled ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxrl import rewards as rewards_lib
+from jaxrl.envs import Episodes, EpisodeSpec, collect_episodes, scripted_episodes
+from jaxrl.errors import ConfigError
+from jaxrl.rollout import Rollout
+from jaxrl.sampling import SamplingSpec
+from jaxrl.train_step import TrainBatch
+
+ENV_REWARD = "env"
+
+_INTERNAL = ("prompt", "prompt_ids", "sft_target", "target_ids")
+
+
+def episode_spec(base: EpisodeSpec, spec: SamplingSpec) -> EpisodeSpec:
+    """The episode settings of one collect call: group size and sampling from `spec`, budgets from `base`."""
+    return dataclasses.replace(base, group_size=spec.num_samples, max_new_tokens=spec.max_new_tokens,
+                               temperature=spec.temperature, top_k=spec.top_k, top_p=spec.top_p)
+
+
+def to_rollout(eps: Episodes, rewards, tokenizer) -> Rollout:
+    """Episodes as a completion-space `Rollout` (column 0: the episode return; then `rewards` on transcripts)."""
+    w = eps.prompt_width
+    rewards_NK = eps.rewards_N[:, None].astype(np.float32)
+    names, weights = (ENV_REWARD,), np.ones((1,), np.float32)
+    infos = ()
+    metrics = dict(eps.metrics)
+    metrics[f"reward/{ENV_REWARD}/mean"] = float(eps.rewards_N.mean())
+    if len(rewards):
+        fields = {k: [r[k] for r in eps.records] for k in eps.records[0] if k not in _INTERNAL}
+        fields["completion_length"] = [int(n) for n in eps.lengths_N]
+        extra_NK, info = rewards_lib.score(rewards, eps.prompts, eps.completions, fields)
+        rewards_NK = np.concatenate([rewards_NK, extra_NK], axis=1)
+        names, weights, infos = (*names, *info.names), np.concatenate([weights, info.weights_K]), (info,)
+        metrics.update(info.metrics)
+    return Rollout(eps.tokens_BL, eps.mask_BL, eps.loss_mask_BL[:, w:], eps.old_logp_BL[:, w:], rewards_NK,
+                   weights, names, list(eps.records), list(eps.completions), eps.lengths_N, eps.finished_N,
+                   metrics, infos)
+
+
+def collect_env(graphdef, params, records: list[dict[str, Any]], tokenizer, rewards, env_factory,
+                base: EpisodeSpec, spec: SamplingSpec, seed) -> Rollout:
+    """G episodes per record (`spec.num_samples`), decoded turn by turn on the jitted sampler; `seed` is an
+    int or a PRNG key (from which the episode sampler's int seed is drawn)."""
+    if not isinstance(seed, (int, np.integer)):
+        seed = int(jax.random.randint(seed, (), 0, 2**31 - 1))
+    eps = collect_episodes(graphdef, params, records, tokenizer, env_factory, episode_spec(base, spec), seed)
+    return to_rollout(eps, rewards, tokenizer)
+
+
+def demonstration_rows(records, tokenizer, env_factory, base: EpisodeSpec) -> TrainBatch:
+    """Expert rows of the environment's demonstrations (`env.demonstration(record)`), SFT weight 1."""
+    probe = env_factory(tokenizer)
+    if not callable(getattr(probe, "demonstration", None)):
+        raise ConfigError(f"sft_warmup.steps > 0 with env {type(probe).__name__}: the environment has no "
+                          "demonstration(record) method giving the action texts to imitate")
+    eps = scripted_episodes(records, tokenizer, env_factory, lambda r: probe.demonstration(r),
+                            dataclasses.replace(base, group_size=1))
+    w, n = eps.prompt_width, eps.tokens_BL.shape[0]
+    cmask = eps.loss_mask_BL[:, w:]
+    zeros = np.zeros(cmask.shape, np.float32)
+    ones = np.ones((n,), np.float32)
+    return TrainBatch(eps.tokens_BL, eps.mask_BL, cmask, zeros, zeros, zeros, ones * 0.2, ones * 0.2, ones)
