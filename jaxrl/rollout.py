@@ -12,6 +12,12 @@ Only the forward pass sees full sequences; everything the loss reads is `[B, T]`
 completion tokens `tokens_BL[:, W:]`.
 
 Everything here is host-side glue around jitted functions (the sampler); nothing is traced.
+
+Multi-host (tpu/README.md, "How a step is split across hosts"): every host calls `collect` with the same
+global batch of prompts; the sampler runs once over all devices. Each row of the output has one owner host
+(`jaxrl.sharding.hosts.row_owners`: the lowest process holding it): the owner alone decodes and scores it,
+and the reward matrix, lengths and error counts are then gathered, so every host holds the same `Rollout`
+(token arrays complete, `completions` text only for its own rows, "" elsewhere) and takes the same decisions.
 """
 
 from __future__ import annotations
@@ -19,10 +25,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Sequence
 
+import jax
 import numpy as np
 
 from jaxrl import rewards as rewards_lib
 from jaxrl.sampling import Generation, SamplingSpec, generate_from_state, pad_prompts
+from jaxrl.sharding import hosts
 
 
 @dataclasses.dataclass
@@ -60,12 +68,12 @@ def sequences(prompt_ids: Sequence[Sequence[int]], gen: Generation, group_size: 
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(tokens_BL, mask_BL, completion_mask_BT, old_logp_BT) of a generation (host arrays)."""
     prompt_PL, pmask_PL = pad_prompts(prompt_ids, prompt_buckets, pad_id)
-    tokens_BT = np.asarray(gen.tokens)
-    cmask_BT = np.arange(tokens_BT.shape[1])[None, :] < np.asarray(gen.lengths)[:, None]
+    tokens_BT = hosts.to_host(gen.tokens)
+    cmask_BT = np.arange(tokens_BT.shape[1])[None, :] < hosts.to_host(gen.lengths)[:, None]
     tokens = np.concatenate([np.repeat(prompt_PL, group_size, axis=0), np.where(cmask_BT, tokens_BT, pad_id)],
                             axis=1).astype(np.int32)
     mask = np.concatenate([np.repeat(pmask_PL, group_size, axis=0), cmask_BT], axis=1)
-    old_logp = np.where(cmask_BT, np.asarray(gen.logprobs), 0.0).astype(np.float32)
+    old_logp = np.where(cmask_BT, hosts.to_host(gen.logprobs), 0.0).astype(np.float32)
     return tokens, mask, cmask_BT, old_logp
 
 
@@ -97,18 +105,41 @@ def collect(graphdef, params, records: list[dict[str, Any]], tokenizer, rewards,
     gen = generate_from_state(graphdef, params, prompt_ids, spec, eos_ids=(int(tokenizer.eos_token_id),),
                               seed=seed, pad_id=pad_id)
     tokens, mask, cmask, old_logp = sequences(prompt_ids, gen, g, pad_id, spec.prompt_buckets)
-    lengths = np.asarray(gen.lengths)
-    completions = decode(tokenizer, np.asarray(gen.tokens), lengths)
+    lengths = hosts.to_host(gen.lengths)
+    finished = hosts.to_host(gen.finished)
     rep = [r for r in records for _ in range(g)]
-    fields = {k: [r[k] for r in rep] for k in records[0] if k not in _INTERNAL}
-    fields["completion_length"] = [int(n) for n in lengths]
-    rewards_NK, info = rewards_lib.score(rewards, [r["prompt"] for r in rep], completions, fields)
+    owners = hosts.row_owners(gen.tokens.sharding, tuple(gen.tokens.shape))
+    mine = np.flatnonzero(owners == jax.process_index())  # the rows this host decodes and scores
+    completions = [""] * len(rep)
+    for i, text in zip(mine, decode(tokenizer, tokens[mine, -cmask.shape[1]:], lengths[mine])):
+        completions[i] = text
+    fields = {k: [rep[i][k] for i in mine] for k in records[0] if k not in _INTERNAL}
+    fields["completion_length"] = [int(lengths[i]) for i in mine]
+    own_NK, info = rewards_lib.score(rewards, [rep[i]["prompt"] for i in mine], [completions[i] for i in mine],
+                                     fields)
+    rewards_NK = np.zeros((len(rep), own_NK.shape[1]), np.float32)
+    rewards_NK[mine] = own_NK
+    rewards_NK = hosts.gather_owned(rewards_NK, owners)
+    info = _global_info(info, rewards_NK)
     metrics = dict(info.metrics)
     metrics["response_length/mean"] = float(lengths.mean())
     metrics["response_length/max"] = float(lengths.max())
-    metrics["response/finished_frac"] = float(np.asarray(gen.finished).mean())
+    metrics["response/finished_frac"] = float(finished.mean())
     return Rollout(tokens, mask, cmask, old_logp, rewards_NK, info.weights_K, info.names, rep, completions,
-                   lengths, np.asarray(gen.finished), metrics, (info,))
+                   lengths, finished, metrics, (info,))
+
+
+def _global_info(info: rewards_lib.ScoreInfo, rewards_NK: np.ndarray) -> rewards_lib.ScoreInfo:
+    """A host's `ScoreInfo` of its own rows made global: failure counts summed over hosts, per-reward means
+    recomputed from the gathered matrix (the same on every host). Single-process: the same values."""
+    counts = hosts.sum_across_hosts(np.asarray([info.errors.get(name, 0) for name in info.names], np.int64))
+    errors = {name: int(c) for name, c in zip(info.names, counts)}
+    metrics = {}
+    for k, name in enumerate(info.names):
+        finite = rewards_NK[:, k][~np.isnan(rewards_NK[:, k])]
+        metrics[f"reward/{name}/mean"] = float(finite.mean()) if finite.size else float("nan")
+        metrics[f"reward/{name}/errors"] = float(errors[name])
+    return info._replace(errors=errors, metrics=metrics, num_samples=int(rewards_NK.shape[0]))
 
 
 def concat(parts: Sequence[Rollout], pad_id: int) -> Rollout:

@@ -23,9 +23,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxrl import agentic, checkpoint as ckpt_lib, rewards as rewards_lib, trainer
+from jaxrl import agentic, checkpoint as ckpt_lib, distributed, rewards as rewards_lib, trainer
 from jaxrl.algorithms import expert_rows
 from jaxrl.config import ExperimentConfig
+from jaxrl.errors import CheckpointError
 from jaxrl.data.pipeline import Encoder, make_splits, train_iterator
 from jaxrl.evaluate import evaluate
 from jaxrl.metrics import MetricsWriter
@@ -45,8 +46,10 @@ def sft_warm_start(run: trainer.Run, state: TrainState, records, encoder, *, ste
     """
     tx = optax.adamw(lr)
     spec = LossSpec(policy_weight=0.0, sft_lambda=1.0)
-    step_fn = jax.jit(functools.partial(train_step, graphdef=run.graphdef, spec=spec, tx=tx),
-                      donate_argnums=0, compiler_options=update_compiler_options())
+    spec = dataclasses.replace(spec, lora=run.loss.lora)  # LoRA: the warm start trains the adapters too
+    jitted = jax.jit(functools.partial(train_step, graphdef=run.graphdef, spec=spec, tx=tx),
+                     donate_argnums=0, compiler_options=update_compiler_options())
+    step_fn = lambda state, batch: jitted(state, batch, run.base)
     sft_state = TrainState(state.params, tx.init(state.params), jnp.zeros((), jnp.int32))
     rng = np.random.default_rng([run.seed, 7])
     completion_width = run.sampling.max_new_tokens
@@ -69,7 +72,19 @@ def train(cfg: ExperimentConfig, run_dir: str | Path, checkpoint_dir: str | None
     """Runs (or resumes) the experiment in `run_dir`; returns the last metrics row.
 
     `checkpoint_dir` (default RUN/checkpoints) may be an object-store URL such as gs://bucket/run/checkpoints.
+    In a multi-host job the peers are told whether this process finished or failed (`jaxrl.distributed`),
+    so a failure on one host stops the others instead of leaving them waiting in a collective.
     """
+    try:
+        last = _train(cfg, run_dir, checkpoint_dir)
+    except BaseException as e:
+        distributed.finish(ok=False, message=f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}")
+        raise
+    distributed.finish(ok=True)
+    return last
+
+
+def _train(cfg: ExperimentConfig, run_dir: str | Path, checkpoint_dir: str | None) -> dict[str, Any]:
     run_dir = Path(run_dir)
     run, state, model = trainer.setup(cfg, run_dir)  # validates rewards first, before any model is built
     trainer.write_resolved_config(cfg, run_dir)
@@ -78,8 +93,9 @@ def train(cfg: ExperimentConfig, run_dir: str | Path, checkpoint_dir: str | None
                                               seed=d.seed, params=d.params, prompt_field=d.prompt_field,
                                               answer_field=d.answer_field)
     encoder = Encoder(run.tokenizer, d.system_prompt, d.target_format, tuple(d.target_formats))
-    data_it = train_iterator(train_records, encoder, batch_size=d.prompts_per_step, seed=d.seed,
-                             process_index=jax.process_index(), process_count=jax.process_count())
+    # Every host iterates the same global batches (the sampler runs over all devices; each host then scores
+    # the rows it owns: jaxrl.rollout), so N hosts take exactly the steps of one host with all the devices.
+    data_it = train_iterator(train_records, encoder, batch_size=d.prompts_per_step, seed=d.seed)
     warm_start = functools.partial(sft_warm_start, run, records=train_records, encoder=encoder, steps=w.steps,
                                    lr=w.lr, batch_size=w.batch_size)
     k = cfg.train.eval_samples
@@ -96,6 +112,10 @@ def train(cfg: ExperimentConfig, run_dir: str | Path, checkpoint_dir: str | None
     restored = ckpt.restore_latest(state.params, state.opt_state) if cfg.checkpoint.resume else None
     if restored is not None:
         start = restored.step
+        saved_sha = restored.extra.get("lora_base_sha256")
+        if run.base_sha256 is not None and saved_sha not in (None, run.base_sha256):
+            raise CheckpointError(f"the LoRA adapters in {ckpt.directory} were trained on a different base model "
+                                  f"(sha256 {saved_sha[:12]}..., this run's base {run.base_sha256[:12]}...)")
         state = TrainState(restored.params, restored.opt_state, jnp.asarray(start, jnp.int32))
         data_it.set_state(restored.extra["data_state"])
         nonfinite_run = int(restored.extra.get("nonfinite_run", 0))
@@ -106,7 +126,7 @@ def train(cfg: ExperimentConfig, run_dir: str | Path, checkpoint_dir: str | None
             elif shaper.state_json() is not None:
                 log.warning("checkpoint has no state of stage %r; it restarts from its initialisation",
                             shaper.name)
-        if run.ref_params is not None and w.steps > 0:
+        if run.ref_params is not None and w.steps > 0 and run.base is None:
             # The reference policy is the warm-started model, which is not checkpointed: replay the
             # (deterministic) warm start from the initial parameters to rebuild it exactly.
             run.ref_params = warm_start(initial)[0].params
@@ -114,7 +134,7 @@ def train(cfg: ExperimentConfig, run_dir: str | Path, checkpoint_dir: str | None
     elif w.steps > 0:
         state, curve = warm_start(state)
         log.info("SFT warm start: NLL %.3f -> %.3f over %d steps", curve[0], curve[-1], len(curve))
-        if run.ref_params is not None:  # KL is measured against the policy RL starts from
+        if run.ref_params is not None and run.base is None:  # KL to the policy RL starts from (LoRA: the base)
             run.ref_params = jax.tree.map(jnp.copy, state.params)
     del initial
     last: dict[str, Any] = {}
@@ -123,7 +143,8 @@ def train(cfg: ExperimentConfig, run_dir: str | Path, checkpoint_dir: str | None
     def extra() -> dict[str, Any]:
         stages = {sh.name: sh.state_json() for sh in run.shapers if sh.state_json() is not None}
         return {"data_state": data_it.get_state(), "nonfinite_run": nonfinite_run,
-                "rng": ckpt_lib.key_to_json(jax.random.key(cfg.train.seed)), "stages": stages}
+                "rng": ckpt_lib.key_to_json(jax.random.key(cfg.train.seed)), "stages": stages,
+                **({"lora_base_sha256": run.base_sha256} if run.base_sha256 else {})}
 
     bar_steps = cfg.train.steps if cfg.logging.progress_bar else None
     with MetricsWriter(run_dir, resume_step=start, total_steps=bar_steps,

@@ -28,9 +28,10 @@ from jaxrl import rollout as rollout_lib
 from jaxrl.algorithms import ALGORITHMS, AlgoSettings, Algorithm, KLRewardPenalty, Shaper
 from jaxrl.config import ExperimentConfig, KLWhere, dump_config
 from jaxrl.errors import UserError
+from jaxrl.models import lora
 from jaxrl.optim import build_optimizer
 from jaxrl.sampling import SamplingSpec
-from jaxrl.sharding import RULES, batch_shardings, make_constrain, make_mesh, state_shardings
+from jaxrl.sharding import RULES, batch_shardings, hosts, make_constrain, make_mesh, state_shardings
 from jaxrl.train_step import (LossSpec, TrainBatch, TrainState, sequence_logprobs, train_step,
                               update_compiler_options)
 
@@ -87,6 +88,9 @@ class Run:
     logprob_fn: Any  # (params, tokens_BL, mask_BL, T) -> logp_BT
     ref_params: Any
     shapers: list[Shaper] = dataclasses.field(default_factory=list)
+    base: Any = None  # LoRA: the frozen (maybe quantised) base model under the trained adapters
+    base_sha256: str | None = None  # LoRA: fingerprint of the dense base (`jaxrl.lora_io.base_fingerprint`)
+    policy: Any = lambda params: params  # trained params -> the policy's full parameters (LoRA: merged)
     env_factory: Any = None  # `jaxrl.envs.EnvFactory` when the run collects multi-turn episodes
     episode_spec: Any = None  # `jaxrl.envs.EpisodeSpec` (turn and token budgets, cache policy)
 
@@ -157,25 +161,38 @@ def setup(cfg: ExperimentConfig, run_dir: Path) -> tuple[Run, TrainState, Any]:
     tx = build_optimizer(cfg.optimizer, cfg.train.steps)
     param_sharding = state_shardings(params_state, mesh, rules)
     params = jax.device_put(_pure(params_state), _pure(param_sharding))
+    spec = loss_spec(cfg, algorithm, settings)
+    lora_cfg, base, base_sha = cfg.model.lora, None, None
+    if lora_cfg is not None:  # train adapters only; the frozen base is the KL reference (no second copy)
+        base, params, train_sharding, base_sha = _lora_setup(cfg, params, mesh, rules)
+        spec = dataclasses.replace(spec, lora=lora_cfg)
+    else:
+        train_sharding = _pure(param_sharding)
     opt_state = tx.init(params)
-    opt_sharding = state_shardings(opt_state, mesh, rules, params=params_state)
+    if lora_cfg is None:
+        opt_sharding = state_shardings(opt_state, mesh, rules, params=params_state)
+    else:
+        opt_sharding = jax.tree.map(lambda x: getattr(x, "sharding", None) or
+                                    jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()), opt_state)
     opt_state = jax.device_put(opt_state, opt_sharding)
     rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    state_sharding = TrainState(params=_pure(param_sharding), opt_state=opt_sharding, step=rep)
+    state_sharding = TrainState(params=train_sharding, opt_state=opt_sharding, step=rep)
     state = jax.device_put(TrainState(params=params, opt_state=opt_state, step=jnp.zeros((), jnp.int32)),
                            state_sharding)
-    spec = loss_spec(cfg, algorithm, settings)
-    step_fn = jax.jit(functools.partial(train_step, graphdef=graphdef, spec=spec, tx=tx),
-                      in_shardings=(state_sharding, None), out_shardings=(state_sharding, None),
-                      donate_argnums=0, compiler_options=update_compiler_options())
+    jitted = jax.jit(functools.partial(train_step, graphdef=graphdef, spec=spec, tx=tx),
+                     in_shardings=(state_sharding, None, None), out_shardings=(state_sharding, None),
+                     donate_argnums=0, compiler_options=update_compiler_options())
+    step_fn = lambda state, batch: jitted(state, batch, base)
 
     def logprobs(params, tokens_BL, mask_BL, width):
         return sequence_logprobs(params, graphdef, tokens_BL, mask_BL, width, chunk=spec.logprob_chunk,
                                  temperature=spec.temperature)
 
     logprob_fn = jax.jit(logprobs, static_argnums=3)
-    # beta = 0 keeps no reference model in memory.
-    ref_params = jax.tree.map(jnp.copy, params) if cfg.algorithm.kl.beta > 0 else None
+    # beta = 0 keeps no reference model in memory; under LoRA the reference is the base itself.
+    ref_params = None
+    if cfg.algorithm.kl.beta > 0:
+        ref_params = base if lora_cfg is not None else jax.tree.map(jnp.copy, params)
     m = cfg.algorithm.mismatch
     run = Run(run_dir=run_dir, mesh=mesh, rules=rules, graphdef=graphdef, hidden_dim=model.cfg.hidden_size,
               tokenizer=tokenizer, tx=tx, loss=spec,
@@ -184,7 +201,10 @@ def setup(cfg: ExperimentConfig, run_dir: Path) -> tuple[Run, TrainState, Any]:
               algorithm=algorithm, settings=settings, seed=cfg.train.seed,
               logprobs_from_sampler=cfg.rollout.logprobs_from_sampler,
               mismatch=MismatchSpec(m.mode.value, m.level.value, m.lower, m.upper), state_sharding=state_sharding,
-              step_fn=step_fn, logprob_fn=logprob_fn, ref_params=ref_params)
+              step_fn=step_fn, logprob_fn=logprob_fn, ref_params=ref_params, base=base, base_sha256=base_sha)
+    if lora_cfg is not None:
+        merge = jax.jit(lambda b, a: lora.merge(b, a, lora_cfg))
+        run.policy = lambda adapters: merge(base, adapters)
     if cfg.env is not None:
         from jaxrl.envs import EpisodeSpec, make_env
 
@@ -200,6 +220,22 @@ def setup(cfg: ExperimentConfig, run_dir: Path) -> tuple[Run, TrainState, Any]:
     if cfg.algorithm.kl.beta > 0 and cfg.algorithm.kl.where is KLWhere.REWARD:
         run.shapers.append(KLRewardPenalty(run, cfg.algorithm.kl.beta, cfg.algorithm.kl.kind))
     return run, state, model
+
+
+def _lora_setup(cfg: ExperimentConfig, params, mesh, rules):
+    """(base, adapters, adapter shardings, base sha256): the frozen base (int8 / nf4 kernels under QLoRA) and
+    fresh adapters (B = 0, so step 0 is the base model)."""
+    from jaxrl import lora_io
+    from jaxrl.models import quant
+    from jaxrl.sharding.lora import adapter_shardings
+
+    lora_cfg = cfg.model.lora
+    base_sha = lora_io.base_fingerprint(params)
+    adapters = lora.init_adapters(params, lora_cfg, jax.random.key(cfg.train.seed + 3))
+    shardings = adapter_shardings(adapters, mesh, rules)
+    adapters = jax.device_put(adapters, shardings)
+    base = params if cfg.model.quantize == "none" else quant.quantize_params(params, cfg.model.quantize)
+    return base, adapters, shardings, base_sha
 
 
 def shard_batch(run: Run, batch: TrainBatch) -> TrainBatch:
@@ -261,7 +297,7 @@ def update(run: Run, state: TrainState, batch: TrainBatch, step: int) -> tuple[T
         order = rng.permutation(n) if u.mini_batches > 1 else np.arange(n)
         for j in range(u.mini_batches):
             rows = order[j * size:(j + 1) * size]
-            take = lambda x: np.asarray(x)[rows]  # noqa: B023 -- used immediately, inside this iteration
+            take = lambda x: hosts.to_host(x)[rows]  # noqa: B023 -- used immediately, inside this iteration
             mb = batch if u.mini_batches == 1 else shard_batch(run, jax.tree.map(take, batch))
             state, metrics = run.step_fn(state, mb)
             collected.append(metrics)

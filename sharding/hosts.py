@@ -106,3 +106,22 @@ def agree(flag: bool) -> bool:
     if jax.process_count() == 1:
         return bool(flag)
     return bool(np.all(multihost_utils.process_allgather(np.asarray(bool(flag)))))
+
+
+def to_host(x: Any) -> np.ndarray:
+    """The whole value of `x` as numpy on every process (one all-gather when it spans other hosts' devices).
+
+    For arrays every stage needs in full and that are small next to the model: sampled token ids and their
+    log-probs, per-row scalars. Host values and fully addressable arrays are returned as they are.
+    """
+    if not isinstance(x, jax.Array) or x.is_fully_addressable or x.is_fully_replicated:
+        return np.asarray(x)
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
+def sum_across_hosts(x: np.ndarray) -> np.ndarray:
+    """The element-wise sum over processes of one small host array (counts)."""
+    x = np.asarray(x)
+    if jax.process_count() == 1:
+        return x
+    return np.asarray(multihost_utils.process_allgather(x, tiled=False)).sum(axis=0)

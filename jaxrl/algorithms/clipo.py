@@ -19,6 +19,7 @@ from flax import nnx
 from jaxrl import losses
 from jaxrl.algorithms.base import AlgoSettings, task_reward
 from jaxrl.errors import CheckpointError
+from jaxrl.sharding import hosts
 
 
 class ClipoHead:
@@ -63,7 +64,7 @@ class ClipoHead:
                                                                    correct_B, key)
         out = {k: float(v) for k, v in metrics.items()}
         out["clipo/bonus_mean"] = float(jnp.mean(bonus_B))
-        return np.asarray(bonus_B, np.float32), out
+        return hosts.to_host(bonus_B).astype(np.float32), out  # every host's rows
 
     def actor_frozen(self, step: int) -> bool:
         return step < self.warmup_steps

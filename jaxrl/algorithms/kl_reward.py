@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl import losses
+from jaxrl.sharding import hosts
 
 
 class KLRewardPenalty:
@@ -28,7 +29,7 @@ class KLRewardPenalty:
         ref_BT = self.run.logprob_fn(self.run.ref_params, ro.tokens_BL, ro.mask_BL,
                                      ro.completion_mask_BT.shape[1])
         kl_BT = losses.kl_penalty(jnp.asarray(ro.old_logp_BT), ref_BT, self.kind)
-        kl_N = np.asarray(jnp.sum(jnp.where(ro.completion_mask_BT, kl_BT, 0.0), axis=1))
+        kl_N = hosts.to_host(jnp.sum(jnp.where(ro.completion_mask_BT, kl_BT, 0.0), axis=1))  # all hosts' rows
         return -self.beta * kl_N, {"kl": float(kl_N.mean())}
 
     def actor_frozen(self, step: int) -> bool:
