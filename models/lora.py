@@ -10,7 +10,8 @@ Usage (the train step differentiates the adapters only; the base is the KL refer
 
     adapters = init_adapters(params, lora_cfg, key)           # B = 0: step 0 is the base model
     loss(adapters) = L(merge(stop_gradient(params), adapters, lora_cfg))
-    sample with merge(params, adapters, lora_cfg) (merged once per rollout) or `lora_forward.attach` (unmerged)
+    sample with merge(params, adapters, lora_cfg) (merged once per rollout) or
+    `jaxrl.models.lora_forward.attach(model, adapters, lora_cfg)` (unmerged: x·W + s·(x·A)·B)
 
 Why not qwix (the library Tunix uses): qwix's `LoraProvider` intercepts each `einsum` inside a module and
 creates `lora_a`/`lora_b` on that module the first time it runs. Our blocks are built stacked (`nnx.vmap`)
