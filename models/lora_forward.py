@@ -14,8 +14,9 @@ with a quantised base, only one layer is ever dequantised at a time; but every p
 matmuls ([…, in]·[in, r], [r, out]) per call. Measured with `tests/lora/bench_lora_sampling.py` (CPU, 2 cores
 shared with other jobs at load ~24, so ±30%; 8 prompts × 4 samples, 32 new tokens, r = 16, best of 5): tiny
 (D32 Y2 V64) merge 0.5-0.6 ms, rollout merged 12.5-18.0 ms, unmerged 15.0-19.8 ms; D256 Y4 F768 V2048 merge
-5-8 ms, rollout merged 477-643 ms, unmerged 338-570 ms. The merge is < 2 % of a rollout either way; neither
-path was consistently faster at these sizes, so the choice is memory (unmerged: no merged copy).
+5-8 ms, rollout merged 477-643 ms, unmerged 338-570 ms (unmerged faster in both runs at this shape; not
+investigated). The merge itself is < 2 % of a rollout, so on these sizes the choice is about memory: unmerged
+keeps no merged copy of the targets.
 """
 
 from __future__ import annotations
