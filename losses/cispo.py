@@ -5,7 +5,7 @@
     l_it = − sg[ŵ_it] · A_it · ℓp_it                ∂l_it/∂ℓp_it = − ŵ_it A_it
 
 MiniMax, "MiniMax-M1: Scaling Test-Time Compute Efficiently with Lightning Attention", arXiv:2506.13585
-(also the loss of ScaleRL, arXiv:2510.13786). Symbols: w_min = 1 − ε_low^IS, w_max = 1 + ε_high^IS of the paper.
+(also the loss of ScaleRL, arXiv:2510.13786). Symbols: w_min = 1 − ε_low^IS, w_max = 1 + ε_high^IS (paper).
 Unlike PPO's clip, a token whose ratio leaves the band keeps its gradient (scaled by the capped weight).
 The loss *value* is not a surrogate of the return (only its gradient matters). Paper aggregation: token-mean.
 
@@ -44,13 +44,13 @@ class CISPOConfig:
 
     @classmethod
     def verl(cls, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2) -> "CISPOConfig":
-        """verl `actor.clip_ratio_low/high`: [1 − low, 1 + high]; a lower bound <= 0 means none (recipe: low=10)."""
+        """verl `actor.clip_ratio_low/high`: [1 − low, 1 + high]; a bound <= 0 means none (recipe: low=10)."""
         w_min = 1.0 - clip_ratio_low
         return cls(w_max=1.0 + clip_ratio_high, w_min=w_min if w_min > 0.0 else None)
 
     @classmethod
     def trl(cls, epsilon_high: float) -> "CISPOConfig":
-        """TRL `GRPOConfig(loss_type="cispo", epsilon_high=...)`: the cap itself, no lower bound (ScaleRL: 5.0)."""
+        """TRL `GRPOConfig(loss_type="cispo", epsilon_high=...)`: the cap, no lower bound (ScaleRL: 5.0)."""
         return cls(w_max=epsilon_high)
 
 

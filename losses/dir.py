@@ -13,16 +13,16 @@ q_ψ(a|x) = softmax(MLP(x))::
     L    = L_BT + γ · Î
     I_NCE = log N + (1/N) Σ_i [f_ii − log Σ_j exp f_ij] ≤ I(X; Y)             (InfoNCE lower bound, critic f)
 
-Symbol mapping: γ = ``gamma`` is the *effective* weight of Î in the global-batch objective above. The reference's
-``debias_factor`` is not the same number: it computes Î on an all-gathered batch whose backward keeps only the
-local slice (``AllGatherWithGrad``), every rank adds the full ``debias_factor``·Î to its local BT loss, and
-DeepSpeed/DDP averages gradients over the W ranks, so its update is that of ``mean BT + (debias_factor/W)·Î``
-(``reference_gamma``). ``train_debias_rm.sh`` runs W = 8 GPUs with ``debias_factor=1``: γ = 0.125, the default
-here (``REFERENCE_GAMMA``); the reference dataclass default 0.1 would be 0.0125 at W = 8. The classifier is
-Linear(d, 1024) → ReLU → Linear(1024, 2) (``debias_hidden_dim``), trained with ``debias_optim_iter`` = 5
-AdamW(lr 1e-4, torch's default weight decay 0.01) steps per *micro-step* (``classifier_inner_steps``;
-``classifier_micro_steps`` runs them over the micro-batches of one RM step, as the reference does over its 16
-gradient-accumulation micro-steps of N = 8 gathered pairs each).
+Symbol mapping: γ = ``gamma`` is the *effective* weight of Î in the global-batch objective above. The
+reference's ``debias_factor`` is not the same number: it computes Î on an all-gathered batch whose backward
+keeps only the local slice (``AllGatherWithGrad``), every rank adds the full ``debias_factor``·Î to its local
+BT loss, and DeepSpeed/DDP averages gradients over the W ranks, so its update is that of ``mean BT +
+(debias_factor/W)·Î`` (``reference_gamma``). ``train_debias_rm.sh`` runs W = 8 GPUs with ``debias_factor=1``:
+γ = 0.125, the default here (``REFERENCE_GAMMA``); the reference dataclass default 0.1 would be 0.0125 at W =
+8. The classifier is Linear(d, 1024) → ReLU → Linear(1024, 2) (``debias_hidden_dim``), trained with
+``debias_optim_iter`` = 5 AdamW(lr 1e-4, torch's default weight decay 0.01) steps per *micro-step*
+(``classifier_inner_steps``; ``classifier_micro_steps`` runs them over the micro-batches of one RM step, as
+the reference does over its 16 gradient-accumulation micro-steps of N = 8 gathered pairs each).
 
 Deviations from the reference:
 - The all-pairs term is computed in O(N·C) as Σ_c log q(c|x_i) · freq(c) with freq the attribute histogram;
@@ -46,7 +46,7 @@ REFERENCE_GAMMA = 0.125  # debias_factor=1 over W=8 GPUs in the reference's scri
 
 
 def reference_gamma(debias_factor: float, num_workers: int) -> float:
-    """γ of this module equivalent to the reference's ``--debias_factor`` on ``num_workers`` data-parallel ranks.
+    """γ of this module equal in effect to the reference's ``--debias_factor`` on ``num_workers`` GPUs.
 
     γ = debias_factor / W (module docstring: the all-gather keeps only the local slice in the backward and the
     ranks' gradients are averaged). ``reference_gamma(1.0, 8) == REFERENCE_GAMMA``.
@@ -264,5 +264,6 @@ def club_mi_micro(
         raise ValueError(f"club_mi_micro: {n} rows do not split into {m} micro-batches")
     x_MND = x_ND.reshape(m, n // m, -1)
     a_MN = a_N.reshape(m, n // m)
-    mi_M = jax.vmap(lambda p, x, a: club_mi(apply_fn(p, x), a))(jax.lax.stop_gradient(stacked_params), x_MND, a_MN)
+    per_micro = lambda p, x, a: club_mi(apply_fn(p, x), a)
+    mi_M = jax.vmap(per_micro)(jax.lax.stop_gradient(stacked_params), x_MND, a_MN)
     return mi_M.mean()

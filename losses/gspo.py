@@ -1,8 +1,8 @@
 """GSPO and GSPO-token: clipped surrogate on the length-normalised sequence importance ratio.
 
     log s_i = Σ_t m_it (ℓp_it − ℓp^old_it) / max(L_i, 1)          (geometric mean of the token ratios)
-    GSPO:        l_it = max(−A_it s_i, −A_it clip(s_i, 1 − ε_low, 1 + ε_high))        on every valid token of i
-    GSPO-token:  s_it = sg[s_i] · exp(ℓp_it − sg[ℓp_it])    (value s_i, ∂s_it/∂ℓp_it = s_i, no cross-token term)
+    GSPO:        l_it = max(−A_it s_i, −A_it clip(s_i, 1 − ε_low, 1 + ε_high))     (every valid token of i)
+    GSPO-token:  s_it = sg[s_i] · exp(ℓp_it − sg[ℓp_it])    (value s_i; ∂s_it/∂ℓp_it = s_i, no cross-token)
                  l_it = max(−A_it s_it, −A_it clip(s_it, 1 − ε_low, 1 + ε_high))
 
 Zheng et al. (Qwen), "Group Sequence Policy Optimization", arXiv:2507.18071. Symbols: ε_low = `clip_low`,
@@ -77,7 +77,7 @@ def gspo_objective(
     token_level: bool = False,
     max_log_ratio: float = _DEFAULT_MAX_LOG_RATIO,
 ) -> tuple[chex.Array, dict[str, chex.Array]]:
-    """Per-token GSPO (or GSPO-token) loss, to be minimised, unaggregated (module docstring for the equations).
+    """Per-token GSPO (or GSPO-token) loss, to be minimised, unaggregated (equations: module docstring).
 
     Args:
       logp_BT: [B, T] float log-probs of the sampled tokens under the current policy (differentiated).
@@ -149,6 +149,7 @@ def gspo_loss(
       (scalar loss, metrics of `gspo_objective` plus `pg/loss`).
     """
     loss_BT, metrics = gspo_objective(logp_BT, old_logp_BT, adv_BT, mask_BT, clip_low=clip_low,
-                                      clip_high=clip_high, token_level=token_level, max_log_ratio=max_log_ratio)
+                                      clip_high=clip_high, token_level=token_level,
+                                      max_log_ratio=max_log_ratio)
     loss = aggregation.aggregate(loss_BT, mask_BT, agg, normalizer=normalizer)
     return loss, {"pg/loss": jax.lax.stop_gradient(loss), **metrics}

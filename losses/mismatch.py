@@ -26,8 +26,8 @@ Choices (references: TRL 1.16 `GRPOTrainer._generate_and_score_completions`, `vl
 verl `rollout_corr_helper.py`; spec algorithms-2 §4):
 * δ (per token, or the sequence sum/mean) is clamped to ±`max_log_ratio` (20, verl) before exp; TRL does not
   clamp (an overflow there becomes inf, then masked or truncated, with the same result for finite bounds).
-* A NaN sampler log-prob (a token the engine could not score) gives δ = 0, ratio 1, as TRL; such tokens are left
-  out of the metrics (TRL excludes them from its logp-difference metrics too).
+* A NaN sampler log-prob (a token the engine could not score) gives δ = 0, ratio 1, as TRL; such tokens are
+  left out of the metrics (TRL excludes them from its logp-difference metrics too).
 * Defaults are verl's token TIS, C_max = 2 (TRL's default is sequence MIS with C_max = 3).
 * Optional `batch_normalize` (verl `rollout_is_batch_normalize`): w ← w / mean(w), the mean over valid tokens
   (token level) or non-empty sequences (sequence levels), skipped when the mean is <= 1e-8.
@@ -77,7 +77,8 @@ def mismatch_metrics(
       max_log_ratio: clamp of the log ratio before exp.
 
     Returns:
-      {"mismatch/abs_logp_diff_mean", "mismatch/abs_logp_diff_max", "mismatch/ratio_max", "mismatch/ratio_min",
+      {"mismatch/abs_logp_diff_mean", "mismatch/abs_logp_diff_max", "mismatch/ratio_max",
+       "mismatch/ratio_min",
        "mismatch/frac_above_cap", "mismatch/frac_below_inv_cap", "mismatch/kl" (mean ℓq − ℓp, verl `kl`),
        "mismatch/k3_kl"}: float32 scalars, 0 when no token is valid.
     """
@@ -126,7 +127,8 @@ def rollout_correction(
       max_log_ratio: clamp of the (token or sequence) log ratio before exp.
 
     Returns:
-      (weights_BT [B, T] constant weights (float32, or float64 for float64 inputs), 0 at masked and rejected positions;
+      (weights_BT [B, T] constant weights (float32; float64 for float64 inputs), 0 at masked and rejected
+       positions;
        keep_BT [B, T] bool, the mask less the rejected tokens (MIS) — equal to the mask for TIS;
        metrics: those of `mismatch_metrics` (cap = upper, or 2) plus "mismatch/is_weight_mean",
        "mismatch/is_weight_min", "mismatch/is_weight_max" (over valid tokens for level="token", over non-empty
@@ -166,7 +168,8 @@ def rollout_correction(
     weights_BT = jnp.where(valid_BT, weights_BT, 0.0)
 
     nonempty_B = jnp.any(valid_BT, axis=1)
-    unit_BT = valid_BT if level == "token" else (jnp.arange(diff_BT.shape[1]) == 0)[None, :] & nonempty_B[:, None]
+    first_BT = (jnp.arange(diff_BT.shape[1]) == 0)[None, :] & nonempty_B[:, None]  # one unit per sequence
+    unit_BT = valid_BT if level == "token" else first_BT
     if batch_normalize:
         w_mean = aggregation.masked_mean(weights_BT, unit_BT)
         weights_BT = jnp.where(w_mean > _NORM_EPS, weights_BT / jnp.maximum(w_mean, _NORM_EPS), weights_BT)

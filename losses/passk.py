@@ -6,10 +6,11 @@
     avg@k     = (1/P) Σ_p (1/k) Σ_{j ≤ k} score_{p,j}                       (verl: mean@k)
 
 Chen et al. 2021, "Evaluating Large Language Models Trained on Code", arXiv:2107.03374 (Codex; reference
-`openai/human-eval` `estimate_pass_at_k`). The product follows from C(n−c, k)/C(n, k) = Π_{j=n−c+1}^{n} (j−k)/j;
-its factors lie in [0, 1), so it stays exact where the binomials overflow (C(2048, 1024) > 1e308). It is summed
-in log space (log1p(−k/j)) to avoid underflow of long products. Properties: pass@1 = c/n, pass@n = 1[c > 0].
-The naive 1 − (1 − c/n)^k (sampling with replacement; verl's bootstrapped best@k in expectation) is biased low.
+`openai/human-eval` `estimate_pass_at_k`). The product follows from
+C(n−c, k)/C(n, k) = Π_{j=n−c+1}^{n} (j−k)/j; its factors lie in [0, 1), so it stays exact where the binomials
+overflow (C(2048, 1024) > 1e308). It is summed in log space (log1p(−k/j)) to avoid underflow of long
+products. Properties: pass@1 = c/n, pass@n = 1[c > 0]. The naive 1 − (1 − c/n)^k (sampling with replacement;
+verl's bootstrapped best@k in expectation) is biased low.
 
 Choices: counts are per problem, so problems may have different n_p; k > n_p is an error (the estimator is
 undefined), as is c_p > n_p. Binarising scores into "correct" is the caller's rule (state it in reports:
@@ -22,7 +23,7 @@ import numpy as np
 def _as_counts(x, name: str) -> np.ndarray:
     arr = np.asarray(x)
     if arr.ndim != 1:
-        raise ValueError(f"pass_at_k: {name} must be a 1-D array of per-problem counts, got shape {arr.shape}")
+        raise ValueError(f"pass_at_k: {name} must be a 1-D array of per-problem counts, got {arr.shape}")
     if arr.size and (not np.all(np.isfinite(arr)) or np.any(arr < 0) or np.any(arr != np.round(arr))):
         raise ValueError(f"pass_at_k: {name} must hold non-negative integers, got {arr}")
     return arr.astype(np.int64)
@@ -42,13 +43,16 @@ def pass_at_k_per_problem(num_samples_P, num_correct_P, k: int) -> np.ndarray:
     n_P = _as_counts(num_samples_P, "num_samples_P")
     c_P = _as_counts(num_correct_P, "num_correct_P")
     if n_P.shape != c_P.shape:
-        raise ValueError(f"pass_at_k: num_samples_P {n_P.shape} and num_correct_P {c_P.shape} differ in shape")
+        raise ValueError(f"pass_at_k: num_samples_P {n_P.shape} and num_correct_P {c_P.shape} differ in "
+                         "shape")
     if not (isinstance(k, (int, np.integer)) and k >= 1):
         raise ValueError(f"pass_at_k: k must be an int >= 1, got {k!r}")
     if np.any(c_P > n_P):
-        raise ValueError(f"pass_at_k: num_correct exceeds num_samples for problems {np.flatnonzero(c_P > n_P)}")
+        bad = np.flatnonzero(c_P > n_P)
+        raise ValueError(f"pass_at_k: num_correct exceeds num_samples for problems {bad}")
     if np.any(n_P < k):
-        raise ValueError(f"pass_at_k: k={k} exceeds the number of samples of problems {np.flatnonzero(n_P < k)} "
+        raise ValueError(f"pass_at_k: k={k} exceeds the number of samples of problems "
+                         f"{np.flatnonzero(n_P < k)} "
                          f"(n = {n_P[n_P < k]}); the unbiased estimator needs n >= k")
     out_P = np.ones(n_P.shape, np.float64)
     for p in np.flatnonzero(n_P - c_P >= k):

@@ -97,8 +97,8 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
     DIR on does not recompile.
 
     Metrics: `rm/{loss,bt,acc,margin_mean,grad_norm}` and, with debiasing, `dir/{club_mi,clf_nll_before,
-    clf_nll_after}` (the NLL of q_ψ before its k inner steps, averaged over the micro-batches, and of the final
-    ψ on the whole batch).
+    clf_nll_after}` (the NLL of q_ψ before its k inner steps, averaged over the micro-batches, and of the
+    final ψ on the whole batch).
     """
     clf_opt = classifier_optimizer(debias)
 

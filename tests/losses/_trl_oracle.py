@@ -48,7 +48,8 @@ def trl_compute_loss(logp, old_logp, adv, mask, *, loss_type, level="token", eps
         model=types.SimpleNamespace(training=True), current_gradient_accumulation_steps=1,
         accelerator=_accelerator(), _entropy_bonus_enabled=False, aux_loss_enabled=False, _metrics=_metrics())
     inputs = {
-        "prompt_ids": torch.zeros((b, 1), dtype=torch.long), "prompt_mask": torch.ones((b, 1), dtype=torch.long),
+        "prompt_ids": torch.zeros((b, 1), dtype=torch.long),
+        "prompt_mask": torch.ones((b, 1), dtype=torch.long),
         "completion_ids": torch.zeros((b, t), dtype=torch.long), "completion_mask": mask_t,
         "advantages": torch.tensor(np.asarray(adv, np.float64)),
         "old_per_token_logps": torch.tensor(np.asarray(old_logp, np.float64)),
@@ -63,8 +64,8 @@ def trl_compute_loss(logp, old_logp, adv, mask, *, loss_type, level="token", eps
 
 def trl_vllm_importance_weights(train_logp, sampler_logp, mask, *, mode, clip_min=None, clip_max=3.0):
     """Runs `GRPOTrainer._generate_and_score_completions` with a stub generator returning `sampler_logp` and a
-    stub forward returning `train_logp`; returns (importance_sampling_ratio as TRL stores it, [B, T] or [B, 1],
-    TRL's logged metrics). Rows are right-padded: row i has mask[i].sum() tokens (mask must be a prefix mask)."""
+    stub forward returning `train_logp`; returns (importance_sampling_ratio as TRL stores it, [B, T] or
+    [B, 1], TRL's logged metrics). Rows are right-padded: row i has mask[i].sum() tokens (a prefix mask)."""
     train_logp = np.asarray(train_logp, np.float64)
     sampler_logp = np.asarray(sampler_logp, np.float64)
     lens = np.asarray(mask, bool).sum(1)
@@ -81,9 +82,11 @@ def trl_vllm_importance_weights(train_logp, sampler_logp, mask, *, mode, clip_mi
         return [[5] for _ in prompts], ids, None, ["c"] * len(prompts), logps, {}, None, None
 
     stub = types.SimpleNamespace(
-        accelerator=_accelerator(), model=types.SimpleNamespace(training=True, is_gradient_checkpointing=False),
+        accelerator=_accelerator(),
+        model=types.SimpleNamespace(training=True, is_gradient_checkpointing=False),
         environment_factories=None, tools=[], environments=[], _generate=generate,
-        _tokenizer=types.SimpleNamespace(pad_token_id=0), pad_to_multiple_of=None, mask_truncated_completions=False,
+        _tokenizer=types.SimpleNamespace(pad_token_id=0), pad_to_multiple_of=None,
+        mask_truncated_completions=False,
         args=types.SimpleNamespace(per_device_train_batch_size=b, steps_per_generation=1,
                                    gradient_accumulation_steps=1, gradient_checkpointing_kwargs=None),
         num_iterations=1, use_vllm=True, vllm_importance_sampling_correction=True,

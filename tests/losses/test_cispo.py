@@ -48,7 +48,8 @@ def test_spec_table_2x3(cfg, weights):
     with jax.enable_x64(True):
         a = [jnp.asarray(x) for x in (logp, old, adv, mask)]
         loss_BT, metrics = cispo_objective(*a, w_max=cfg.w_max, w_min=cfg.w_min)
-        grad = jax.grad(lambda lp: jnp.sum(cispo_objective(lp, *a[1:], w_max=cfg.w_max, w_min=cfg.w_min)[0]))(a[0])
+        per_tok = lambda lp: cispo_objective(lp, *a[1:], w_max=cfg.w_max, w_min=cfg.w_min)[0]
+        grad = jax.grad(lambda lp: jnp.sum(per_tok(lp)))(a[0])
     w = np.asarray(weights)
     np.testing.assert_allclose(loss_BT[0], w * A * 0.7, rtol=1e-12)  # -w A logp with logp = -0.7
     np.testing.assert_allclose(grad[0], -w * A, rtol=1e-12)          # d l / d logp = -w A
@@ -123,8 +124,8 @@ def test_agrees_with_trl_cispo(epsilon_high):
                                                               epsilon_high=epsilon_high)
     with jax.enable_x64(True):
         a = [jnp.asarray(x) for x in (logp, old, adv, mask)]
-        (loss, m), grad = jax.value_and_grad(lambda lp: cispo_loss(lp, *a[1:], w_max=cfg.w_max, w_min=cfg.w_min),
-                                             has_aux=True)(a[0])
+        fn = lambda lp: cispo_loss(lp, *a[1:], w_max=cfg.w_max, w_min=cfg.w_min)
+        (loss, m), grad = jax.value_and_grad(fn, has_aux=True)(a[0])
     np.testing.assert_allclose(loss, trl_loss, rtol=1e-12)
     np.testing.assert_allclose(grad, trl_grad, rtol=1e-12, atol=1e-15)
     np.testing.assert_allclose(m["cispo/clip_frac_high"], trl_metrics["cispo_clip_ratio"][0], rtol=1e-12)
@@ -135,4 +136,5 @@ class JitTest(parameterized.TestCase):
     def test_jit_equals_eager(self):
         logp, old, adv, mask = (jnp.asarray(x, jnp.float32) for x in _random_inputs(6))
         fn = lambda a, b, c, d: cispo_loss(a, b, c, d, w_max=1.2, w_min=0.8)
-        chex.assert_trees_all_close(self.variant(fn)(logp, old, adv, mask), fn(logp, old, adv, mask), rtol=1e-6)
+        args = (logp, old, adv, mask)
+        chex.assert_trees_all_close(self.variant(fn)(*args), fn(*args), rtol=1e-6)

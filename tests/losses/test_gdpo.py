@@ -143,8 +143,8 @@ def test_gd2po_eps_snr_enters_the_snr_ratio():
     """s_i = sum_k S_k / (sum_k |S_k| + eps_snr) (spec 7b; 1e-8 tool-calling, 1e-6 safe-alignment scripts).
 
     Spec 7b's conflicting samples have |s| = 0.268 with sum |S| = 2.366 (L = 1): with tau = 0.2 they are kept
-    for eps_snr = 1e-8 and 1e-6, and dropped for eps_snr = 1.0 (|s| = 0.634 / 3.366 = 0.188 < 0.2), which gives
-    the hard-filter result."""
+    for eps_snr = 1e-8 and 1e-6, and dropped for eps_snr = 1.0 (|s| = 0.634 / 3.366 = 0.188 < 0.2), which
+    gives the hard-filter result."""
     r, mask = _spec_7b()
     keep_all = [0.4399, -0.9480, 0.2540, 0.2540, 2.0818, -0.6939, -0.6939, -0.6939]
     hard = [0, -0.1571, 0, 0, 1.7646, -0.5358, -0.5358, -0.5358]
@@ -157,7 +157,8 @@ def test_gd2po_eps_snr_enters_the_snr_ratio():
     for eps_snr in (1e-8, 0.5):
         s_i = np.abs(a_c.sum(1)) / (np.abs(a_c).sum(1) + eps_snr)
         for tau in sorted(set(s_i)):
-            for t, n_kept in [(tau - 1e-4, np.sum(s_i >= tau - 1e-4)), (tau + 1e-4, np.sum(s_i >= tau + 1e-4))]:
+            for t in (tau - 1e-4, tau + 1e-4):
+                n_kept = np.sum(s_i >= t)
                 keep = gd2po_advantages(r, 4, mask, mode="snr", tau=t, eps_snr=eps_snr)[1]["gd2po/keep_frac"]
                 np.testing.assert_allclose(keep, (5 + n_kept) / 8, err_msg=f"eps_snr={eps_snr}, tau={t}")
     with pytest.raises(ValueError, match="eps_snr must be > 0"):

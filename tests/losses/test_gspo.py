@@ -128,9 +128,11 @@ def test_check_grads_and_fully_masked_batch():
     logp, old, adv, mask = (jnp.asarray(x, jnp.float32) for x in _random_inputs(5, scale=0.1))
     for token_level in (False, True):
         # Wide clip bounds keep every ratio in the smooth region for the finite-difference check.
-        fn = lambda lp: gspo_loss(lp, old, adv, mask, clip_low=0.9, clip_high=10.0, token_level=token_level)[0]
+        fn = lambda lp: gspo_loss(lp, old, adv, mask, clip_low=0.9, clip_high=10.0,
+                                  token_level=token_level)[0]
         jax.test_util.check_grads(fn, (logp,), order=1, modes=["rev"], eps=1e-3, atol=1e-2, rtol=1e-2)
-        g0 = jax.grad(lambda lp: gspo_loss(lp, old, adv, jnp.zeros_like(mask), token_level=token_level)[0])(logp)
+        empty = jnp.zeros_like(mask)
+        g0 = jax.grad(lambda lp: gspo_loss(lp, old, adv, empty, token_level=token_level)[0])(logp)
         assert np.all(np.asarray(g0) == 0.0)
 
 
@@ -166,7 +168,7 @@ def test_agrees_with_trl_sequence_level_grpo(per_token_adv, seed):
     """TRL `importance_sampling_level="sequence"` with `loss_type="grpo"` is GSPO (spec §1, paper setup)."""
     oracle = pytest.importorskip("_trl_oracle")
     logp, old, adv, mask = _random_inputs(seed, per_token_adv=per_token_adv)
-    keep = mask.any(1)  # TRL's "grpo" averages over all B rows, jaxrl over non-empty ones: compare without them
+    keep = mask.any(1)  # TRL's "grpo" averages over all B rows, jaxrl over non-empty ones: drop empty rows
     logp, old, adv, mask = logp[keep], old[keep], adv[keep], mask[keep]
     trl_adv = adv if per_token_adv else adv[:, 0]
     trl_loss, trl_grad, trl_metrics = oracle.trl_compute_loss(logp, old, trl_adv, mask, loss_type="grpo",
@@ -189,4 +191,5 @@ class JitTest(parameterized.TestCase):
         logp, old, adv, mask = (jnp.asarray(x, jnp.float32) for x in _random_inputs(7))
         for token_level in (False, True):
             fn = lambda a, b, c, d: gspo_loss(a, b, c, d, token_level=token_level)
-            chex.assert_trees_all_close(self.variant(fn)(logp, old, adv, mask), fn(logp, old, adv, mask), rtol=1e-6)
+            args = (logp, old, adv, mask)
+            chex.assert_trees_all_close(self.variant(fn)(*args), fn(*args), rtol=1e-6)

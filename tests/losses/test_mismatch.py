@@ -96,7 +96,8 @@ def test_matches_float64_reference(level, mode, bounds, normalize):
     train, sampler, mask = _random(1)
     mask[3] = False  # an empty row
     w, keep, _ = rollout_correction(jnp.asarray(train, jnp.float32), jnp.asarray(sampler, jnp.float32),
-                                    jnp.asarray(mask), level=level, mode=mode, lower=bounds[0], upper=bounds[1],
+                                    jnp.asarray(mask), level=level, mode=mode, lower=bounds[0],
+                                    upper=bounds[1],
                                     batch_normalize=normalize)
     ref = _np_correction(train, sampler, mask, level, mode, *bounds, normalize)
     np.testing.assert_allclose(w, ref, rtol=2e-5, atol=1e-6)
@@ -110,7 +111,8 @@ def test_weights_carry_no_gradient_and_fully_masked_batch_is_finite():
     mask = mask.astype(bool)
     for level in ("token", "sequence"):
         g = jax.grad(lambda t: jnp.sum(rollout_correction(t, sampler, mask, level=level)[0] * t))(train)
-        np.testing.assert_allclose(g, rollout_correction(train, sampler, mask, level=level)[0])  # d(sg[w] t)/dt = w
+        w = rollout_correction(train, sampler, mask, level=level)[0]
+        np.testing.assert_allclose(g, w)  # d(sg[w] t)/dt = w: no gradient through the weights
     w, keep, m = rollout_correction(train, sampler, jnp.zeros_like(mask), mode="mask", batch_normalize=True)
     assert np.all(np.asarray(w) == 0.0) and not np.any(keep)
     assert all(np.isfinite(v) for v in m.values())
@@ -119,7 +121,8 @@ def test_weights_carry_no_gradient_and_fully_masked_batch_is_finite():
 def test_bad_options_raise():
     x = jnp.zeros((1, 2))
     for kw, msg in [(dict(level="seq"), "level='seq'"), (dict(mode="clip"), "mode='clip'"),
-                    (dict(lower=None, upper=None), "at least one"), (dict(lower=3.0, upper=2.0), "lower <= upper")]:
+                    (dict(lower=None, upper=None), "at least one"),
+                    (dict(lower=3.0, upper=2.0), "lower <= upper")]:
         with pytest.raises(ValueError, match=msg):
             rollout_correction(x, x, x, **kw)
 
@@ -155,4 +158,5 @@ class JitTest(parameterized.TestCase):
         train, sampler, mask = (jnp.asarray(x, jnp.float32) for x in _random(4))
         for level in ("token", "sequence"):
             fn = lambda a, b, c: rollout_correction(a, b, c, level=level, mode="mask", lower=0.5, upper=2.0)
-            chex.assert_trees_all_close(self.variant(fn)(train, sampler, mask), fn(train, sampler, mask), rtol=1e-6)
+            args = (train, sampler, mask)
+            chex.assert_trees_all_close(self.variant(fn)(*args), fn(*args), rtol=1e-6)

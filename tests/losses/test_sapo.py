@@ -78,7 +78,8 @@ def test_matches_float64_reference(seed):
     logp, old, adv, mask = _random_inputs(seed)
     logp = np.where(mask, logp, np.nan)
     f32 = lambda x: jnp.asarray(x, jnp.float32)
-    loss, grad = jax.value_and_grad(lambda lp: sapo_loss(lp, f32(old), f32(adv), jnp.asarray(mask))[0])(f32(logp))
+    fn = lambda lp: sapo_loss(lp, f32(old), f32(adv), jnp.asarray(mask))[0]
+    loss, grad = jax.value_and_grad(fn)(f32(logp))
     ref_loss, ref_grad = _np_sapo(logp, old, adv, mask)
     np.testing.assert_allclose(loss, ref_loss, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(grad, ref_grad, rtol=1e-5, atol=1e-7)
@@ -111,13 +112,15 @@ def test_agrees_with_trl_sapo(taus):
     keep = mask.any(1)  # TRL averages over all B rows, jaxrl over non-empty ones: compare without them
     logp, old, adv, mask = logp[keep], old[keep], adv[keep], mask[keep]
     trl_loss, trl_grad, _ = oracle.trl_compute_loss(logp, old, adv, mask, loss_type="sapo",
-                                                    sapo_temperature_pos=taus[0], sapo_temperature_neg=taus[1])
+                                                    sapo_temperature_pos=taus[0],
+                                                    sapo_temperature_neg=taus[1])
     # TRL builds its temperatures with torch.where on Python floats, i.e. in float32 (1.05 -> 1.04999995):
     # give jaxrl the same rounded values so the comparison can be exact.
     taus = tuple(float(np.float32(t)) for t in taus)
     with jax.enable_x64(True):
         a = [jnp.asarray(x) for x in (logp, old, adv, mask)]
-        loss, grad = jax.value_and_grad(lambda lp: sapo_loss(lp, *a[1:], tau_pos=taus[0], tau_neg=taus[1])[0])(a[0])
+        fn = lambda lp: sapo_loss(lp, *a[1:], tau_pos=taus[0], tau_neg=taus[1])[0]
+        loss, grad = jax.value_and_grad(fn)(a[0])
     np.testing.assert_allclose(loss, trl_loss, rtol=1e-12)
     np.testing.assert_allclose(grad, trl_grad, rtol=1e-12, atol=1e-15)
 
@@ -127,4 +130,5 @@ class JitTest(parameterized.TestCase):
     def test_jit_equals_eager(self):
         logp, old, adv, mask = (jnp.asarray(x, jnp.float32) for x in _random_inputs(6))
         fn = lambda a, b, c, d: sapo_loss(a, b, c, d)
-        chex.assert_trees_all_close(self.variant(fn)(logp, old, adv, mask), fn(logp, old, adv, mask), rtol=1e-6)
+        args = (logp, old, adv, mask)
+        chex.assert_trees_all_close(self.variant(fn)(*args), fn(*args), rtol=1e-6)

@@ -53,7 +53,7 @@ def test_solver_reward_checks_open_and_close_counts_separately():
 
 
 def test_proposer_format_only_mode():
-    """ssp_ray_trainer.py `reward_type == "format_only"`: 1 for every extracted problem, the penalty otherwise."""
+    """ssp_ray_trainer.py `reward_type == "format_only"`: 1 per extracted problem, the penalty otherwise."""
     r = jnp.array([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0], [0.25, 0.0, 1.0]])
     np.testing.assert_allclose(ssp.proposer_reward(r, mode="format_only"), [1.0, 1.0, 1.0])
     got = ssp.proposer_reward(r, mode="format_only", valid_P=jnp.array([1, 0, 1]), format_penalty=0.0)

@@ -1,13 +1,13 @@
 """DIR defaults against a torch simulation of the reference trainer's data-parallel step (issue 15 item 5).
 
 The oracle follows the reference's semantics (Qwen-Applications/DIR `reward_models/debias_trainer_length.py`,
-`scripts/train_debias_rm.sh`; spec section 5, FIDELITY §6), written from the spec, not copied: W ranks hold one
-pair each per micro-step; per micro-step the W pairs' x are gathered, the classifier takes 5 torch AdamW steps
-(default weight decay 0.01) on them, then every rank adds debias_factor·Î(gathered x) to its local BT loss,
-where the gather's backward keeps only the rank's own slice; gradients are averaged over the W ranks (DDP) and
-accumulated over M micro-steps (each loss divided by M). jaxrl's step with its *defaults* (γ, weight decay,
-inner steps) and `micro_batches=M` must give the same classifier and the same gradient w.r.t. the RM's head
-outputs (r^c, r^r, x), hence the same RM update.
+`scripts/train_debias_rm.sh`; spec section 5, FIDELITY §6), written from the spec, not copied: W ranks hold
+one pair each per micro-step; per micro-step the W pairs' x are gathered, the classifier takes 5 torch AdamW
+steps (default weight decay 0.01) on them, then every rank adds debias_factor·Î(gathered x) to its local BT
+loss, where the gather's backward keeps only the rank's own slice; gradients are averaged over the W ranks
+(DDP) and accumulated over M micro-steps (each loss divided by M). jaxrl's step with its *defaults* (γ, weight
+decay, inner steps) and `micro_batches=M` must give the same classifier and the same gradient w.r.t. the RM's
+head outputs (r^c, r^r, x), hence the same RM update.
 """
 
 import jax
@@ -25,7 +25,8 @@ W, M, D, HIDDEN, LR = 8, 2, 6, 16, 1e-2   # lr 1e-2 makes weight decay 0.01 visi
 
 
 def _torch_classifier(clf):
-    net = torch.nn.Sequential(torch.nn.Linear(D, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, 2)).double()
+    net = torch.nn.Sequential(torch.nn.Linear(D, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, 2))
+    net = net.double()
     with torch.no_grad():
         net[0].weight.copy_(torch.tensor(np.asarray(clf["w1_DF"]).T))
         net[0].bias.copy_(torch.tensor(np.asarray(clf["b1_F"])))
@@ -61,7 +62,8 @@ def _reference_step(clf, r_c, r_r, x, a, debias_factor=1.0, inner=5):
             net.zero_grad()
             loss.backward()
             i = m * W + k
-            g_rc[i], g_rr[i], g_x[i] = rc.grad.item() / W, rr.grad.item() / W, xk.grad.numpy()[0] / W  # DDP mean
+            # DDP averages the ranks' gradients
+            g_rc[i], g_rr[i], g_x[i] = rc.grad.item() / W, rr.grad.item() / W, xk.grad.numpy()[0] / W
     params = [p.detach().numpy() for p in net.parameters()]
     return (g_rc, g_rr, g_x), params
 
@@ -110,8 +112,8 @@ def test_weight_decay_is_torchs_default_and_visible():
     for wd, close in [(0.01, True), (0.0, False)]:
         cfg = DebiasConfig(enabled=True, classifier_lr=LR, hidden_dim=HIDDEN, classifier_weight_decay=wd)
         opt_j = classifier_optimizer(cfg)
-        p, _, _ = dir_lib.classifier_inner_steps(clf, opt_j.init(clf), jnp.asarray(x, jnp.float32), jnp.asarray(a),
-                                                 opt_j, 20)
+        p, _, _ = dir_lib.classifier_inner_steps(clf, opt_j.init(clf), jnp.asarray(x, jnp.float32),
+                                                 jnp.asarray(a), opt_j, 20)
         err = np.max(np.abs(np.asarray(p["w1_DF"]) - want))
         assert (err < 2e-6) == close, (wd, err)
 
