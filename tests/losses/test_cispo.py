@@ -50,6 +50,7 @@ def test_spec_table_2x3(cfg, weights):
         loss_BT, metrics = cispo_objective(*a, w_max=cfg.w_max, w_min=cfg.w_min)
         per_tok = lambda lp: cispo_objective(lp, *a[1:], w_max=cfg.w_max, w_min=cfg.w_min)[0]
         grad = jax.grad(lambda lp: jnp.sum(per_tok(lp)))(a[0])
+        loss_BT, grad = np.asarray(loss_BT), np.asarray(grad)
     w = np.asarray(weights)
     np.testing.assert_allclose(loss_BT[0], w * A * 0.7, rtol=1e-12)  # -w A logp with logp = -0.7
     np.testing.assert_allclose(grad[0], -w * A, rtol=1e-12)          # d l / d logp = -w A
