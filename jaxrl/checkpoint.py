@@ -11,8 +11,9 @@ Layout (read by `jaxrl.model_io.load_model_checkpoint` and `jaxrl export-hf`):
 Atomicity is orbax's: a step is written under a temporary name and renamed when complete, so a process killed
 mid-save (SIGKILL) leaves no `<step>` directory. A step that exists but cannot be restored (truncated files)
 is moved aside to `corrupt-<step>-<time>` with a warning once an older step restores, and that step is used.
-`PreemptionGuard` turns SIGTERM into a flag that the training loop checks between steps (agreed across hosts)
-to save once more and stop.
+`PreemptionGuard` turns SIGTERM and SIGINT into a flag that the training loop checks between steps (agreed across
+hosts) to save once more and stop; it remembers which signal it was. A step that fails to restore is reported
+in one warning line (orbax's leftover asyncio tracebacks are silenced: `quiet_failed_restore_noise`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import json
 import logging
 import os
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -100,11 +102,17 @@ class Checkpointer:
         self.manager.save(step, args=args, force=True)
 
     def write_model_config(self, model_config: dict[str, Any], tokenizer: Any = None) -> None:
-        """Writes `model_config.json` (and the tokenizer) next to the steps; primary process only."""
+        """Writes `model_config.json` (and the tokenizer) next to the steps; primary process only.
+
+        With a tokenizer, the stored bos/eos/pad ids are the tokenizer's (`jaxrl.model_io.token_ids`)."""
         if jax.process_index() != 0:
             return
         self.directory.mkdir(parents=True, exist_ok=True)
         tmp = self.directory / f".{MODEL_CONFIG}.tmp"
+        if tokenizer is not None:
+            from jaxrl.model_io import token_ids
+
+            model_config = {**model_config, **token_ids(tokenizer, model_config.get("eos_token_id"))}
         tmp.write_text(json.dumps(model_config, indent=2) + "\n")
         tmp.replace(self.directory / MODEL_CONFIG)
         if tokenizer is not None:
@@ -160,6 +168,7 @@ class Checkpointer:
             try:
                 restored = self._restore(step, params_like, opt_state_like)
             except Exception as e:  # noqa: BLE001 -- decided below, once an older step has been tried
+                quiet_failed_restore_noise()
                 failed.append((step, e))
                 continue
             for bad, e in failed:
@@ -181,8 +190,7 @@ class Checkpointer:
             )
             raise CheckpointError(
                 f"no checkpoint in {self.directory} can be restored into this run's model and optimizer "
-                f"({detail}); a changed model/optimizer config cannot resume: use a new run directory or "
-                "--set checkpoint.resume=false"
+                f"({detail}); a changed model/optimizer config cannot resume: use a new run directory"
             )
         return None
 
@@ -194,29 +202,92 @@ class Checkpointer:
         self.manager.close()
 
 
+_RESTORE_NOISE = "Future exception was never retrieved"
+_noise_filters_installed = False
+
+
+def _closed_loop_error(exc: BaseException | None) -> bool:
+    return isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed"
+
+
+class _DropRestoreNoise(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(_RESTORE_NOISE)
+
+
+def quiet_failed_restore_noise() -> None:
+    """After an orbax restore failed, silences its leftovers (our one warning line says what happened).
+
+    A failed restore leaves one asyncio future per array whose exception nobody retrieves; asyncio logs each
+    ("Future exception was never retrieved" + the whole tensorstore spec, 16-45 KB for a small model) when it
+    is collected, and tensorstore callbacks into the closed event loop print "Event loop is closed"
+    tracebacks. Installed once, only after a failure, and only those two messages are dropped.
+    """
+    global _noise_filters_installed
+    if _noise_filters_installed:
+        return
+    _noise_filters_installed = True
+    logging.getLogger("asyncio").addFilter(_DropRestoreNoise())
+    previous_hook, previous_thread_hook = sys.excepthook, threading.excepthook
+    previous_unraisable = sys.unraisablehook
+
+    def excepthook(exc_type, exc, tb):
+        if not _closed_loop_error(exc):
+            previous_hook(exc_type, exc, tb)
+
+    def thread_hook(args):
+        if not _closed_loop_error(args.exc_value):
+            previous_thread_hook(args)
+
+    def unraisable_hook(args):
+        if not _closed_loop_error(args.exc_value):
+            previous_unraisable(args)
+
+    sys.excepthook, threading.excepthook, sys.unraisablehook = excepthook, thread_hook, unraisable_hook
+
+
+_last_signal: int | None = None
+
+
+def last_stop_signal() -> int | None:
+    """The signal number that last asked a `PreemptionGuard` of this process to stop, or None."""
+    return _last_signal
+
+
 class PreemptionGuard:
-    """Context manager: SIGTERM sets a flag instead of killing the process; `should_stop()` reads it.
+    """Context manager: SIGTERM and SIGINT set a flag instead of killing the process; `should_stop()` reads it.
 
     The loop calls `should_stop()` between steps; with several processes the flag is OR-ed across hosts so
-    every host stops after the same step and joins the final (collective) checkpoint save.
+    every host stops after the same step and joins the final (collective) checkpoint save. `signal` is the
+    number of the signal that asked for the stop (None when none did, also after `request()`); `jaxrl train`
+    turns it into its exit code (`jaxrl.errors.EXIT_PREEMPTED` for SIGTERM, `EXIT_INTERRUPTED` for SIGINT).
+    A second SIGINT while the final checkpoint is written is ignored (the stop is already under way).
     """
 
-    def __init__(self, signals: tuple[int, ...] = (signal.SIGTERM,)):
+    def __init__(self, signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)):
         self.signals = signals
+        self.signal: int | None = None
         self._requested = threading.Event()
         self._previous: dict[int, Any] = {}
 
     def _handler(self, signum, frame):
+        global _last_signal
         del frame
-        log.warning("received signal %d: saving a checkpoint after the current step, then stopping", signum)
+        if self.signal is None:
+            log.warning("received %s: saving a checkpoint after the current step, then stopping",
+                        signal.Signals(signum).name)
+        self.signal = self.signal or signum
+        _last_signal = self.signal
         self._requested.set()
 
     def __enter__(self) -> "PreemptionGuard":
+        global _last_signal
+        _last_signal = None
         if threading.current_thread() is threading.main_thread():
             for s in self.signals:
                 self._previous[s] = signal.signal(s, self._handler)
         else:
-            log.warning("PreemptionGuard outside the main thread: SIGTERM keeps its default action")
+            log.warning("PreemptionGuard outside the main thread: SIGTERM and SIGINT keep their default actions")
         return self
 
     def __exit__(self, *exc) -> None:

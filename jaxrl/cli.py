@@ -5,19 +5,27 @@ Each subcommand lives in `jaxrl/commands/<name>.py` and exposes `add_arguments(p
 Modules are imported only when their subcommand runs, so `jaxrl --help` stays fast and a subcommand's heavy
 dependencies (torch for export checks, gcloud for launch) are never touched by another.
 
-User errors raise `jaxrl.errors.UserError`; they are printed as one line on stderr and exit with code 2.
+User errors raise `jaxrl.errors.UserError`; they are printed as one line on stderr and exit with code 2, as are
+filesystem errors (`FILESYSTEM_ERRNOS`); Ctrl-C outside a training loop prints one line and exits 130 (exit codes:
+`jaxrl.errors`).
 Before anything imports jax, `jaxrl.host_memory.configure_from_env()` sets the host allocator up for XLA:CPU.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import os
 import sys
 
 from jaxrl import host_memory
-from jaxrl.errors import UserError
+from jaxrl.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, UserError
+
+# Filesystem errors at the edges (a run dir that is a file, unwritable, full disk, ...) are the user's to fix:
+# one line, exit 2. Other OSErrors (network, bugs) keep their traceback.
+FILESYSTEM_ERRNOS = frozenset({errno.ENOENT, errno.EEXIST, errno.ENOTDIR, errno.EISDIR, errno.EACCES, errno.EPERM,
+                               errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.ENAMETOOLONG, errno.ENOTEMPTY})
 
 # name -> (module, one-line help). Explicit and greppable; no registry.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -62,7 +70,16 @@ def main(argv: list[str] | None = None) -> int:
         return int(importlib.import_module(args._module).run(args) or 0)
     except UserError as e:
         print(f"jaxrl {args.command}: error: {e}", file=sys.stderr)
-        return 2
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        print(f"jaxrl {args.command}: interrupted (SIGINT)", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except OSError as e:
+        if e.errno not in FILESYSTEM_ERRNOS:
+            raise
+        where = f": {e.filename}" if e.filename else ""
+        print(f"jaxrl {args.command}: error: {e.strerror or e}{where}", file=sys.stderr)
+        return EXIT_USER_ERROR
 
 
 if __name__ == "__main__":

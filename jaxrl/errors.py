@@ -34,3 +34,8 @@ class CheckpointError(UserError):
 
 class RunDirError(UserError):
     """A run or output directory that cannot be used: unwritable, a file, locked, or holding foreign files."""
+
+
+class OutputDirError(CheckpointError):
+    """An export / import output directory that must not be written: a run or checkpoint directory, foreign
+    files, or an existing directory without --overwrite."""

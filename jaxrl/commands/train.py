@@ -1,9 +1,18 @@
-"""`jaxrl train [CONFIG] [--set key=value]... [--run-dir DIR]`: RL post-training from a YAML config."""
+"""`jaxrl train [CONFIG] [--set key=value]... [--run-dir DIR]`: RL post-training from a YAML config.
+
+Before anything is written, `jaxrl.run_dir.validate_train` checks the run directory (writable, tokenizer
+present, an existing run resumable by this config); then the trainer holds the run directory's lock
+(`jaxrl.run_lock`) for the whole run. Exit codes (`jaxrl.errors`): 0 finished; 2 a user error (one line);
+75 stopped by SIGTERM and 130 stopped by SIGINT, in both cases after saving a checkpoint when training steps
+had started, so the same command resumes (`jaxrl launch` restarts on 75).
+"""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import signal
+import sys
 from pathlib import Path
 
 
@@ -22,6 +31,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="multi-host: seconds to wait for all processes before exiting with an error")
 
 
+class _StoppedBeforeSteps(BaseException):
+    """SIGTERM before the training loop's own handler is installed (setup, compile, SFT warm start)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_on_sigterm(signum, frame):
+    del frame
+    raise _StoppedBeforeSteps(signum)
+
+
+def exit_code(signum: int | None) -> int:
+    """0 when training ran to the end; `EXIT_PREEMPTED` (75) after SIGTERM, `EXIT_INTERRUPTED` (130) after
+    SIGINT (both after a checkpoint was saved, so the same command resumes)."""
+    from jaxrl.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_PREEMPTED
+
+    if signum is None:
+        return EXIT_OK
+    return EXIT_INTERRUPTED if signum == signal.SIGINT else EXIT_PREEMPTED
+
+
 def run(args: argparse.Namespace) -> int:
     from jaxrl import distributed
     from jaxrl.config import load_config
@@ -32,14 +64,37 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("absl", "jax", "orbax"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    from jaxrl.train_loop import train
+    import jax
+
+    from jaxrl import checkpoint, run_dir as run_dir_lib, run_lock
 
     name = Path(args.config).stem if args.config else "quickstart"
     local = Path("runs") / name
     remote = args.run_dir if args.run_dir and "://" in args.run_dir else None
     run_dir = local if remote or not args.run_dir else Path(args.run_dir)
-    last = train(cfg, run_dir, checkpoint_dir=f"{remote.rstrip('/')}/checkpoints" if remote else None)
+    checkpoint_dir = f"{remote.rstrip('/')}/checkpoints" if remote else None
+    # Before anything in the run directory is written: writable, tokenizer present, resumable by this config.
+    run_dir_lib.validate_train(cfg, run_dir, checkpoint_dir)
+    previous = signal.signal(signal.SIGTERM, _raise_on_sigterm)
+    try:
+        with run_lock.hold(run_dir, primary=jax.process_index() == 0):
+            from jaxrl.train_loop import train
+
+            last = train(cfg, run_dir, checkpoint_dir=checkpoint_dir)
+    except _StoppedBeforeSteps as e:
+        print(f"jaxrl train: stopped by {signal.Signals(e.signum).name} before any new step (nothing to save); "
+              f"run the same command to resume (exit {exit_code(e.signum)})", file=sys.stderr)
+        return exit_code(e.signum)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    where = remote or run_dir
+    # The loop reports the signal that stopped it; `last_stop_signal` covers a loop that predates that key.
+    signum = last["stopped_by_signal"] if "stopped_by_signal" in last else checkpoint.last_stop_signal()
+    if signum is not None:
+        print(f"jaxrl train: stopped by {signal.Signals(signum).name} after step {last.get('step')}; checkpoint "
+              f"saved in {where}; run the same command to resume (exit {exit_code(signum)})", file=sys.stderr)
+        return exit_code(signum)
     acc = last.get("eval/accuracy")
-    print(f"jaxrl train: finished step {last.get('step')} in {remote or run_dir}"
+    print(f"jaxrl train: finished step {last.get('step')} in {where}"
           + (f"; held-out accuracy {acc:.3f}" if acc is not None else ""))
     return 0

@@ -1,0 +1,243 @@
+"""Run and output directories: what may be written where, checked before any model is built or any file written.
+
+* `validate_train(cfg, run_dir, checkpoint_dir)` (called by `jaxrl train` before `train()`): the run directory
+  is a writable directory, an HF model has its tokenizer files, and an existing run can be resumed by this
+  config (`check_resume`). A failure raises a `UserError` naming every differing field, and nothing in the run
+  directory has been touched (a failed resume used to rewrite `config.yaml` and `model_config.json` first, after
+  which `sample` and `export-hf` failed on the original checkpoints).
+* `replace_owned_files(path, owns=..., overwrite=...)` (used by `export-hf` / `import-hf`): writes into a fresh
+  sibling directory, then moves the new files into `path`. With `--overwrite` only files the exporter writes are
+  replaced; a run or checkpoint directory, or any file the exporter did not write, is refused (the old helper
+  renamed the whole directory away and deleted a training run given as `--out`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from jaxrl.errors import ConfigError, OutputDirError, RunDirError
+
+# TransformerConfig fields that change how the forward pass runs but not the parameters; they may change on
+# resume. Token ids are compared through the tokenizer.
+EXECUTION_ONLY = ("dtype", "remat", "scan_layers", "bos_token_id", "eos_token_id", "pad_token_id")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "chat_template.jinja", "chat_template.json", "vocab.json", "vocab.txt", "merges.txt",
+                   "tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "additional_chat_templates",
+                   "preprocessor_config.json")
+HF_EXPORT_FILES = ("config.json", "generation_config.json", "model.safetensors", "model.safetensors.index.json",
+                   "configuration_jaxrl.py", "modeling_jaxrl.py", *TOKENIZER_FILES)
+_SHARD = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")
+MODEL_CHECKPOINT_FILES = ("model_config.json", "params", "tokenizer")
+
+
+def owns_hf_export(name: str) -> bool:
+    """Whether `export-hf` writes a file of this name (config, generation config, shards, tokenizer, code)."""
+    return name in HF_EXPORT_FILES or bool(_SHARD.fullmatch(name))
+
+
+def owns_model_checkpoint(name: str) -> bool:
+    """Whether `import-hf` writes a file of this name (`model_config.json`, `params/`, `tokenizer/`)."""
+    return name in MODEL_CHECKPOINT_FILES
+
+
+def _is_run_dir(path: Path) -> str | None:
+    """Why `path` is a training run or trainer checkpoint directory, or None."""
+    if (path / "checkpoints").is_dir() or (path / "metrics.jsonl").is_file():
+        return "a training run directory"
+    steps = [p.name for p in path.iterdir() if p.is_dir() and p.name.isdigit()]
+    if steps and (path / "model_config.json").is_file():
+        return f"a trainer checkpoint directory (steps {', '.join(sorted(steps, key=int)[:3])})"
+    return None
+
+
+def check_writable_dir(path: str | os.PathLike, what: str) -> None:
+    """`path` is (or can be created as) a directory this process can write: RunDirError otherwise."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise RunDirError(f"{what} {path} exists and is not a directory")
+    probe = path
+    while not probe.exists():  # the nearest existing ancestor must be a writable directory
+        probe = probe.parent
+    if not probe.is_dir():
+        raise RunDirError(f"{what} {path}: {probe} is a file, not a directory")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise RunDirError(f"{what} {path}: {probe} is not writable")
+
+
+def check_output_dir(path: str | os.PathLike, *, owns: Callable[[str], bool], overwrite: bool,
+                     what: str) -> None:
+    """Refuses (RunDirError) an output directory that is a run/checkpoint directory, holds files the writer
+    does not own, or (without `overwrite`) is not empty; checks it is writable. Call before loading models."""
+    path = Path(path)
+    check_writable_dir(path, what)
+    if not path.is_dir() or not any(path.iterdir()):
+        return
+    reason = _is_run_dir(path)
+    if reason:
+        raise OutputDirError(f"{what} {path} is {reason}; refusing to write into it (even with --overwrite): "
+                          "choose a new directory")
+    foreign = sorted(p.name for p in path.iterdir() if not owns(p.name))
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise OutputDirError(f"{what} {path} holds files this command does not write ({shown}); refusing to "
+                          "replace it (even with --overwrite): choose a new or empty directory")
+    if not overwrite:
+        raise OutputDirError(f"{what} {path} already exists and is not empty; pass --overwrite to replace the "
+                          "files this command writes")
+
+
+@contextlib.contextmanager
+def replace_owned_files(path: str | os.PathLike, *, owns: Callable[[str], bool], overwrite: bool,
+                        what: str = "output directory") -> Iterator[Path]:
+    """Yields a fresh temporary directory next to `path`; on success its entries replace those in `path`.
+
+    Entries of `path` that the writer owns but did not write this time (e.g. shards of an older, differently
+    sharded export) are removed; nothing else in `path` is touched. On any exception `path` is unchanged.
+    """
+    path = Path(path)
+    check_output_dir(path, owns=owns, overwrite=overwrite, what=what)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    os.chmod(tmp, 0o755)  # mkdtemp makes it 0700
+    try:
+        yield tmp
+        if not path.exists():
+            os.rename(tmp, path)
+            return
+        trash = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
+        written = {p.name for p in tmp.iterdir()}
+        for old in path.iterdir():
+            if owns(old.name) or old.name in written:
+                os.rename(old, trash / old.name)
+        for new in tmp.iterdir():
+            os.rename(new, path / new.name)
+        shutil.rmtree(trash, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def check_tokenizer_source(cfg: Any) -> None:
+    """An HF directory or checkpoint as the model needs its own tokenizer files unless `tokenizer:` names one
+    (a 49k-vocabulary model must not silently train with the 102-character built-in tokenizer)."""
+    from jaxrl import model_io
+
+    if cfg.tokenizer.kind == "hf":
+        return
+    source = cfg.model.hf_path or cfg.model.checkpoint
+    if source is None:
+        return
+    key = "model.hf_path" if cfg.model.hf_path else "model.checkpoint"
+    candidates = [Path(source)]
+    if cfg.model.checkpoint:
+        with contextlib.suppress(Exception):
+            candidates.insert(0, model_io.resolve_checkpoint(source)[0])
+    if not any(model_io.has_tokenizer_files(c) for c in candidates):
+        raise ConfigError(f"{key}={source}: no tokenizer files there ({', '.join(TOKENIZER_FILES[:2])}); "
+                          "set tokenizer.kind=hf and tokenizer.path=DIR to the model's tokenizer")
+
+
+def validate_train(cfg: Any, run_dir: str | os.PathLike, checkpoint_dir: str | None = None) -> None:
+    """Everything `jaxrl train` checks before building a model: writable run directory, tokenizer presence,
+    resume compatibility."""
+    check_writable_dir(run_dir, "run directory")
+    check_tokenizer_source(cfg)
+    check_resume(cfg, run_dir, checkpoint_dir)
+
+
+def _stored_steps(ckpt_dir) -> list[int]:
+    return sorted(int(p.name) for p in ckpt_dir.iterdir() if p.name.isdigit() and p.is_dir())
+
+
+def _name(value: Any) -> Any:
+    return getattr(value, "value", value)  # enums as their YAML spelling
+
+
+def _diff(prefix: str, stored: dict, new: dict, keys) -> list[str]:
+    return [f"{prefix}{k}: {stored.get(k)!r} in the run, {new.get(k)!r} in this config"
+            for k in keys if stored.get(k) != new.get(k)]
+
+
+def _expected_model(cfg: Any, tokenizer) -> dict:
+    """The TransformerConfig (as JSON) `jaxrl.build.build_model` would produce, without loading weights."""
+    from jaxrl import build, model_io
+
+    if cfg.model.preset is not None:
+        model_cfg = build.preset_config(cfg.model, len(tokenizer))
+    else:  # loaded weights: dtype and param_dtype both follow model.dtype
+        model_cfg = build.model_config(cfg.model)
+        model_cfg = model_cfg.replace(dtype=cfg.model.dtype, param_dtype=cfg.model.dtype)
+    return model_io.config_to_json(model_cfg)
+
+
+def _tokenizer_summary(tok) -> dict:
+    vocab = tok.get_vocab()
+    return {"vocab_size": len(tok), "bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id,
+            "pad_token_id": tok.pad_token_id, "vocabulary": hash(tuple(sorted(vocab.items())))}
+
+
+def check_resume(cfg: Any, run_dir: str | os.PathLike, checkpoint_dir: str | None = None) -> None:
+    """Refuses (ConfigError) to continue a run whose checkpoints this config cannot resume, naming every
+    differing field: model config, tokenizer, algorithm; and checks that the stored model's parameters divide
+    over this config's mesh. Reads only; does nothing when the run has no checkpoint step yet.
+
+    Args:
+      cfg: the `ExperimentConfig` about to train.
+      run_dir: the run directory (holds `config.yaml` of the previous run).
+      checkpoint_dir: where the checkpoints are (default RUN/checkpoints; may be gs://...).
+    """
+    import json
+
+    import yaml
+    from etils import epath
+
+    from jaxrl import build, model_io
+
+    ckpt_dir = epath.Path(checkpoint_dir) if checkpoint_dir else epath.Path(Path(run_dir) / "checkpoints")
+    stored_file = ckpt_dir / model_io.CONFIG_FILE
+    if not stored_file.exists() or not _stored_steps(ckpt_dir):
+        return
+    try:
+        stored = json.loads(stored_file.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ConfigError(f"cannot read {stored_file} of the run being resumed: {e}") from None
+    tokenizer = build.build_tokenizer(cfg.model, cfg.tokenizer)
+    problems = _diff("model ", stored, _expected_model(cfg, tokenizer),
+                     [k for k in stored if k not in EXECUTION_ONLY])
+    if Path(os.fspath(ckpt_dir)).is_dir():  # local checkpoints: compare the tokenizer saved with them
+        old_tok = model_io.load_tokenizer(Path(os.fspath(ckpt_dir)))
+        if old_tok is not None:
+            old, new = _tokenizer_summary(old_tok), _tokenizer_summary(tokenizer)
+            problems += _diff("tokenizer ", old, new, [k for k in old if k != "vocabulary"])
+            if old["vocabulary"] != new["vocabulary"] and old["vocab_size"] == new["vocab_size"]:
+                problems.append("tokenizer vocabulary: same size, different tokens")
+    config_yaml = Path(run_dir) / "config.yaml"
+    if config_yaml.is_file():
+        try:
+            previous = yaml.safe_load(config_yaml.read_text()) or {}
+        except yaml.YAMLError:
+            previous = {}
+        old_algo = (previous.get("algorithm") or {}).get("name")
+        if old_algo is not None and old_algo != _name(cfg.algorithm.name):
+            problems.append(f"algorithm.name: {old_algo!r} in the run, {_name(cfg.algorithm.name)!r} in this "
+                            "config")
+    if problems:
+        raise ConfigError(f"cannot resume the run in {run_dir} with this config: {'; '.join(problems)}; use a "
+                          "new --run-dir, or the run's own settings (its config.yaml)")
+    _check_mesh(cfg, model_io.config_from_json(stored, where=str(stored_file)))
+
+
+def _check_mesh(cfg: Any, model_cfg) -> None:
+    """The stored model's parameters must split evenly over this config's mesh (ConfigError naming the tensor)."""
+    from flax import nnx
+
+    from jaxrl.models import Transformer
+    from jaxrl.sharding import RULES, make_mesh, state_shardings
+
+    state_shardings(nnx.state(Transformer.abstract(model_cfg), nnx.Param), make_mesh(cfg.mesh),
+                    RULES[cfg.mesh.rules])
