@@ -7,7 +7,8 @@
   SiameseNorm models export as `JaxrlForCausalLM` (model_type `jaxrl_decoder`) with our own modeling files
   (`jaxrl/remote_code/`) copied next to the weights and `auto_map` set, so
   `AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True)` loads them.
-* Writing is atomic (temporary directory next to the target, renamed at the end).
+* Writing goes to a temporary directory next to the target; its files then replace only files we wrote
+  (`jaxrl.run_dir.replace_owned_files`).
 The name/layout table between HF tensors and jaxrl parameters lives in `jaxrl.models.hf_io`.
 """
 
@@ -22,11 +23,12 @@ from typing import Any
 import numpy as np
 from flax import nnx
 
-from jaxrl._safetensors_dir import TensorReader, atomic_output_dir, parse_size, write_tensors
+from jaxrl._safetensors_dir import TensorReader, parse_size, write_tensors
 from jaxrl.errors import CheckpointError
-from jaxrl.model_io import model_from_params
+from jaxrl.model_io import model_from_params, token_ids
 from jaxrl.models import Transformer, TransformerConfig
 from jaxrl.models import hf_io
+from jaxrl.run_dir import owns_hf_export, replace_owned_files
 
 REMOTE_CODE_DIR = Path(__file__).parent / "remote_code"
 REMOTE_CODE_FILES = ("configuration_jaxrl.py", "modeling_jaxrl.py")
@@ -116,16 +118,23 @@ def save_pretrained(model: Transformer, path: str | os.PathLike, tokenizer=None,
     """Write `model` as an HF directory: config.json, generation_config.json, safetensors, tokenizer.
 
     Post-norm / SiameseNorm models also get our modeling files (load with `trust_remote_code=True`).
-    Atomic: nothing is left at `path` if anything fails; an existing non-empty `path` needs `overwrite=True`.
+    bos/eos/pad ids in both configs are the tokenizer's when one is given (`model_io.token_ids`), so
+    transformers' `generate` stops where `jaxrl sample` stops.
+    Written next to `path` first, so nothing changes at `path` if anything fails. An existing non-empty `path`
+    needs `overwrite=True`, and then only the files this function writes are replaced; a run or checkpoint
+    directory, or any other file in `path`, is refused before anything is written (`OutputDirError`).
     """
     cfg = model.cfg
     limit = parse_size(max_shard_size)
     params = nnx.state(model, nnx.Param).to_pure_dict()
     config = hf_config_dict(cfg)  # first: an inexpressible config fails before anything is written
+    if tokenizer is not None:
+        ids = token_ids(tokenizer, cfg.eos_token_id)
+        config.update({k: list(v) if isinstance(v, tuple) else v for k, v in ids.items()})
     shapes = hf_io.hf_shapes(cfg)
     # Reshape to the HF layout of `hf_shapes` (a no-op when params_to_hf already yields it; guards biases).
     tensors = ((name, value.reshape(shapes[name])) for name, value in hf_io.params_to_hf(cfg, params))
-    with atomic_output_dir(path, overwrite=overwrite) as tmp:
+    with replace_owned_files(path, owns=owns_hf_export, overwrite=overwrite, what="HF output directory") as tmp:
         write_tensors(tmp, tensors, limit)
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         generation = {k: config[k] for k in _GENERATION_KEYS if config.get(k) is not None}

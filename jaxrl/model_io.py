@@ -26,9 +26,9 @@ import jax
 import orbax.checkpoint as ocp
 from flax import nnx
 
-from jaxrl._safetensors_dir import atomic_output_dir
 from jaxrl.errors import CheckpointError
 from jaxrl.models import Llama3RopeScaling, Transformer, TransformerConfig
+from jaxrl.run_dir import owns_model_checkpoint, replace_owned_files
 
 CONFIG_FILE = "model_config.json"
 PARAMS_ITEM = "params"
@@ -72,12 +72,41 @@ def model_from_params(cfg: TransformerConfig, params: dict, *, where: str) -> Tr
 
 
 
+def token_ids(tokenizer, config_eos: Any = None) -> dict[str, Any]:
+    """bos/eos/pad ids for a saved config, from the tokenizer actually used (None where it has none).
+
+    A preset's defaults may name other tokens (the `tiny` preset says eos=2, the built-in tokenizer's end token
+    is 1, so transformers' `generate` ran past it). The tokenizer's eos comes first; a multi-id
+    `config_eos` (e.g. Llama 3's end-of-turn and end-of-text) keeps its other ids after it.
+    """
+    def tid(name):
+        value = getattr(tokenizer, f"{name}_token_id", None)
+        return None if value is None else int(value)
+
+    eos = tid("eos")
+    if isinstance(config_eos, (list, tuple)) and len(config_eos) > 1 and eos is not None:
+        eos = (eos, *(int(i) for i in config_eos if int(i) != eos))
+    elif eos is None:
+        eos = config_eos
+    return {"bos_token_id": tid("bos"), "eos_token_id": eos, "pad_token_id": tid("pad")}
+
+
 def save_model_checkpoint(model: Transformer, path: str | os.PathLike, tokenizer=None, *,
                           overwrite: bool = False) -> Path:
-    """Write `model` (and `tokenizer`) as a jaxrl model checkpoint directory, atomically."""
+    """Write `model` (and `tokenizer`) as a jaxrl model checkpoint directory.
+
+    Written next to `path` first; an existing `path` needs `overwrite=True` and then only `model_config.json`,
+    `params/` and `tokenizer/` are replaced. A run directory, a trainer checkpoint directory or any other file
+    in `path` is refused (`OutputDirError`) before anything is written. The stored token ids are the
+    tokenizer's when one is given.
+    """
+    config = config_to_json(model.cfg)
+    if tokenizer is not None:
+        config.update(token_ids(tokenizer, model.cfg.eos_token_id))
     params = nnx.state(model, nnx.Param).to_pure_dict()
-    with atomic_output_dir(path, overwrite=overwrite) as tmp:
-        (tmp / CONFIG_FILE).write_text(json.dumps(config_to_json(model.cfg), indent=2) + "\n")
+    with replace_owned_files(path, owns=owns_model_checkpoint, overwrite=overwrite,
+                             what="checkpoint directory") as tmp:
+        (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
         with ocp.StandardCheckpointer() as checkpointer:
             checkpointer.save(tmp / PARAMS_ITEM, params)
             checkpointer.wait_until_finished()
@@ -119,14 +148,26 @@ def load_config(config_dir: Path) -> TransformerConfig:
     return config_from_json(data, where=str(file))
 
 
+def has_tokenizer_files(directory: str | os.PathLike) -> bool:
+    """Whether `directory/tokenizer/` or `directory` holds an HF tokenizer (tokenizer.json or
+    tokenizer_config.json)."""
+    directory = Path(directory)
+    return any((c / "tokenizer.json").is_file() or (c / "tokenizer_config.json").is_file()
+               for c in (directory / TOKENIZER_DIR, directory))
+
+
 def load_tokenizer(directory: str | os.PathLike):
-    """`AutoTokenizer` saved in `directory/tokenizer/` or `directory`, or None when there is none."""
+    """`AutoTokenizer` saved in `directory/tokenizer/` or `directory`, or None when there is none.
+
+    Offline and without remote code: a directory whose config.json names custom code (our SiameseNorm
+    exports) loads its tokenizer without asking to run that code, and never runs anyone else's.
+    """
     directory = Path(directory)
     for candidate in (directory / TOKENIZER_DIR, directory):
         if (candidate / "tokenizer.json").is_file() or (candidate / "tokenizer_config.json").is_file():
-            from transformers import AutoTokenizer
+            from jaxrl.tokenizer import from_pretrained_dir
 
-            return AutoTokenizer.from_pretrained(str(candidate))
+            return from_pretrained_dir(candidate)
     return None
 
 

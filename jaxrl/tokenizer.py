@@ -11,6 +11,7 @@ the same text always gives the same ids on every machine. Characters outside the
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -69,9 +70,26 @@ def load_tokenizer(kind: str = "builtin", path: str | os.PathLike | None = None)
     if path is None or not Path(path).is_dir():
         raise ConfigError(f"tokenizer.path={str(path)!r}: not a directory with tokenizer files")
     try:
-        tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
+        tok = from_pretrained_dir(path)
     except (OSError, ValueError) as e:
         raise ConfigError(f"tokenizer.path={str(path)!r}: cannot load a tokenizer: {e}") from None
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     return tok
+
+
+def from_pretrained_dir(path: str | os.PathLike) -> PreTrainedTokenizerBase:
+    """`AutoTokenizer` of a local directory: offline, `trust_remote_code=False` (no interactive prompt, never
+    anyone's code). For our own `JaxrlForCausalLM` exports (model_type `jaxrl_decoder`) transformers gets a
+    generic config instead of reading ours, which it could only resolve through the remote code."""
+    from transformers import PretrainedConfig
+
+    extra = {"config": PretrainedConfig()} if _is_own_remote_code_export(Path(path)) else {}
+    return AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=False, **extra)
+
+
+def _is_own_remote_code_export(directory: Path) -> bool:
+    try:
+        return json.loads((directory / "config.json").read_text()).get("model_type") == "jaxrl_decoder"
+    except (OSError, ValueError, AttributeError):
+        return False

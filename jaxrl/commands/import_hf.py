@@ -19,9 +19,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--hf", help="HF model directory (config.json + safetensors)")
     source.add_argument("--gguf", help="GGUF file (llama/qwen2/qwen3; needs torch, gguf, accelerate)")
-    parser.add_argument("--out", required=True, help="output jaxrl checkpoint directory (must not exist)")
+    parser.add_argument("--out", required=True,
+                        help="output jaxrl checkpoint directory (new or empty; never a run directory)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="parameter dtype")
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out directory")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace model_config.json, params/ and tokenizer/ of a previous import in --out")
 
 
 def _import_dir(hf_dir: Path, args: argparse.Namespace) -> None:
@@ -33,6 +35,11 @@ def _import_dir(hf_dir: Path, args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from jaxrl import run_dir
+
+    # Before loading any model: --out must be new, empty, or (with --overwrite) a previous import.
+    run_dir.check_output_dir(args.out, owns=run_dir.owns_model_checkpoint, overwrite=args.overwrite,
+                             what="--out")
     if args.gguf is not None:
         from jaxrl.gguf import gguf_to_hf_dir
 
