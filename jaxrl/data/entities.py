@@ -6,7 +6,7 @@ no hashing of strings): the same seed gives the same world on every machine. Ent
     Country  area (km²), capital → City
     City     founded (year), population, in → Country
     Person   born (year), occupation, born in → City
-    Landmark (bridge / lighthouse / tower) opened (year), height or length (m), in → City, designed by → Person
+    Landmark (bridge/lighthouse/tower) opened (year), height or length (m), in → City, designed by → Person
     Company  founded (year), employees, founded by → Person, headquarters → City
 
 Every entity has one document "Title\\nsentences" stating its facts and relations; about one in four cities
@@ -98,16 +98,17 @@ def build_world(seed: int = 0, size: str = "tiny") -> World:
     landmarks = [f"{names.word(2)} {_pick(rng, tuple(_LANDMARK_KIND))}" for _ in range(n["landmarks"])]
     companies = [f"{names.word(2)} {_pick(rng, _COMPANY_SUFFIX)}" for _ in range(n["companies"])]
     for i, c in enumerate(cities):  # every country gets at least one city; the first is its capital
-        ent[c] = dict(type="city", country=countries[i % len(countries)], founded=int(rng.integers(900, 1900)),
-                      population=int(rng.integers(10, 2000)) * 1000)
+        ent[c] = dict(type="city", country=countries[i % len(countries)],
+                      founded=int(rng.integers(900, 1900)), population=int(rng.integers(10, 2000)) * 1000)
     for i, c in enumerate(countries):
         ent[c] = dict(type="country", capital=cities[i], area=int(rng.integers(2_000, 400_000)))
     for p in people:
         ent[p] = dict(type="person", born=int(rng.integers(1850, 1991)), city=_pick(rng, cities),
                       occupation=_pick(rng, _OCCUPATIONS))
     for lm in landmarks:
-        ent[lm] = dict(type="landmark", kind=lm.split()[-1], city=_pick(rng, cities), designer=_pick(rng, people),
-                       opened=int(rng.integers(1800, 2021)), metres=int(rng.integers(20, 900)))
+        ent[lm] = dict(type="landmark", kind=lm.split()[-1], city=_pick(rng, cities),
+                       designer=_pick(rng, people), opened=int(rng.integers(1800, 2021)),
+                       metres=int(rng.integers(20, 900)))
     for co in companies:
         ent[co] = dict(type="company", founder=_pick(rng, people), hq=_pick(rng, cities),
                        founded=int(rng.integers(1850, 2021)), employees=int(rng.integers(5, 9000)) * 10)
@@ -123,17 +124,18 @@ def build_world(seed: int = 0, size: str = "tiny") -> World:
 def _document(name: str, e: dict[str, Any]) -> str:
     t = e["type"]
     if t == "country":
-        body = f"{name} is a country with an area of {_num(e['area'])} square kilometres. Its capital is {e['capital']}."
+        body = (f"{name} is a country with an area of {_num(e['area'])} square kilometres. Its capital is "
+                f"{e['capital']}.")
     elif t == "city":
-        body = (f"{name} is a city in {e['country']}. It was founded in {e['founded']} and has a population of "
-                f"{_num(e['population'])}.")
+        body = (f"{name} is a city in {e['country']}. It was founded in {e['founded']} and has a population "
+                f"of {_num(e['population'])}.")
     elif t == "person":
         article = "an" if e["occupation"][0] in "aeiou" else "a"
         body = f"{name} was {article} {e['occupation']} born in {e['born']} in the city of {e['city']}."
     elif t == "landmark":
         kind = e["kind"].lower()
-        body = (f"The {name} is a {kind} in {e['city']}, designed by {e['designer']}. It opened in {e['opened']} "
-                f"and is {e['metres']} metres {_LANDMARK_KIND[e['kind']]}.")
+        body = (f"The {name} is a {kind} in {e['city']}, designed by {e['designer']}. It opened in "
+                f"{e['opened']} and is {e['metres']} metres {_LANDMARK_KIND[e['kind']]}.")
     else:
         body = (f"{name} is a company founded in {e['founded']} by {e['founder']}. Its headquarters are in "
                 f"{e['hq']} and it employs {_num(e['employees'])} people.")
@@ -182,7 +184,8 @@ def _questions(ent: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         elif t == "landmark":
             d, city = ent[e["designer"]], ent[e["city"]]
             out.append(_q(f"Who designed the {name}?", e["designer"], [name]))
-            out.append(_q(f"In which year was the designer of the {name} born?", d["born"], [name, e["designer"]]))
+            out.append(_q(f"In which year was the designer of the {name} born?", d["born"],
+                          [name, e["designer"]]))
             out.append(_q(f"What is the population of the city where the {name} stands?", city["population"],
                           [name, e["city"]]))
             out.append(_q(f"In which country was the designer of the {name} born?", ent[d["city"]]["country"],

@@ -1,4 +1,4 @@
-"""Multi-turn episodes as training rows: `collect_episodes` (sampled) and `scripted_episodes` (demonstrations).
+"""Multi-turn episodes as training rows: `collect_episodes` (sampled), `scripted_episodes` (demonstrations).
 
 Episode i = p·G + g (G per record, rows of one record contiguous) runs turns until its env says done, the
 model emits EOS, `max_turns` is reached or the context would exceed `max_total_tokens`. The row is
@@ -65,7 +65,7 @@ class EpisodeSpec:
 
 @dataclasses.dataclass
 class Episodes:
-    """N episodes as host arrays (row n = p·G + g); field names follow `jaxrl.rollout.Rollout` where shared."""
+    """N episodes as host arrays (row n = p·G + g); field names follow `jaxrl.rollout.Rollout` if shared."""
 
     tokens_BL: np.ndarray  # int32 [N, L], L = prompt_width + completion width
     mask_BL: np.ndarray  # bool, real tokens
@@ -104,7 +104,8 @@ class _Episode:
     done: bool = False
     finished: bool = False
 
-    def act(self, ids: Sequence[int], logp: Sequence[float], action: Action, max_turns: int, max_total: int) -> None:
+    def act(self, ids: Sequence[int], logp: Sequence[float], action: Action, max_turns: int,
+            max_total: int) -> None:
         """Appends an action, steps the env and appends its observation unless the episode ends."""
         self.context += ids
         self.logp += logp
@@ -138,7 +139,8 @@ def _start(env_factory: Callable[[Any], Env], records, tokenizer, spec: EpisodeS
 
 
 def collect_episodes(graphdef, params, records: Sequence[dict[str, Any]], tokenizer,
-                     env_factory: Callable[[Any], Env], spec: EpisodeSpec, seed: int) -> Episodes:
+                     env_factory: Callable[[Any], Env], spec: EpisodeSpec, seed, *,
+                     row_offset: int = 0) -> Episodes:
     """Runs G episodes per record, all live episodes decoding each turn together (`TurnDecoder`).
 
     Args:
@@ -146,7 +148,9 @@ def collect_episodes(graphdef, params, records: Sequence[dict[str, Any]], tokeni
       records: P dataset records (whatever the env's `reset` reads).
       tokenizer: the model's HF tokenizer (eos and pad ids, decoding of actions).
       env_factory: `tokenizer -> Env`, e.g. `jaxrl.envs.make_env(name, params)`; one env per episode.
-      spec: `EpisodeSpec`; seed: int, the sampling seed of this rollout.
+      spec: `EpisodeSpec`; seed: int or PRNG key of this rollout.
+      row_offset: global index of this call's first episode (its row id for the random draws); on several
+        hosts, host h passes h·N so that hosts draw independently from one seed.
 
     Returns:
       Episodes with N = P·G rows.
@@ -160,18 +164,19 @@ def collect_episodes(graphdef, params, records: Sequence[dict[str, Any]], tokeni
     decoder = TurnDecoder(graphdef, params, len(eps), max_new_tokens=spec.max_new_tokens,
                           temperature=spec.temperature, top_k=spec.top_k, top_p=spec.top_p, eos_ids=(eos,),
                           stop_sequences=stops, pad_id=pad, seed=seed, mode=spec.cache,
+                          rows=range(row_offset, row_offset + len(eps)),
                           cache_slots=slots,
                           chunk_buckets=spec.chunk_buckets, gen_buckets=spec.gen_buckets)
     gen_s = env_s = 0.0
     for k in range(spec.max_turns):
-        budgets = [0 if e.done else min(spec.max_new_tokens, spec.max_total_tokens - len(e.context)) for e in eps]
+        budgets = [0 if e.done else min(spec.max_new_tokens, spec.max_total_tokens - len(e.context))
+                   for e in eps]
         for e, b in zip(eps, budgets):
             e.done = e.done or b <= 0
         if all(e.done for e in eps):
             break
         t0 = time.perf_counter()
-        turn = decoder.turn(k, [None if e.done else e.context for e in eps], [0 if e.done else b
-                                                                                 for e, b in zip(eps, budgets)])
+        turn = decoder.turn(k, [None if e.done else e.context for e in eps], budgets)
         t1 = time.perf_counter()
         gen_s += t1 - t0
         for i, e in enumerate(eps):
@@ -180,7 +185,8 @@ def collect_episodes(graphdef, params, records: Sequence[dict[str, Any]], tokeni
                 continue
             ids = [int(x) for x in turn.tokens[i, :n]]
             action = Action(tuple(ids), tokenizer.decode(ids, skip_special_tokens=True), ids[-1] == eos)
-            e.act(ids, [float(x) for x in turn.logprobs[i, :n]], action, spec.max_turns, spec.max_total_tokens)
+            logp = [float(x) for x in turn.logprobs[i, :n]]
+            e.act(ids, logp, action, spec.max_turns, spec.max_total_tokens)
         env_s += time.perf_counter() - t1
     out = _assemble(eps, rep, tokenizer, spec)
     out.metrics.update({"time/generate_s": gen_s, "time/env_s": env_s,
@@ -209,7 +215,7 @@ def scripted_episodes(records: Sequence[dict[str, Any]], tokenizer, env_factory:
             if not ids:
                 e.done = True
                 break
-            action = Action(tuple(ids), tokenizer.decode(ids, skip_special_tokens=True), bool(ids) and ids[-1] == eos)
+            action = Action(tuple(ids), tokenizer.decode(ids, skip_special_tokens=True), ids[-1] == eos)
             e.act(ids, [0.0] * len(ids), action, spec.max_turns, spec.max_total_tokens)
     return _assemble(eps, rep, tokenizer, spec)
 
@@ -230,7 +236,9 @@ def _assemble(eps: list[_Episode], rep: list[dict[str, Any]], tokenizer, spec: E
         tokens[i, cols], mask[i, cols] = e.context, True
         loss_mask[i, cols], old_logp[i, cols] = e.sampled, e.logp
         turn_rewards[i, : len(e.rewards)] = e.rewards
-    count = lambda key: np.asarray([sum(int(x.get(key, 0)) for x in e.info) for e in eps], np.int32)  # noqa: E731
+    def count(key: str) -> np.ndarray:
+        return np.asarray([sum(int(x.get(key, 0)) for x in e.info) for e in eps], np.int32)
+
     action_tokens = np.asarray([sum(e.sampled) for e in eps], np.int32)
     lengths = np.asarray([len(e.context) - len(e.prompt) for e in eps], np.int32)
     out = Episodes(
@@ -242,8 +250,10 @@ def _assemble(eps: list[_Episode], rep: list[dict[str, Any]], tokenizer, spec: E
     )
     out.metrics.update({
         "reward/mean": float(out.rewards_N.mean()), "episode/turns": float(out.turns_N.mean()),
-        "episode/tool_calls": float(out.tool_calls_N.mean()), "episode/tool_errors": float(out.tool_errors_N.mean()),
-        "episode/obs_tokens": float(out.obs_tokens_N.mean()), "episode/action_tokens": float(action_tokens.mean()),
+        "episode/tool_calls": float(out.tool_calls_N.mean()),
+        "episode/tool_errors": float(out.tool_errors_N.mean()),
+        "episode/obs_tokens": float(out.obs_tokens_N.mean()),
+        "episode/action_tokens": float(action_tokens.mean()),
         "episode/finished_frac": float(out.finished_N.mean()),
     })
     return out

@@ -50,7 +50,8 @@ def _import_class(ref: str) -> type:
     except ConfigError:
         raise
     except Exception as e:  # noqa: BLE001 -- user module: ImportError, SyntaxError or its own top-level error
-        raise ConfigError(f"env.name={ref!r}: cannot import {module_name!r} ({type(e).__name__}: {e})") from None
+        raise ConfigError(
+            f"env.name={ref!r}: cannot import {module_name!r} ({type(e).__name__}: {e})") from None
     cls = getattr(module, attr, None)
     if not isinstance(cls, type):
         raise ConfigError(f"env.name={ref!r}: {module_name!r} has no class {attr!r}")
@@ -80,7 +81,8 @@ def make_env(name: str, params: Mapping[str, Any] | None = None, tokenizer=None)
                           f"or 'package.module:Class' / 'path/file.py:Class')")
     missing = [m for m in ("reset", "step") if not callable(getattr(cls, m, None))]
     if missing:
-        raise ConfigError(f"env.name={name!r}: {cls.__name__} lacks {', '.join(missing)} (see jaxrl.envs.Env)")
+        raise ConfigError(
+            f"env.name={name!r}: {cls.__name__} lacks {', '.join(missing)} (see jaxrl.envs.Env)")
     sig = inspect.signature(cls.__init__)
     accepted = [p for p in list(sig.parameters)[2:] if sig.parameters[p].kind in (
         inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import logging
 import math
 import operator
 import re
@@ -92,7 +93,7 @@ class Calculator:
         return format_number(calculate(argument))
 
 
-# --- search --------------------------------------------------------------------------------------------------
+# --- search ------------------------------------------------------------------------------------------------
 
 
 class SearchIndex:
@@ -104,6 +105,7 @@ class SearchIndex:
     def __init__(self, contents: Sequence[str], *, k1: float = 1.2, b: float = 0.75):
         import bm25s  # core dependency; imported here so `jaxrl.envs` loads without building anything
 
+        logging.getLogger("bm25s").setLevel(logging.WARNING)  # bm25s sets DEBUG on import
         self.contents = list(contents)
         self._bm25s = bm25s
         self._index = bm25s.BM25(k1=k1, b=b)

@@ -102,8 +102,8 @@ def _turn(graphdef, state, cache, chunk_NW, chunk_mask_NW, key, rows_N, temperat
       chunk_NW, chunk_mask_NW: [N, W] left-padded new tokens and their mask (every row has >= 1 real token).
       key: PRNG key of this turn; rows_N: [N] int32 global row ids for the per-row draws.
       temperature, top_p: float32 scalars; max_new_N: [N] int32 per-row turn budget <= gen_width.
-      stop_SK: [S, K] int32 stop sequences, right-aligned, -1 = no constraint (a row of -1: matches nothing
-        because it is dropped on the host); eos_E: [E] int32 (-1 never matches); pad_id: int32 scalar.
+      stop_SK: [S, K] int32 stop sequences, right-aligned and left-filled with -1 (= any token); a row of -3
+        matches nothing (no stop sequences). eos_E: [E] int32 (-1 never matches); pad_id: int32 scalar.
 
     Returns:
       (tokens_NT, logp_NT, length_N, stopped_N, cache or None) with T = gen_width.
@@ -130,7 +130,8 @@ def _turn(graphdef, state, cache, chunk_NW, chunk_mask_NW, key, rows_N, temperat
     def body(carry):
         t, logits_NV, cache, tokens_NT, logp_NT, done_N, length_N, hist_NK, stopped_N = carry
         keys_N = None if greedy else filters.row_keys(key, t, rows_N)
-        tok_N = filters.choose_tokens(logits_NV, keys_N, temperature, greedy=greedy, top_k=top_k, top_p=top_p_arg)
+        tok_N = filters.choose_tokens(logits_NV, keys_N, temperature, greedy=greedy, top_k=top_k,
+                                      top_p=top_p_arg)
         logp_N = jnp.take_along_axis(jax.nn.log_softmax(logits_NV, axis=-1), tok_N[:, None], axis=-1)[:, 0]
         live_N = ~done_N
         tok_N = jnp.where(live_N, tok_N, pad_id)
@@ -138,13 +139,13 @@ def _turn(graphdef, state, cache, chunk_NW, chunk_mask_NW, key, rows_N, temperat
         logp_NT = jax.lax.dynamic_update_slice(logp_NT, jnp.where(live_N, logp_N, 0.0)[:, None], (0, t))
         length_N = length_N + live_N.astype(jnp.int32)
         hist_NK = jnp.concatenate([hist_NK[:, 1:], tok_N[:, None]], axis=1)
-        stop_hit_N = jnp.any(jnp.all((stop_SK[None] < 0) | (hist_NK[:, None, :] == stop_SK[None]), -1), -1)
+        stop_hit_N = jnp.any(jnp.all((stop_SK[None] == -1) | (hist_NK[:, None, :] == stop_SK[None]), -1), -1)
         hit_N = live_N & (jnp.any(tok_N[:, None] == eos_E[None, :], axis=-1) | stop_hit_N)
         done_N = done_N | hit_N | (live_N & (length_N >= max_new_N))
         feed_N = live_N & ~done_N  # a token that ends the turn is fed at the start of the next one
         step = model.forward(tok_N[:, None], None, feed_N[:, None], cache=cache, layers=layers)
-        return (t + 1, step.logits[:, -1].astype(jnp.float32), step.cache, tokens_NT, logp_NT, done_N, length_N,
-                hist_NK, stopped_N | hit_N)
+        logits_NV = step.logits[:, -1].astype(jnp.float32)
+        return t + 1, logits_NV, step.cache, tokens_NT, logp_NT, done_N, length_N, hist_NK, stopped_N | hit_N
 
     init = (jnp.int32(0), logits_NV, out.cache, jnp.full((rows, gen_width), pad_id, jnp.int32),
             jnp.zeros((rows, gen_width), jnp.float32), max_new_N <= 0, jnp.zeros((rows,), jnp.int32),
@@ -168,7 +169,8 @@ class TurnDecoder:
       max_new_tokens: the largest per-turn budget (sets the decode buffer width by `gen_buckets`).
       temperature, top_k, top_p: as `jaxrl.sampling.generate` (τ = 0: greedy).
       eos_ids: tokens that end a turn (and usually the episode); stop_sequences: token-id lists that end it.
-      pad_id: pad token; seed: int; rows: [N] global row ids for the random draws (default 0..N-1).
+      pad_id: pad token; seed: int or PRNG key; rows: [N] global row ids of the random draws (default
+        0..N-1; give each host its own range so that hosts draw independently).
       mode: "reprefill" or "continue"; cache_slots: the carried cache capacity in continue mode.
       chunk_buckets, gen_buckets: allowed chunk / decode widths (None: exact sizes, more compiles).
       per_layer: decode on per-layer buffers (default: on CPU), see `jaxrl.sampling.engine`.
@@ -176,14 +178,15 @@ class TurnDecoder:
 
     def __init__(self, graphdef, state, num_rows: int, *, max_new_tokens: int, temperature: float = 1.0,
                  top_k: int | None = None, top_p: float | None = None, eos_ids: Sequence[int] = (),
-                 stop_sequences: Sequence[Sequence[int]] = (), pad_id: int = 0, seed: int = 0,
+                 stop_sequences: Sequence[Sequence[int]] = (), pad_id: int = 0, seed: int | jax.Array = 0,
                  rows: Sequence[int] | None = None, mode: str = "reprefill", cache_slots: int = 1024,
                  chunk_buckets: Sequence[int] | None = DEFAULT_PROMPT_BUCKETS,
                  gen_buckets: Sequence[int] | None = DEFAULT_GEN_BUCKETS, per_layer: bool | None = None):
         if mode not in MODES:
             raise ValueError(f"mode={mode!r}: allowed values are {', '.join(map(repr, MODES))}")
         if int(max_new_tokens) < 1 or not float(temperature) >= 0.0:
-            raise ValueError(f"need max_new_tokens >= 1 and temperature >= 0, got {max_new_tokens}, {temperature}")
+            raise ValueError(f"need max_new_tokens >= 1 and temperature >= 0, got {max_new_tokens}, "
+                             f"{temperature}")
         self.graphdef, self.state, self.num_rows, self.mode = graphdef, state, int(num_rows), mode
         self.gen_width = bucket(int(max_new_tokens), gen_buckets, "completion")
         self.max_new_tokens = int(max_new_tokens)
@@ -197,10 +200,13 @@ class TurnDecoder:
             self.stop_SK[:] = -3  # matches nothing (history starts at -2, tokens are >= 0)
         for i, s in enumerate(stops):
             self.stop_SK[i, k - len(s):] = s
-        self.key = jax.random.key(int(seed))
+        self.key = jax.random.key(int(seed)) if isinstance(seed, (int, np.integer)) else seed
         self.rows_N = np.asarray(np.arange(self.num_rows) if rows is None else rows, np.int32)
+        if self.rows_N.shape != (self.num_rows,):
+            raise ValueError(f"rows must hold {self.num_rows} row ids, got shape {self.rows_N.shape}")
         leaf = jax.tree.leaves(state)[0]
-        on_cpu = all(d.platform == "cpu" for d in (leaf.devices() if isinstance(leaf, jax.Array) else jax.devices()))
+        devices = leaf.devices() if isinstance(leaf, jax.Array) else jax.devices()
+        on_cpu = all(d.platform == "cpu" for d in devices)
         self.per_layer = on_cpu if per_layer is None else bool(per_layer)
         self._fn = _turn_cpu if on_cpu and self.per_layer else _turn_jit
         self._cache, self._index = None, 0
@@ -214,7 +220,8 @@ class TurnDecoder:
         context plus the tokens this decoder sampled); ValueError otherwise.
         """
         if len(contexts) != self.num_rows or len(max_new) != self.num_rows:
-            raise ValueError(f"turn needs {self.num_rows} contexts and budgets, got {len(contexts)}, {len(max_new)}")
+            raise ValueError(f"turn needs {self.num_rows} contexts and budgets, got {len(contexts)}, "
+                             f"{len(max_new)}")
         live = [c is not None and int(m) > 0 for c, m in zip(contexts, max_new)]
         budget_N = np.asarray([min(int(m), self.max_new_tokens) if ok else 0 for m, ok in zip(max_new, live)],
                               np.int32)
@@ -241,7 +248,7 @@ class TurnDecoder:
         tokens, logp, lengths, stopped = (np.asarray(x) for x in out[:4])
         self._cache = out[4]
         self._index = (0 if fresh else self._index) + width + int(lengths.max(initial=0))
-        for i, ok in enumerate(live):  # what each cache now holds: the chunk and all but the last action token
+        for i, ok in enumerate(live):  # each cache now holds its chunk and all but the last action token
             if ok and keep:
                 n = int(lengths[i])
                 self._fed[i] = (list(contexts[i]) if fresh else self._fed[i] + chunks[i]) + \
@@ -261,7 +268,8 @@ class TurnDecoder:
             fed = self._fed[i]
             if ctx[: len(fed)] != fed or len(ctx) <= len(fed):
                 raise ValueError(f"row {i}: the context does not extend the tokens already in its KV cache "
-                                 f"({len(fed)} cached, {len(ctx)} given); continue mode needs append-only contexts")
+                                 f"({len(fed)} cached, {len(ctx)} given); continue mode needs append-only "
+                                 "contexts")
             out.append(ctx[len(fed):])
         if not any(live):
             out[0] = [self.pad_id]

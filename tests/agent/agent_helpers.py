@@ -10,7 +10,8 @@ from jaxrl.models import Transformer, TransformerConfig
 
 def tiny_model(seed: int = 0) -> Transformer:
     """2 layers, D=32, vocab 128 (the character tokenizer has 102 tokens), 512 positions."""
-    return Transformer(TransformerConfig.tiny(vocab_size=128, max_position_embeddings=512), rngs=nnx.Rngs(seed))
+    cfg = TransformerConfig.tiny(vocab_size=128, max_position_embeddings=512)
+    return Transformer(cfg, rngs=nnx.Rngs(seed))
 
 
 class EchoEnv:

@@ -41,7 +41,8 @@ def test_twins_differ_from_their_originals_in_a_number():
     assert twins
     for twin in twins:
         head, _, last = twin.rpartition(" ")
-        originals = [t for t in titles[: len(w.entities)] if t.rpartition(" ")[0] == head and len(t) == len(twin)
+        originals = [t for t in titles[: len(w.entities)]
+                     if t.rpartition(" ")[0] == head and len(t) == len(twin)
                      and sum(x != y for x, y in zip(t, twin)) == 1]
         assert len(originals) == 1, twin
         nums = lambda title: re.findall(r"\d[\d,]*", w.docs[titles.index(title)]["contents"])  # noqa: E731
@@ -72,5 +73,6 @@ def test_oracle_answers_every_question_through_the_env():
     np.testing.assert_array_equal(ep.turns_N, hops + 1)
     assert ep.tool_errors_N.sum() == 0 and ep.finished_N.all()
     # a wrong answer scores 0
-    wrong = scripted_episodes(list(w.questions[:3]), tok, factory, lambda r: ["<answer>Nowhere</answer>"], spec)
+    wrong = scripted_episodes(list(w.questions[:3]), tok, factory, lambda r: ["<answer>Nowhere</answer>"],
+                              spec)
     np.testing.assert_array_equal(wrong.rewards_N, 0.0)

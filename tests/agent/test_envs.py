@@ -19,7 +19,8 @@ def _act(text):
 def test_make_env_validates_up_front(tmp_path):
     with pytest.raises(ConfigError, match="did you mean 'search'"):
         make_env("serch")
-    with pytest.raises(ConfigError, match=r"unknown key 'env.params.top_kk'; did you mean 'env.params.top_k'"):
+    hint = r"unknown key 'env.params.top_kk'; did you mean 'env.params.top_k'"
+    with pytest.raises(ConfigError, match=hint):
         make_env("search", {"top_kk": 2})
     with pytest.raises(ConfigError, match="obs_format='xml'"):
         make_env("search", {"obs_format": "xml"}, tokenizer=TOK)
@@ -86,8 +87,11 @@ def test_message_observation_rendered_once_with_the_template():
 
 def test_episode_rows_masks_and_budgets():
     records = [{"question": "2+3?", "answers": ["5"]}, {"question": "2*3?", "answers": ["6"]}]
-    policy = lambda r: ["<calculator>" + r["question"][:-1] + "</calculator>", "<calculator>1/0</calculator>",  # noqa: E731
-                        f"<answer>{r['answers'][0]}</answer>"]
+
+    def policy(r):
+        return [f"<calculator>{r['question'][:-1]}</calculator>", "<calculator>1/0</calculator>",
+                f"<answer>{r['answers'][0]}</answer>"]
+
     factory = make_env("tools", {"tools": ["calculator"]}, tokenizer=TOK)
     spec = EpisodeSpec(group_size=2, max_turns=4, max_total_tokens=512, row_buckets=(128, 256))
     ep = scripted_episodes(records, TOK, factory, policy, spec)
@@ -101,9 +105,10 @@ def test_episode_rows_masks_and_budgets():
         assert acts == "".join(policy(records[n // 2]))
         obs = ep.mask_BL[n] & ~ep.loss_mask_BL[n]
         obs[: ep.prompt_width] = False
-        assert TOK.decode(ep.tokens_BL[n][obs]).startswith("\n<result>\n" + str(eval(records[n // 2]["question"][:-1])))
+        assert TOK.decode(ep.tokens_BL[n][obs]).startswith("\n<result>\n" + records[n // 2]["answers"][0])
         assert int(obs.sum()) == ep.obs_tokens_N[n]
-        assert ep.completions[n] == TOK.decode(ep.tokens_BL[n, ep.prompt_width:][ep.mask_BL[n, ep.prompt_width:]])
+        comp = ep.tokens_BL[n, ep.prompt_width:][ep.mask_BL[n, ep.prompt_width:]]
+        assert ep.completions[n] == TOK.decode(comp)
     np.testing.assert_array_equal(ep.turn_rewards_NK[:, :3], [[0, 0, 1]] * 4)
     # the turn budget cuts the episode before the answer: not finished, reward 0, last observation dropped
     short = scripted_episodes(records, TOK, factory, policy, EpisodeSpec(max_turns=2, max_total_tokens=512))

@@ -21,7 +21,7 @@ RECORDS = [
     {"question": "Who?", "turns": 3, "obs": ["<r>ab</r>", "<r>a longer observation</r>"]},
     {"question": "What is the tallest tower?", "turns": 2, "obs": ["<r>x</r>"]},
 ]
-BUCKETS = dict(chunk_buckets=(32, 128), gen_buckets=(16,), row_buckets=(128,))
+BUCKETS = dict(chunk_buckets=(128,), gen_buckets=(16,), row_buckets=(128,))  # one shape: few compiles
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +35,7 @@ def stops(split):
     graphdef, state = split
     ids = EchoEnv(TOK).reset(RECORDS[0])
     gen = sampling.generate_from_state(graphdef, state, [ids], max_new_tokens=12, temperature=0.0,
-                                       prompt_buckets=(32,), gen_buckets=(16,))
+                                       prompt_buckets=(128,), gen_buckets=(16,))
     ids = [int(t) for t in gen.tokens[0]]
     ok = [6 <= t < 102 for t in ids]  # a character of the tokenizer (0-5 are special, 102+ are unused ids)
     single = next(TOK.decode([t]) for i, t in enumerate(ids) if i >= 3 and ok[i])
@@ -52,14 +52,15 @@ def _reference(graphdef, state, record, stops, spec):
     for _ in range(spec.max_turns):
         budget = min(spec.max_new_tokens, spec.max_total_tokens - len(ctx))
         gen = sampling.generate_from_state(graphdef, state, [ctx], max_new_tokens=budget, temperature=0.0,
-                                           eos_ids=(TOK.eos_token_id,), prompt_buckets=(32, 128),
+                                           eos_ids=(TOK.eos_token_id,), prompt_buckets=(128,),
                                            gen_buckets=(16,))
         ids = [int(t) for t in gen.tokens[0, : int(gen.lengths[0])]]
         for t in range(len(ids)):
             if any(ids[: t + 1][-len(s):] == s for s in seqs):
                 ids = ids[: t + 1]
                 break
-        res = env.step(Action(tuple(ids), TOK.decode(ids, skip_special_tokens=True), ids[-1] == TOK.eos_token_id))
+        eos = ids[-1] == TOK.eos_token_id
+        res = env.step(Action(tuple(ids), TOK.decode(ids, skip_special_tokens=True), eos))
         ctx, rewards = ctx + ids, rewards + [res.reward]
         actions.append(ids)
         if res.done or ids[-1] == TOK.eos_token_id:
@@ -107,7 +108,8 @@ def test_rows_are_token_exact_under_sampling(split, stops, mode):
     graphdef, state = split
     spec = EpisodeSpec(group_size=2, max_turns=3, max_new_tokens=10, max_total_tokens=120, temperature=1.0,
                        cache=mode, **BUCKETS)
-    ep = collect_episodes(graphdef, state, RECORDS, TOK, functools.partial(EchoEnv, stops=stops), spec, seed=5)
+    factory = functools.partial(EchoEnv, stops=stops)
+    ep = collect_episodes(graphdef, state, RECORDS, TOK, factory, spec, seed=5)
     logp = _teacher_forced(graphdef, state, ep)
     m = ep.loss_mask_BL
     assert m.sum() == ep.action_tokens_N.sum() > 0 and ep.obs_tokens_N.sum() > 0
@@ -115,7 +117,8 @@ def test_rows_are_token_exact_under_sampling(split, stops, mode):
     np.testing.assert_allclose(ep.old_logp_BL[m], logp[m], atol=1e-5, rtol=0)
     assert np.all(ep.old_logp_BL[~m] == 0)
     # observations are in the row (mask 1) but not trained (loss mask 0)
-    assert np.all(ep.mask_BL.sum(1) - ep.loss_mask_BL.sum(1) == ep.obs_tokens_N + (ep.mask_BL[:, : ep.prompt_width]).sum(1))
+    prompt_N = ep.mask_BL[:, : ep.prompt_width].sum(1)
+    np.testing.assert_array_equal(ep.mask_BL.sum(1) - ep.loss_mask_BL.sum(1), ep.obs_tokens_N + prompt_N)
 
 
 def test_continue_equals_reprefill_and_compaction(split, stops):
@@ -123,28 +126,69 @@ def test_continue_equals_reprefill_and_compaction(split, stops):
     graphdef, state = split
     factory = functools.partial(EchoEnv, stops=stops)
     rows = {}
-    for mode, slots in (("reprefill", 0), ("continue", 0), ("continue", 80)):
-        spec = EpisodeSpec(group_size=2, max_turns=3, max_new_tokens=10, max_total_tokens=120, temperature=1.0,
-                           cache=mode, cache_slots=slots, **BUCKETS)
+    for mode, slots in (("reprefill", 0), ("continue", 512), ("continue", 80)):
+        spec = EpisodeSpec(group_size=2, max_turns=3, max_new_tokens=10, max_total_tokens=120,
+                           temperature=1.0, cache=mode, cache_slots=slots, **BUCKETS)
         ep = collect_episodes(graphdef, state, RECORDS, TOK, factory, spec, seed=9)
         rows[(mode, slots)] = ep
     base = rows[("reprefill", 0)]
-    for key in (("continue", 0), ("continue", 80)):
+    for key in (("continue", 512), ("continue", 80)):
         np.testing.assert_array_equal(rows[key].tokens_BL, base.tokens_BL)
         np.testing.assert_allclose(rows[key].old_logp_BL, base.old_logp_BL, atol=1e-5)
     assert rows[("continue", 80)].metrics["rollout/cache_compactions"] >= 1
-    assert rows[("continue", 0)].metrics["rollout/cache_compactions"] == 0
-    assert rows[("continue", 0)].metrics["rollout/prefill_tokens"] < base.metrics["rollout/prefill_tokens"]
+    assert rows[("continue", 512)].metrics["rollout/cache_compactions"] == 0
+    assert rows[("continue", 512)].metrics["rollout/prefill_tokens"] < base.metrics["rollout/prefill_tokens"]
 
 
 def test_no_recompile_across_turns_or_rollouts(split, stops):
+    """A rollout compiles the turn function once per (chunk bucket, fresh or carried cache), not per turn."""
     graphdef, state = split
     spec = EpisodeSpec(group_size=2, max_turns=3, max_new_tokens=10, max_total_tokens=120, temperature=1.0,
-                       cache="continue", **BUCKETS)
+                       top_k=50, cache="continue", **BUCKETS)  # top_k: a sampling mode no other test compiled
     factory = functools.partial(EchoEnv, stops=stops)
-    collect_episodes(graphdef, state, RECORDS, TOK, factory, spec, seed=1)
+    before = multiturn.compile_count()
+    ep = collect_episodes(graphdef, state, RECORDS, TOK, factory, spec, seed=1)
+    assert ep.turns_N.max() == 3 and multiturn.compile_count() - before == 2  # fresh cache + carried cache
     before = multiturn.compile_count()
     for seed in (2, 3):  # other seeds: other turn counts and lengths, same buckets
-        ep = collect_episodes(graphdef, state, RECORDS, TOK, factory, spec, seed=seed)
-    assert ep.turns_N.max() >= 2
+        collect_episodes(graphdef, state, RECORDS, TOK, factory, spec, seed=seed)
     assert multiturn.compile_count() == before
+
+
+def test_scan_and_per_layer_decode_agree(split, stops):
+    """The accelerator path (layer scan, stacked carried cache) gives the per-layer path's tokens."""
+    graphdef, state = split
+    ctx = [EchoEnv(TOK).reset(r) for r in RECORDS for _ in range(2)]
+    out = {}
+    for per_layer in (True, False):  # the same shapes as collect_episodes in the tests above (no new compile)
+        dec = multiturn.TurnDecoder(graphdef, state, 4, max_new_tokens=10, temperature=1.0, seed=4,
+                                    mode="continue", cache_slots=288, chunk_buckets=(128,), gen_buckets=(16,),
+                                    per_layer=per_layer, eos_ids=(TOK.eos_token_id,),
+                                    stop_sequences=multiturn.stop_token_sequences(TOK, stops))
+        first = dec.turn(0, ctx, [10] * 4)
+        nxt = [c + [int(t) for t in first.tokens[i, : first.lengths[i]]] + [40, 41]
+               for i, c in enumerate(ctx)]
+        out[per_layer] = (first, dec.turn(1, nxt, [10, 10, 0, 10]))
+    for a, b in zip(out[True], out[False]):
+        np.testing.assert_array_equal(a.tokens, b.tokens)
+        np.testing.assert_array_equal(a.lengths, b.lengths)
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+
+
+def test_stop_sequences_end_turns_and_none_means_budget(split):
+    """Without stop sequences a turn runs to its budget (or EOS); with one, it ends right after the match."""
+    graphdef, state = split
+    ctx = [EchoEnv(TOK).reset(r) for r in RECORDS for _ in range(2)]
+    kw = dict(max_new_tokens=10, temperature=1.0, seed=6, chunk_buckets=(128,), gen_buckets=(16,))
+    free = multiturn.TurnDecoder(graphdef, state, 4, **kw).turn(0, ctx, [10, 7, 0, 10])
+    np.testing.assert_array_equal(free.lengths, [10, 7, 0, 10])
+    assert not free.stopped.any()
+    stop = [int(t) for t in free.tokens[0, 3:5]]  # a 2-token sequence row 0 really samples
+    cut = multiturn.TurnDecoder(graphdef, state, 4, stop_sequences=[stop], **kw).turn(0, ctx, [10, 7, 0, 10])
+    assert cut.lengths[0] <= 5 and cut.stopped[0]
+    for i in range(4):
+        n = int(cut.lengths[i])
+        np.testing.assert_array_equal(cut.tokens[i, :n], free.tokens[i, :n])
+        seq = [int(t) for t in free.tokens[i, : free.lengths[i]]]
+        first = next((t + 1 for t in range(1, len(seq)) if seq[t - 1:t + 1] == stop), free.lengths[i])
+        assert n == first and bool(cut.stopped[i]) == (first < free.lengths[i] or seq[first - 2:first] == stop)

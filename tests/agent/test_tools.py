@@ -55,7 +55,8 @@ def test_search_ranks_the_named_document_first():
         title = doc["contents"].split("\n")[0]
         assert search.index.search(title, 1) == [world.docs.index(doc)]
     out = search(world.docs[0]["contents"].split("\n")[0])
-    assert out.startswith("Doc 1 (Title: " + world.docs[0]["contents"].split("\n")[0] + ")\n") and "\n\nDoc 2" in out
+    first = world.docs[0]["contents"].split("\n")[0]
+    assert out.startswith(f"Doc 1 (Title: {first})\n") and "\n\nDoc 2" in out
     assert search("zzqx qqqy") == "No results."
     with pytest.raises(ToolError):
         search("   ")
