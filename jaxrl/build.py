@@ -74,7 +74,8 @@ def model_config(cfg: ModelConfig) -> TransformerConfig:
             raise ConfigError(f"model.hf_path: cannot read {file}: {e.strerror}") from None
     else:
         base = model_io.load_config(model_io.resolve_checkpoint(cfg.checkpoint)[0])
-    return _apply_overrides(base, cfg, None)
+    out = _apply_overrides(base, cfg, None)
+    return out.replace(norm=cfg.upcycle) if cfg.upcycle else out  # what build_model returns after upcycling
 
 
 def build_tokenizer(model_cfg: ModelConfig, tok_cfg: TokenizerConfig):
