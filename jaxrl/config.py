@@ -25,6 +25,7 @@ from typing import Any
 
 from jaxrl._checks import check as _check, check_choice as _check_choice
 from jaxrl._config_io import dump_yaml_config, load_yaml_config
+from jaxrl.models.lora import LoraConfig
 from jaxrl.algorithm_config import (  # noqa: F401 -- the algorithm section, re-exported
     Algo,
     AlgorithmConfig,
@@ -84,6 +85,10 @@ class ModelConfig:
     # Upcycle the loaded pre-norm weights into this SiameseNorm variant (same logits at step 0 up to the
     # double-norm factor of `jaxrl.models.upcycle`): "siamese" (post-pre) or "siamese_hybrid" (hybrid-pre).
     upcycle: str | None = None
+    # LoRA (`jaxrl.models.lora`): train low-rank adapters only; the base is frozen and is the KL reference.
+    # `quantize` (QLoRA, with lora): the frozen base kernels as int8 / nf4 (`jaxrl.models.quant`).
+    lora: LoraConfig | None = None
+    quantize: str = "none"
 
     def __post_init__(self):
         _expand_paths(self, ("hf_path", "checkpoint"))
@@ -98,6 +103,9 @@ class ModelConfig:
         if self.norm is not None:
             _check_choice("model.norm", self.norm, NORMS)
         _check_choice("model.remat", self.remat, REMATS)
+        _check_choice("model.quantize", self.quantize, ("none", "int8", "nf4"))
+        _check(self.quantize == "none" or self.lora is not None, "model.quantize", self.quantize,
+               "quantising the base needs model.lora (QLoRA trains adapters over a frozen quantised base)")
         if self.upcycle is not None:
             _check_choice("model.upcycle", self.upcycle, ("siamese", "siamese_hybrid"))
             _check(self.preset is None, "model.upcycle", self.upcycle,

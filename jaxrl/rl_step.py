@@ -42,10 +42,11 @@ def rl_step(run: trainer.Run, state: TrainState, records, step: int):
     """One RL step: returns (state, metrics, rollout)."""
     algo, s = run.algorithm, run.settings
     t0 = time.perf_counter()
-    ro = collect(run, state.params, records, step)
+    policy = run.policy(state.params)  # the full parameters (LoRA: base + adapters, merged once per step)
+    ro = collect(run, policy, records, step)
     metrics = dict(ro.metrics)
     if algo.resample is not None:
-        ro, resample_metrics = algo.resample(ro, lambda k: collect(run, state.params, records, step, k), s)
+        ro, resample_metrics = algo.resample(ro, lambda k: collect(run, policy, records, step, k), s)
         metrics.update(resample_metrics)
     total_N = total_reward(ro)
     metrics["reward/mean"] = float(total_N.mean())
@@ -53,7 +54,7 @@ def rl_step(run: trainer.Run, state: TrainState, records, step: int):
     t1 = time.perf_counter()
     actor_frozen = False
     for shaper in run.shapers:
-        values_N, shaper_metrics = shaper(state.params, ro, step_key(run.seed, step, 2))
+        values_N, shaper_metrics = shaper(policy, ro, step_key(run.seed, step, 2))
         metrics.update(shaper_metrics)
         ro = ro.add_reward_column(values_N, shaper.name)
         actor_frozen = actor_frozen or shaper.actor_frozen(step)
@@ -62,7 +63,8 @@ def rl_step(run: trainer.Run, state: TrainState, records, step: int):
     extra = None
     if algo.extra_rows is not None:
         extra = algo.extra_rows(records, run.tokenizer, ro.prompt_width, ro.completion_mask_BT.shape[1])
-    batch, mismatch_metrics = trainer.assemble(run, state.params, ro, adv, extra_rows=extra)
+    batch, mismatch_metrics = trainer.assemble(run, policy, ro, adv, extra_rows=extra)
+    del policy
     metrics.update(mismatch_metrics)
     t2 = time.perf_counter()
     if not actor_frozen:

@@ -1,6 +1,6 @@
 """The jitted RL update: one optimiser step over a mini-batch of rollouts, with gradient accumulation.
 
-`train_step(state, batch, graphdef, spec)` is a pure function of arrays (jitted by the caller with donated
+`train_step(state, batch, base, *, graphdef, spec, tx)` is a pure function of arrays (jitted by the caller with donated
 state), so the train loop stays a thin functional loop (STYLE.md principle 14):
 
     l_BT = clipped_objective(logp, old_logp, A, m; eps_low_i, eps_high_i, c)   # jaxrl.losses, per token
@@ -34,6 +34,7 @@ import optax
 from flax import nnx
 
 from jaxrl import losses
+from jaxrl.models import lora
 
 
 @flax.struct.dataclass
@@ -84,6 +85,15 @@ class LossSpec:
     temperature: float = 1.0
     objective: str = "ppo_clip"  # a key of OBJECTIVES
     objective_kwargs: tuple[tuple[str, Any], ...] = ()  # that objective's settings (hashable)
+    lora: Any = None  # `jaxrl.models.lora.LoraConfig`: the trained params are adapters over a frozen `base`
+
+
+def full_params(params, base, lora_cfg):
+    """The model's parameters: `params` itself, or W + s·A·B over the frozen (maybe quantised) `base` when
+    `params` are LoRA adapters (`jaxrl.models.lora.merge`; only the adapters get gradients)."""
+    if lora_cfg is None:
+        return params
+    return lora.merge(jax.lax.stop_gradient(base), params, lora_cfg)
 
 
 def _ppo_clip(logp_BT, batch, m_BT, spec, **_):
@@ -131,13 +141,13 @@ def _masks(batch: TrainBatch):
     return m_BT & ~expert_B1, m_BT & expert_B1
 
 
-def _loss(params, graphdef, batch: TrainBatch, spec: LossSpec, norm):
+def _loss(params, graphdef, batch: TrainBatch, spec: LossSpec, norm, base=None):
     """The step's loss: per-token terms summed, aggregated once with the mini-batch's normalisers.
 
         l_BT = w_IS·l_pg + β·k(logp, ref_logp) − λ_H·H     (rollout rows; l_pg from OBJECTIVES[spec.objective])
         loss = w_pg·aggregate(l, m, agg) + λ_SFT·sft_nll(logp*, m*)
     """
-    model = nnx.merge(graphdef, params)
+    model = nnx.merge(graphdef, full_params(params, base, spec.lora))
     width = batch.completion_mask_BT.shape[1]
     logp_BT, ent_BT, _ = token_logprobs(
         model, batch.tokens_BL, batch.mask_BL, width, chunk=spec.logprob_chunk, temperature=spec.temperature
@@ -176,12 +186,13 @@ def normalizers(batch: TrainBatch, spec: LossSpec) -> dict[str, jax.Array]:
     }
 
 
-def loss_and_grad(params, graphdef, batch: TrainBatch, spec: LossSpec):
-    """Accumulated (loss, grads, metrics) over `spec.grad_accum` micro-batches with global normalisers."""
+def loss_and_grad(params, graphdef, batch: TrainBatch, spec: LossSpec, base=None):
+    """Accumulated (loss, grads, metrics) over `spec.grad_accum` micro-batches with global normalisers
+    (`base`: the frozen model under LoRA adapters `params`, see `full_params`)."""
     norm = normalizers(batch, spec)
     grad_fn = jax.value_and_grad(_loss, has_aux=True)
     if spec.grad_accum == 1:
-        (loss, metrics), grads = grad_fn(params, graphdef, batch, spec, norm)
+        (loss, metrics), grads = grad_fn(params, graphdef, batch, spec, norm, base)
         return loss, grads, metrics
     b = batch.tokens_BL.shape[0]
     if b % spec.grad_accum:
@@ -189,7 +200,7 @@ def loss_and_grad(params, graphdef, batch: TrainBatch, spec: LossSpec):
     micro = jax.tree.map(lambda x: x.reshape(spec.grad_accum, b // spec.grad_accum, *x.shape[1:]), batch)
 
     def body(carry, mb):
-        (loss, metrics), grads = grad_fn(params, graphdef, mb, spec, norm)
+        (loss, metrics), grads = grad_fn(params, graphdef, mb, spec, norm, base)
         acc_loss, acc_grads = carry
         return (acc_loss + loss, jax.tree.map(jnp.add, acc_grads, grads)), metrics
 
@@ -204,11 +215,13 @@ def loss_and_grad(params, graphdef, batch: TrainBatch, spec: LossSpec):
 _ADDITIVE = frozenset({"loss", "pg/loss", "kl/loss", "entropy/loss", "sft/nll"})
 
 
-def train_step(state: TrainState, batch: TrainBatch, graphdef, spec: LossSpec,
+def train_step(state: TrainState, batch: TrainBatch, base=None, *, graphdef, spec: LossSpec,
                tx: optax.GradientTransformation):
-    """One optimiser update; skips (and flags) the update when the loss or gradients are not finite."""
+    """One optimiser update; skips (and flags) the update when the loss or gradients are not finite.
+
+    Under LoRA (`spec.lora`), `state.params` are the adapters and `base` the frozen model they sit on."""
     chex.assert_rank(batch.tokens_BL, 2)
-    loss, grads, metrics = loss_and_grad(state.params, graphdef, batch, spec)
+    loss, grads, metrics = loss_and_grad(state.params, graphdef, batch, spec, base)
     grad_norm = optax.global_norm(grads)
     updates, new_opt = tx.update(grads, state.opt_state, state.params)
     # Finite gradients can still give non-finite updates (an infinite learning rate, an overflowing second
@@ -240,7 +253,15 @@ def update_compiler_options(backend: str | None = None) -> dict[str, str] | None
 def sequence_logprobs(params, graphdef, tokens_BL, mask_BL, width: int, *, chunk: int,
                       temperature: float = 1.0):
     """Log-probs [B, T] of the last T = `width` tokens of each row (the completion), for old / reference
-    log-probs."""
-    model = nnx.merge(graphdef, params)
+    log-probs. Quantised kernels (a QLoRA base) are dequantised inside the computation, not kept."""
+    model = nnx.merge(graphdef, dequantized(params))
     logp_BT, _, _ = token_logprobs(model, tokens_BL, mask_BL, width, chunk=chunk, temperature=temperature)
     return logp_BT
+
+
+def dequantized(params):
+    """`params` with every `jaxrl.models.quant.QuantizedKernel` leaf dequantised (a no-op otherwise)."""
+    from jaxrl.models import quant
+
+    is_q = lambda x: isinstance(x, quant.QuantizedKernel)
+    return jax.tree.map(lambda x: quant.dequantize(x) if is_q(x) else x, params, is_leaf=is_q)
