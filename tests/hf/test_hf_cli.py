@@ -61,3 +61,39 @@ def test_user_errors_exit_2_with_one_line(tmp_path, capsys, argv, message):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message.format(tmp=tmp_path) in err
     assert not (tmp_path / "ckpt").exists() and not (tmp_path / "o").exists()
+
+
+def test_own_siamese_export_tokenizer_loads_without_remote_code_prompt(tmp_path, monkeypatch):
+    """Our SiameseNorm exports name custom code in config.json; jaxrl reads their tokenizer with
+    trust_remote_code=False and never asks (transformers used to prompt "Do you wish to run the custom code?")."""
+    import builtins
+
+    import transformers
+    from flax import nnx
+
+    from jaxrl.models import Transformer, TransformerConfig
+    from jaxrl.tokenizer import builtin_tokenizer
+
+    tok = builtin_tokenizer()
+    model = Transformer(TransformerConfig.tiny(vocab_size=len(tok), norm="siamese", num_layers=1),
+                        rngs=nnx.Rngs(0))
+    hf.save_pretrained(model, tmp_path / "out", tokenizer=tok)
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["auto_map"]
+
+    def no_prompt(*a, **k):
+        raise AssertionError("interactive prompt")
+
+    monkeypatch.setattr(builtins, "input", no_prompt)
+    seen = []
+    real = transformers.AutoTokenizer.from_pretrained
+
+    def spy(*a, **k):
+        seen.append(k)
+        return real(*a, **k)
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", spy)
+    loaded = model_io.load_tokenizer(tmp_path / "out")
+    assert loaded.eos_token_id == 1 and loaded("1+2")["input_ids"] == tok("1+2")["input_ids"]
+    assert seen and all(k.get("trust_remote_code") is False and k.get("local_files_only") for k in seen)
+    model2, tok2 = model_io.load_model(tmp_path / "out")  # our own code for the weights, too
+    assert model2.cfg.norm == "siamese" and tok2.eos_token_id == 1

@@ -1,0 +1,67 @@
+"""One trainer per run directory (`jaxrl.run_lock`): a second one exits 2 naming the holder; a lock left by a
+killed process is stale and taken over with a warning; a clean release empties the file."""
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from jaxrl.errors import RunDirError
+from jaxrl.run_lock import LOCK_FILE, RunLock
+from tests.runtime import _trainer as T
+
+
+def test_second_holder_is_refused_naming_the_first(tmp_path):
+    with RunLock(tmp_path / "run"):
+        info = json.loads((tmp_path / "run" / LOCK_FILE).read_text())
+        assert info["pid"] == os.getpid() and info["host"] == socket.gethostname()
+        with pytest.raises(RunDirError, match=rf"in use by another trainer \(pid {os.getpid()} on host "
+                                              rf"{socket.gethostname()} since \d{{4}}-"):
+            RunLock(tmp_path / "run").acquire()
+    assert (tmp_path / "run" / LOCK_FILE).read_text() == ""  # released
+    with RunLock(tmp_path / "run"):  # and free again
+        pass
+
+
+def test_lock_of_a_killed_process_is_stale(tmp_path, caplog):
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from jaxrl.run_lock import RunLock; "
+         "RunLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(120)", str(tmp_path / "run")],
+        stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    with pytest.raises(RunDirError, match=f"pid {holder.pid} "):
+        RunLock(tmp_path / "run").acquire()
+    holder.send_signal(signal.SIGKILL)
+    holder.wait(timeout=30)
+    with caplog.at_level(logging.WARNING, logger="jaxrl.run_lock"), RunLock(tmp_path / "run"):
+        assert json.loads((tmp_path / "run" / LOCK_FILE).read_text())["pid"] == os.getpid()
+    assert f"taking over a stale lock left by pid {holder.pid} on host" in caplog.text
+
+
+def test_lock_file_is_one_line_error_when_run_dir_is_a_file(tmp_path):
+    (tmp_path / "run").write_text("x")
+    with pytest.raises(RunDirError, match="cannot create the lock file"):
+        RunLock(tmp_path / "run").acquire()
+
+
+@pytest.mark.slow
+def test_second_trainer_on_a_run_dir_exits_2(tmp_path):
+    cfg, run_dir = T.write_config(tmp_path), tmp_path / "run"
+    first = T.start(T.train_argv(cfg, run_dir, "train.steps=500"))
+    try:
+        T.wait_for_metrics(first, run_dir)
+        second = T.run(T.train_argv(cfg, run_dir, "train.steps=500"))
+        assert second.returncode == 2
+        assert second.stderr.strip().splitlines()[-1].startswith(
+            f"jaxrl train: error: run directory {run_dir} is in use by another trainer (pid {first.pid} on host")
+        assert "Traceback" not in second.stderr
+        assert first.poll() is None  # the first trainer is unaffected
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=300)
+    assert first.returncode == 75
