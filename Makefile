@@ -1,8 +1,15 @@
 # jaxrl: two entry points for a fresh machine (Python 3.11 + pip).
 #   make quickstart   create .venv, install jaxrl, run `jaxrl train` on the embedded default config, export to HF
 #   make test         create .venv, install jaxrl with test extras, run the whole test suite
+# Variables (make VAR=... or the environment):
+#   VENV                    virtualenv to create and use (default .venv; CI uses a core-only one, see .ci/run)
+#   QUICKSTART_RUN          run directory of `make quickstart` (default runs/quickstart)
+#   JAXRL_QUICKSTART_ARGS   extra `jaxrl train` arguments, e.g. "--set train.steps=2" (CI shortens the run)
+#   PYTEST_ARGS             extra pytest arguments of `make test`
 PY ?= python3
 VENV ?= .venv
+QUICKSTART_RUN ?= runs/quickstart
+JAXRL_QUICKSTART_ARGS ?=
 BIN := $(VENV)/bin
 export HF_HUB_OFFLINE=1
 export HF_DATASETS_OFFLINE=1
@@ -27,8 +34,8 @@ install: $(VENV)/.installed-core
 install-test: $(VENV)/.installed
 
 quickstart: install
-	$(BIN)/jaxrl train --run-dir runs/quickstart
-	$(BIN)/jaxrl export-hf --checkpoint runs/quickstart --out runs/quickstart/hf --overwrite
+	$(BIN)/jaxrl train --run-dir $(QUICKSTART_RUN) $(JAXRL_QUICKSTART_ARGS)
+	$(BIN)/jaxrl export-hf --checkpoint $(QUICKSTART_RUN) --out $(QUICKSTART_RUN)/hf --overwrite
 
 test: install-test
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
