@@ -28,7 +28,7 @@ from typing import Any, Mapping
 import numpy as np
 from safetensors.numpy import save_file
 
-from jaxrl._safetensors_dir import atomic_output_dir
+from jaxrl.run_dir import replace_owned_files
 from jaxrl.errors import CheckpointError, ConfigError
 from jaxrl.models import TransformerConfig
 from jaxrl.models import lora
@@ -40,18 +40,41 @@ PEFT_WEIGHTS = "adapter_model.safetensors"
 FORMAT = 1
 
 
+def owns_adapter_checkpoint(name: str) -> bool:
+    """Whether `save_adapters` (and `import-hf --peft`) writes a file of this name."""
+    return name in (CONFIG_FILE, ADAPTERS_FILE)
+
+
+def owns_peft_export(name: str) -> bool:
+    """Whether `export_peft` (`export-hf --peft`) writes a file of this name."""
+    return name in (PEFT_CONFIG, PEFT_WEIGHTS)
+
+
 def base_fingerprint(params: Mapping) -> str:
     """sha256 of a base model's parameters: every leaf's path, shape and float32 little-endian bytes.
 
     Leaves are visited in sorted path order, one at a time (host memory: one parameter). bfloat16 and its
-    exact float32 upcast hash the same. Hash the dense base (before any QLoRA quantisation).
+    exact float32 upcast hash the same. Hash the dense base (before any QLoRA quantisation). With several
+    processes, every process must call this (arrays split across hosts are gathered, `_to_host`).
     """
     digest = hashlib.sha256()
     for path, value in sorted(_flatten(params)):
-        array = np.ascontiguousarray(np.asarray(value, dtype=np.float32)).astype("<f4", copy=False)
+        array = np.ascontiguousarray(_to_host(value).astype(np.float32)).astype("<f4", copy=False)
         digest.update(f"{path}:{array.shape};".encode())
         digest.update(array.tobytes())
     return digest.hexdigest()
+
+
+def _to_host(value) -> np.ndarray:
+    """A numpy copy of one leaf; a multi-host array not fully addressable here is gathered from every process
+    first (a collective: all processes make the same calls in the same order)."""
+    import jax
+
+    if isinstance(value, jax.Array) and not value.is_fully_addressable:
+        from jax.experimental import multihost_utils
+
+        value = multihost_utils.process_allgather(value, tiled=True)
+    return np.asarray(value)
 
 
 def _flatten(tree: Mapping, prefix: str = ""):
@@ -86,31 +109,39 @@ def lora_config_from_dict(data: Mapping[str, Any], *, where: str) -> lora.LoraCo
     if unknown:
         raise ConfigError(f"{where}: unknown LoRA keys {unknown}; allowed: {sorted(known)}")
     try:
-        return lora.LoraConfig(**{k: tuple(v) if k == "targets" else v for k, v in data.items()})
+        return lora.LoraConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
     except ConfigError as e:
         raise ConfigError(f"{where}: {e}") from e
 
 
 def save_adapters(directory: str | os.PathLike, adapters: Mapping, cfg: lora.LoraConfig,
                   base: Mapping[str, str], *, overwrite: bool = False) -> Path:
-    """Write adapters (host copies, float32) + config + base reference; atomic (see `atomic_output_dir`).
+    """Write adapters (host copies, float32) + config + base reference, atomically (`replace_owned_files`).
 
     Args:
-      directory: output directory (created; an existing non-empty one needs `overwrite`).
+      directory: output directory (created; an existing non-empty one needs `overwrite`, and then only our
+        two files are replaced; a run directory or foreign files are refused).
       adapters: tree of `lora.init_adapters` (jax or numpy arrays).
       cfg: the LoRA config the adapters belong to.
       base: `base_ref(path, params)` of the base model.
+
+    Multi-host: every process calls this (the adapters are gathered); only process 0 writes.
     """
+    import jax
+
     if set(base) != {"path", "sha256"}:
         raise ValueError(f"base reference needs keys path and sha256, got {sorted(base)}")
     tensors = {}
     for target, a, b in lora.adapter_pairs(adapters, cfg):
         prefix = f"layers/{lora.SITES[target][0]}/{target}"
-        tensors[f"{prefix}/lora_a"] = np.ascontiguousarray(np.asarray(a, np.float32))
-        tensors[f"{prefix}/lora_b"] = np.ascontiguousarray(np.asarray(b, np.float32))
+        tensors[f"{prefix}/lora_a"] = np.ascontiguousarray(_to_host(a).astype(np.float32))
+        tensors[f"{prefix}/lora_b"] = np.ascontiguousarray(_to_host(b).astype(np.float32))
+    if jax.process_index() != 0:
+        return Path(directory)
     meta = {"format": FORMAT, "lora": {"rank": cfg.rank, "alpha": cfg.alpha, "dropout": cfg.dropout,
                                        "targets": list(cfg.targets)}, "base": dict(base)}
-    with atomic_output_dir(directory, overwrite=overwrite) as tmp:
+    with replace_owned_files(directory, owns=owns_adapter_checkpoint, overwrite=overwrite,
+                             what="adapter checkpoint directory") as tmp:
         save_file(tensors, str(tmp / ADAPTERS_FILE))
         (tmp / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
     return Path(directory)
@@ -165,21 +196,22 @@ def check_adapters(adapters: Mapping, cfg: lora.LoraConfig, params: Mapping, *, 
     expected = set()
     for target in cfg.targets:
         block, num_in, _ = lora.SITES[target]
-        kernel = lora._get(params, lora.kernel_path(target)).shape
+        kernel = lora.lookup(params, lora.kernel_path(target)).shape
         want_a = tuple(kernel[:1 + num_in]) + (cfg.rank,)
         want_b = (kernel[0], cfg.rank) + tuple(kernel[1 + num_in:])
         for leaf, want in (("lora_a", want_a), ("lora_b", want_b)):
             path = f"layers/{block}/{target}/{leaf}"
             expected.add(path)
             try:
-                got = tuple(lora._get(adapters, tuple(path.split("/"))).shape)
+                got = tuple(lora.lookup(adapters, tuple(path.split("/"))).shape)
             except KeyError:
                 raise CheckpointError(f"{where}: adapter {path} is missing") from None
             if got != want:
                 raise CheckpointError(f"{where}: adapter {path} has shape {got}, the base needs {want}")
     extra = sorted(set(p for p, _ in _flatten(adapters)) - expected)
     if extra:
-        raise CheckpointError(f"{where}: unexpected adapter tensors {extra[:4]} (targets: {list(cfg.targets)})")
+        raise CheckpointError(f"{where}: unexpected adapter tensors {extra[:4]} "
+                              f"(targets: {list(cfg.targets)})")
 
 
 # ------------------------------------------------------------------------------------------ HF exports
@@ -187,7 +219,7 @@ def check_adapters(adapters: Mapping, cfg: lora.LoraConfig, params: Mapping, *, 
 def export_merged(model_cfg: TransformerConfig, params: Mapping, adapters: Mapping, cfg: lora.LoraConfig,
                   out: str | os.PathLike, *, tokenizer=None, max_shard_size: int | str = "5GB",
                   overwrite: bool = False) -> Path:
-    """Write base + adapters merged (W + (α/r)·A·B, `lora.merge`) as a full HF directory (`hf.save_pretrained`)."""
+    """Write base + adapters merged (W + (α/r)·A·B, `lora.merge`) as a full HF directory."""
     from jaxrl import hf
     from jaxrl.model_io import model_from_params
 
@@ -214,18 +246,19 @@ def export_peft(adapters: Mapping, cfg: lora.LoraConfig, out: str | os.PathLike,
 
     Args:
       adapters, cfg: the adapters and their config.
-      out: output directory (atomic; an existing non-empty one needs `overwrite`).
+      out: output directory (atomic; an existing non-empty one needs `overwrite`, see `save_adapters`).
       base_model: `base_model_name_or_path` recorded for PEFT (the HF base the adapters apply to).
     """
     config = {
         "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": str(base_model),
-        "r": cfg.rank, "lora_alpha": cfg.alpha, "lora_dropout": cfg.dropout, "target_modules": list(cfg.targets),
-        "bias": "none", "fan_in_fan_out": False, "use_rslora": False, "use_dora": False,
-        "init_lora_weights": True, "inference_mode": True, "modules_to_save": None, "layers_to_transform": None,
-        "rank_pattern": {}, "alpha_pattern": {},
+        "r": cfg.rank, "lora_alpha": cfg.alpha, "lora_dropout": cfg.dropout,
+        "target_modules": list(cfg.targets), "bias": "none", "fan_in_fan_out": False, "use_rslora": False,
+        "use_dora": False, "init_lora_weights": True, "inference_mode": True, "modules_to_save": None,
+        "layers_to_transform": None, "rank_pattern": {}, "alpha_pattern": {},
     }
     tensors = dict(peft_tensors(adapters, cfg))
-    with atomic_output_dir(out, overwrite=overwrite) as tmp:
+    with replace_owned_files(out, owns=owns_peft_export, overwrite=overwrite,
+                             what="PEFT output directory") as tmp:
         save_file(tensors, str(tmp / PEFT_WEIGHTS), metadata={"format": "pt"})
         (tmp / PEFT_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
     return Path(out)
@@ -258,10 +291,12 @@ def import_peft(peft_dir: str | os.PathLike, params: Mapping) -> tuple[dict, lor
         raise CheckpointError(f"cannot read PEFT adapter config {where}: {e}") from e
     for key, allowed in _PEFT_FIXED.items():
         if config.get(key, allowed[0]) not in allowed:
-            raise CheckpointError(f"{where}: {key}={config[key]!r} is not supported; jaxrl reads {key}={allowed[0]!r}")
+            raise CheckpointError(f"{where}: {key}={config[key]!r} is not supported; jaxrl reads "
+                                  f"{key}={allowed[0]!r}")
     notes = []
     if config.get("lora_dropout", 0):
-        notes.append(f"lora_dropout={config['lora_dropout']} in {where} is not used (jaxrl LoRA has no dropout)")
+        notes.append(f"lora_dropout={config['lora_dropout']} in {where} is not used "
+                     "(jaxrl LoRA has no dropout)")
     file = Path(peft_dir) / PEFT_WEIGHTS
     try:
         with safe_open(str(file), framework="np") as f:
@@ -277,7 +312,8 @@ def import_peft(peft_dir: str | os.PathLike, params: Mapping) -> tuple[dict, lor
     targets = tuple(t for t in lora.TARGETS if t in per_target)
     listed = config.get("target_modules")
     if isinstance(listed, list) and set(listed) != set(targets):
-        raise CheckpointError(f"{where}: target_modules {listed} but the weights hold LoRA for {list(targets)}")
+        raise CheckpointError(f"{where}: target_modules {listed} but the weights hold LoRA for "
+                              f"{list(targets)}")
     try:
         cfg = lora.LoraConfig(rank=int(config["r"]), alpha=float(config["lora_alpha"]), targets=targets)
     except (KeyError, TypeError, ValueError, ConfigError) as e:
@@ -285,7 +321,7 @@ def import_peft(peft_dir: str | os.PathLike, params: Mapping) -> tuple[dict, lor
     adapters: dict = {}
     for target in targets:
         block, num_in, _ = lora.SITES[target]
-        kernel = lora._get(params, lora.kernel_path(target)).shape
+        kernel = lora.lookup(params, lora.kernel_path(target)).shape
         layers = per_target[target]
         if sorted(layers) != list(range(kernel[0])) or any(set(v) != {"A", "B"} for v in layers.values()):
             raise CheckpointError(f"{file}: {target} needs lora_A and lora_B for layers 0..{kernel[0] - 1}")
@@ -295,8 +331,9 @@ def import_peft(peft_dir: str | os.PathLike, params: Mapping) -> tuple[dict, lor
             if pair["A"].shape != want_a or pair["B"].shape != want_b:
                 raise CheckpointError(f"{file}: layer {y} {target} lora_A {pair['A'].shape} / lora_B "
                                       f"{pair['B'].shape}; the base needs {want_a} / {want_b}")
-        a = np.stack([layers[y]["A"].astype(np.float32).T.reshape(ins + (cfg.rank,)) for y in range(kernel[0])])
-        b = np.stack([layers[y]["B"].astype(np.float32).T.reshape((cfg.rank,) + outs) for y in range(kernel[0])])
+        order = range(kernel[0])
+        a = np.stack([layers[y]["A"].astype(np.float32).T.reshape(ins + (cfg.rank,)) for y in order])
+        b = np.stack([layers[y]["B"].astype(np.float32).T.reshape((cfg.rank,) + outs) for y in order])
         adapters.setdefault("layers", {}).setdefault(block, {})[target] = {"lora_a": a, "lora_b": b}
     return adapters, cfg, notes
 
@@ -321,14 +358,15 @@ def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, *, 
     _, ref = read_adapter_config(checkpoint)
     base_path = Path(base if base is not None else ref["path"])
     if not base_path.exists():
-        raise CheckpointError(f"base model {base_path} of the adapters in {checkpoint} not found; pass --base")
+        raise CheckpointError(f"base model {base_path} of the adapters in {checkpoint} not found; "
+                              "pass --base")
     model, tokenizer = model_io.load_model(base_path)
     params = nnx.state(model, nnx.Param).to_pure_dict()
     adapters, cfg = load_adapters(checkpoint, params)
     if mode == "peft":
         return export_peft(adapters, cfg, out, base_model=str(base_path), overwrite=overwrite)
-    return export_merged(model.cfg, params, adapters, cfg, out, tokenizer=tokenizer, max_shard_size=max_shard_size,
-                         overwrite=overwrite)
+    return export_merged(model.cfg, params, adapters, cfg, out, tokenizer=tokenizer,
+                         max_shard_size=max_shard_size, overwrite=overwrite)
 
 
 def import_peft_checkpoint(peft_dir: str | os.PathLike, hf_dir: str | os.PathLike, out: str | os.PathLike, *,

@@ -3,8 +3,8 @@
     W' = W + s · A B,   s = α / r,   A [in…, r], B [r, out…]   (Hu et al. 2021, arXiv:2106.09685)
 
 `W` is a projection kernel in our layout (`[Y, in…, out…]`, e.g. `q_proj` `[Y, D, N, H]`, `o_proj`
-`[Y, N, H, D]`); A carries the kernel's input axes and B its output axes, both stacked over the `Y` layers like
-the base, so `A B` contracts the rank axis only (`[Y, in…, r]·[Y, r, out…] → [Y, in…, out…]`).
+`[Y, N, H, D]`); A carries the kernel's input axes and B its output axes, both stacked over the `Y` layers
+like the base, so `A B` contracts the rank axis only (`[Y, in…, r]·[Y, r, out…] → [Y, in…, out…]`).
 
 Usage (the train step differentiates the adapters only; the base is the KL reference, no second copy):
 
@@ -75,7 +75,8 @@ class LoraConfig:
         targets = tuple(self.targets) if isinstance(self.targets, (list, tuple)) else (self.targets,)
         bad = [t for t in targets if t not in TARGETS]
         if bad or not targets or len(set(targets)) != len(targets):
-            raise ConfigError(f"model.lora.targets={list(targets)!r}: need distinct names among {list(TARGETS)}")
+            raise ConfigError(f"model.lora.targets={list(targets)!r}: need distinct names among "
+                              f"{list(TARGETS)}")
         object.__setattr__(self, "targets", targets)
 
     @property
@@ -105,7 +106,8 @@ def adapter_logical_names(target: str) -> tuple[tuple, tuple]:
     return ("layers",) + names[:num_in] + (None,), ("layers", None) + names[num_in:]
 
 
-def _get(tree: Mapping, path: tuple[str, ...]):
+def lookup(tree: Mapping, path: tuple[str, ...]):
+    """The subtree or leaf of a nested dict at `path`; KeyError naming the '/'-joined path if absent."""
     node = tree
     for key in path:
         if not isinstance(node, Mapping) or key not in node:
@@ -129,10 +131,11 @@ def init_adapters(params: Mapping, cfg: LoraConfig, key: jax.Array) -> dict:
     adapters: dict = {}
     for i, target in enumerate(cfg.targets):
         block, num_in, _ = SITES[target]
-        shape = tuple(_get(params, kernel_path(target)).shape)  # [Y, in…, out…]
+        shape = tuple(lookup(params, kernel_path(target)).shape)  # [Y, in…, out…]
         y, ins, outs = shape[0], shape[1:1 + num_in], shape[1 + num_in:]
         bound = 1.0 / math.sqrt(math.prod(ins))
-        a = jax.random.uniform(jax.random.fold_in(key, i), (y,) + ins + (cfg.rank,), jnp.float32, -bound, bound)
+        a = jax.random.uniform(jax.random.fold_in(key, i), (y,) + ins + (cfg.rank,), jnp.float32, -bound,
+                               bound)
         b = jnp.zeros((y, cfg.rank) + outs, jnp.float32)
         adapters.setdefault("layers", {}).setdefault(block, {})[target] = {"lora_a": a, "lora_b": b}
     return adapters
@@ -150,7 +153,7 @@ def delta(a: jax.Array, b: jax.Array, scale: float) -> jax.Array:
 def adapter_pairs(adapters: Mapping, cfg: LoraConfig):
     """Yields (target, A, B) for every target of `cfg`; KeyError naming a missing adapter."""
     for target in cfg.targets:
-        node = _get(adapters, ("layers", SITES[target][0], target))
+        node = lookup(adapters, ("layers", SITES[target][0], target))
         yield target, node["lora_a"], node["lora_b"]
 
 
@@ -176,7 +179,7 @@ def merge(params: Mapping, adapters: Mapping, cfg: LoraConfig) -> dict:
     out = copy(params)
     for target, a, b in adapter_pairs(adapters, cfg):
         *parents, leaf = kernel_path(target)
-        node = _get(out, tuple(parents))
+        node = lookup(out, tuple(parents))
         w = node[leaf]
         if tuple(a.shape[:-1]) + tuple(b.shape[2:]) != tuple(w.shape):
             raise ValueError(f"adapter {target}: A {tuple(a.shape)} · B {tuple(b.shape)} does not match "
@@ -194,7 +197,8 @@ def count_params(model_cfg: TransformerConfig, cfg: LoraConfig) -> int:
     return total
 
 
-def lora_memory(model_cfg: TransformerConfig, lora_cfg: LoraConfig, *, base_bits: Any = None) -> dict[str, int]:
+def lora_memory(model_cfg: TransformerConfig, lora_cfg: LoraConfig, *,
+                base_bits: Any = None) -> dict[str, int]:
     """Bytes of LoRA/QLoRA training state (one replica; divide sharded entries by the shard count).
 
     Args:
@@ -206,7 +210,8 @@ def lora_memory(model_cfg: TransformerConfig, lora_cfg: LoraConfig, *, base_bits
 
     Returns:
       {"base", "adapters", "adapter_grads", "adapter_adam" (μ and ν), "merged_transient" (the kernels `merge`
-      materialises inside a step, in `param_dtype`: the targets, or all seven projections of a quantised base),
+      materialises inside a step, in `param_dtype`: the targets, or all seven projections of a quantised
+      base),
       "merged_cotangent" (∂L/∂W′ of the targets, formed in the backward pass before ∂L/∂A, ∂L/∂B),
       "total"}: bytes; all of them live at the peak of a train step, activations excluded.
     """

@@ -2,10 +2,10 @@
 
     y = x W (+ b) + s · (x A) B,   s = α / r   (Hu et al. 2021, arXiv:2106.09685)
 
-`attach(model, adapters, cfg, quantized=None)` returns a new `Transformer` sharing the base arrays in which each
-target `Proj` of the stacked blocks is a `LoraProj` holding the same stacked kernel (or, for QLoRA, its int8 /
-NF4 codes, dequantised one layer at a time inside the layer loop) plus the stacked A, B. It runs through
-`Transformer.forward`, the layer scan, the per-layer decode path and `jaxrl.sampling` unchanged, because the
+`attach(model, adapters, cfg, quantized=None)` returns a new `Transformer` sharing the base arrays in which
+each target `Proj` of the stacked blocks is a `LoraProj` holding the same stacked kernel (or, for QLoRA, its
+int8 / NF4 codes, dequantised one layer at a time inside the layer loop) plus the stacked A, B. It runs
+through `Transformer.forward`, the layer scan, the per-layer decode path and `jaxrl.sampling` unchanged, because the
 blocks' parameters are sliced per layer by the existing code. Nothing in `models/layers.py` or
 `models/transformer.py` changes.
 
@@ -44,8 +44,8 @@ class LoraProj(nnx.Module):
     `x`'s trailing `num_in` axes are the inputs.
     """
 
-    def __init__(self, proj: Proj, a: Optional[jax.Array], b: Optional[jax.Array], *, scale: float, num_in: int,
-                 qkernel: Optional[quant.QuantizedKernel] = None):
+    def __init__(self, proj: Proj, a: Optional[jax.Array], b: Optional[jax.Array], *, scale: float,
+                 num_in: int, qkernel: Optional[quant.QuantizedKernel] = None):
         self.equation, self.dtype, self.num_in, self.scale = proj.equation, proj.dtype, num_in, scale
         self.bias = proj.bias
         if qkernel is None:
@@ -65,7 +65,8 @@ class LoraProj(nnx.Module):
         if self.kernel is not None:
             return self.kernel[...]
         kind, shape, num_in, dtype, block = self.qmeta
-        q = quant.QuantizedKernel(self.codes[...][None], self.qscale[...][None], kind, shape, num_in, dtype, block)
+        q = quant.QuantizedKernel(self.codes[...][None], self.qscale[...][None], kind, shape, num_in, dtype,
+                                  block)
         return quant.dequantize(q)[0]
 
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -100,9 +101,9 @@ def attach(model: Transformer, adapters: Mapping, cfg: lora.LoraConfig,
         if target not in pairs and quantized is None:
             continue
         a, b = pairs.get(target, (None, None))
-        qkernel = None if quantized is None else lora._get(quantized, lora.kernel_path(target))
+        qkernel = None if quantized is None else lora.lookup(quantized, lora.kernel_path(target))
         parent = getattr(new.layers, block_name)
-        setattr(parent, target, LoraProj(getattr(parent, target), None if a is None else jnp.asarray(a),
-                                         None if b is None else jnp.asarray(b), scale=cfg.scale, num_in=num_in,
+        a, b = (None, None) if a is None else (jnp.asarray(a), jnp.asarray(b))
+        setattr(parent, target, LoraProj(getattr(parent, target), a, b, scale=cfg.scale, num_in=num_in,
                                          qkernel=qkernel))
     return new

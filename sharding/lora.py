@@ -54,5 +54,8 @@ def quantized_names(target: str, kind: str) -> dict[str, tuple]:
 def quantized_kernel_shardings(qkernel: Any, target: str, mesh: Mesh, rules: Rules) -> Any:
     """The `QuantizedKernel` with its codes and scale replaced by their NamedShardings (for `device_put`)."""
     names = quantized_names(target, qkernel.kind)
-    return qkernel.replace(**{field: named_sharding(tuple(getattr(qkernel, field).shape), names[field], mesh, rules,
-                                                    what=f"{target}.{field}") for field in ("codes", "scale")})
+    out = {}
+    for field in ("codes", "scale"):
+        shape = tuple(getattr(qkernel, field).shape)
+        out[field] = named_sharding(shape, names[field], mesh, rules, what=f"{target}.{field}")
+    return qkernel.replace(**out)

@@ -19,8 +19,9 @@ from jaxrl.sampling import generate
 REPS = 5
 SHAPES = {
     "tiny (D32 Y2 V64)": TransformerConfig.tiny(),
-    "small (D256 Y4 F768 V2048)": TransformerConfig.tiny(hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=4,
-                                                         head_dim=32, mlp_dim=768, vocab_size=2048),
+    "small (D256 Y4 F768 V2048)": TransformerConfig.tiny(hidden_size=256, num_layers=4, num_heads=8,
+                                                         num_kv_heads=4, head_dim=32, mlp_dim=768,
+                                                         vocab_size=2048),
 }
 
 

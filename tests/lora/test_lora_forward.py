@@ -70,3 +70,18 @@ def test_greedy_generation_matches_merged_model():
     b = generate(attach(model, ad, LCFG), prompts, max_new_tokens=6, temperature=0.0)
     np.testing.assert_array_equal(a.tokens, b.tokens)
     np.testing.assert_allclose(a.logprobs, b.logprobs, atol=2e-6)
+
+
+def test_gradients_through_attached_equal_gradients_through_merge():
+    """Training may use the unmerged form (no W + ΔW rounding in bfloat16): same adapter gradients."""
+    cfg = TransformerConfig.tiny(family="qwen2", qkv_bias=True)
+    model, params, ad = _setup(cfg)
+
+    def loss(logits):
+        return jnp.mean(jax.nn.log_softmax(logits)[..., 5] * jnp.arange(8.0)[None, :])
+
+    g_attached = jax.grad(lambda a: loss(attach(model, a, LCFG)(TOKENS)))(ad)
+    g_merged = jax.grad(lambda a: loss(Transformer.from_params(cfg, lora.merge(params, a, LCFG))(TOKENS)))(ad)
+    for x, y in zip(jax.tree.leaves(g_attached), jax.tree.leaves(g_merged)):
+        assert float(jnp.abs(y).max()) > 1e-4
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=2e-4, atol=1e-7)

@@ -2,8 +2,6 @@
 loaded by transformers / peft give our logits within 1e-4; a PEFT adapter imports back exactly."""
 
 import json
-import sys
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -17,8 +15,7 @@ from jaxrl.errors import CheckpointError
 from jaxrl.models import Transformer
 from jaxrl.models import lora
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "hf"))
-from _tiny_hf import make_tiny_hf  # noqa: E402
+from tests.hf._tiny_hf import make_tiny_hf
 
 TOKENS = np.random.default_rng(1).integers(3, 64, (2, 9))
 LCFG = lora.LoraConfig(rank=4, alpha=8.0, targets=("q_proj", "v_proj", "o_proj", "gate_proj", "down_proj"))
@@ -52,7 +49,8 @@ def test_adapter_checkpoint_roundtrip_is_exact_and_checks_the_base(tiny, tmp_pat
     for got, want in zip(jax.tree.leaves(loaded), jax.tree.leaves(adapters)):
         np.testing.assert_array_equal(got, np.asarray(want))  # bit for bit: resume continues exactly
     other = jax.tree.map(lambda x: x, params)
-    other["layers"]["mlp"]["up_proj"]["kernel"] = params["layers"]["mlp"]["up_proj"]["kernel"].at[0, 0, 0].add(1e-3)
+    up = params["layers"]["mlp"]["up_proj"]["kernel"]
+    other["layers"]["mlp"]["up_proj"]["kernel"] = up.at[0, 0, 0].add(1e-3)
     with pytest.raises(CheckpointError, match="trained on base .* hash to"):
         lora_io.load_adapters(tmp_path / "ad", other)
     with pytest.raises(CheckpointError, match="already exists"):
@@ -105,7 +103,7 @@ def test_peft_export_loads_in_peft_and_imports_back(tiny, tmp_path):
 
 
 def test_peft_import_of_peft_made_adapter(tiny, tmp_path):
-    """An adapter created and saved by peft itself (random B, dropout 0.1) imports with our logits = peft's."""
+    """An adapter made and saved by peft itself (random B, dropout 0.1) imports with our logits = peft's."""
     import peft
     import transformers
 

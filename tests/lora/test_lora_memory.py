@@ -12,11 +12,12 @@ def test_tiny_counts_by_hand():
     assert lora.count_params(cfg, lcfg) == 2 * per_layer
     mem = lora_memory(cfg, lcfg)
     adapters = 4 * 2 * per_layer
-    # base: per layer q 32·32, k/v 32·16, o 32·32, gate/up/down 32·64, two norms 32; embed + head 2·64·32, norm 32
+    # base: per layer q 32·32, k/v 32·16, o 32·32, gate/up/down 32·64, two norms 32;
+    # embedding + head 2·64·32, final norm 32
     base = 4 * (2 * (1024 + 512 + 512 + 1024 + 3 * 2048 + 64) + 2 * 2048 + 32)
     merged = 4 * 2 * (1024 + 512 + 512 + 1024 + 3 * 2048)
-    assert mem == {"base": base, "adapters": adapters, "adapter_grads": adapters, "adapter_adam": 2 * adapters,
-                   "merged_transient": merged, "merged_cotangent": merged,
+    assert mem == {"base": base, "adapters": adapters, "adapter_grads": adapters,
+                   "adapter_adam": 2 * adapters, "merged_transient": merged, "merged_cotangent": merged,
                    "total": base + 4 * adapters + 2 * merged}
     # int8: 1 byte per weight + a float32 scale per output row of each projection
     int8 = lora_memory(cfg, lcfg, base_bits="int8")
@@ -24,8 +25,9 @@ def test_tiny_counts_by_hand():
     assert int8["base"] == 2 * (1024 + 512 + 512 + 1024 + 3 * 2048 + 4 * rows) + 4 * (2 * 64 + 2 * 2048 + 32)
     # nf4 (block 64): half a byte per weight + a float32 absmax per 64 inputs of each row
     nf4 = lora_memory(cfg, lora.LoraConfig(rank=2, targets=("q_proj",)), base_bits="nf4")
-    blocks = 32 * 1 + 16 + 16 + 32 + 64 + 64 + 32 * 1  # every projection here has ≤ 64 inputs: 1 block per row
-    assert nf4["base"] == 2 * ((1024 + 512 + 512 + 1024 + 3 * 2048) // 2 + 4 * blocks) + 4 * (2 * 64 + 2 * 2048 + 32)
+    blocks = 32 + 16 + 16 + 32 + 64 + 64 + 32  # every projection here has ≤ 64 inputs: 1 block per row
+    rest = 4 * (2 * 64 + 2 * 2048 + 32)
+    assert nf4["base"] == 2 * ((1024 + 512 + 512 + 1024 + 3 * 2048) // 2 + 4 * blocks) + rest
     assert nf4["merged_transient"] == merged  # a quantised base is dequantised whole, not only the targets
     assert nf4["merged_cotangent"] == 4 * 2 * 1024
 

@@ -1,9 +1,6 @@
 """LoRA merge: zero adapters are the base, nonzero ones equal a float64 W + s·A·B by hand, gradients reach
 only the adapters (and equal s·Aᵀ·∂L/∂W at B = 0), on every family and norm placement."""
 
-import sys
-from pathlib import Path
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,9 +10,7 @@ from flax import nnx
 from jaxrl.errors import ConfigError
 from jaxrl.models import Transformer, TransformerConfig
 from jaxrl.models import lora
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "models"))
-import _numpy_ref  # noqa: E402  (float64 numpy forward shared with tests/models)
+from tests.models import _numpy_ref  # float64 numpy forward shared with tests/models
 
 CASES = {
     "llama_pre": TransformerConfig.tiny(),
@@ -32,7 +27,8 @@ def _base(cfg, seed=0):
     params = nnx.state(model, nnx.Param).to_pure_dict()
     leaves, treedef = jax.tree.flatten(params)
     keys = jax.random.split(jax.random.key(seed + 100), len(leaves))  # random norms and biases too
-    return jax.tree.unflatten(treedef, [x + 0.1 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)])
+    noisy = [x + 0.1 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)]
+    return jax.tree.unflatten(treedef, noisy)
 
 
 def _logits(cfg, params):
@@ -83,8 +79,8 @@ def _merge_f64(params, adapters, lcfg):
 @pytest.mark.parametrize("case", list(CASES))
 def test_nonzero_adapters_match_float64_reference(case):
     cfg = CASES[case]
-    lcfg = lora.LoraConfig(rank=3, alpha=5.0, targets=lora.TARGETS if case != "llama_post" else ("v_proj", "o_proj",
-                                                                                                     "down_proj"))
+    targets = lora.TARGETS if case != "llama_post" else ("v_proj", "o_proj", "down_proj")
+    lcfg = lora.LoraConfig(rank=3, alpha=5.0, targets=targets)
     params = _base(cfg)
     adapters = _random_adapters(params, lcfg, seed=2)
     ours = np.asarray(_logits(cfg, lora.merge(params, adapters, lcfg)))
@@ -92,7 +88,8 @@ def test_nonzero_adapters_match_float64_reference(case):
     assert np.abs(ours - base).max() > 0.05  # the adapters move the logits, so the comparison below can fail
     ref_params = _merge_f64(params, adapters, lcfg)
     for row in range(TOKENS.shape[0]):
-        np.testing.assert_allclose(ours[row], _numpy_ref.logits(cfg, ref_params, TOKENS[row]), atol=2e-5, rtol=0)
+        ref = _numpy_ref.logits(cfg, ref_params, TOKENS[row])
+        np.testing.assert_allclose(ours[row], ref, atol=2e-5, rtol=0)
 
 
 def _loss(cfg, params):
@@ -131,8 +128,8 @@ def test_merge_rejects_mismatched_adapter():
     cfg = TransformerConfig.tiny()
     params = _base(cfg)
     adapters = lora.init_adapters(params, lora.LoraConfig(rank=2, targets=("q_proj",)), jax.random.key(0))
-    other = lora.init_adapters(_base(cfg.replace(hidden_size=16)), lora.LoraConfig(rank=2, targets=("q_proj",)),
-                               jax.random.key(0))
+    q_only = lora.LoraConfig(rank=2, targets=("q_proj",))
+    other = lora.init_adapters(_base(cfg.replace(hidden_size=16)), q_only, jax.random.key(0))
     with pytest.raises(ValueError, match="does not match kernel"):
         lora.merge(params, other, lora.LoraConfig(rank=2, targets=("q_proj",)))
     with pytest.raises(KeyError, match="layers/mlp/up_proj"):

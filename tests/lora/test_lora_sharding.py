@@ -39,7 +39,8 @@ def test_adapter_specs_follow_their_kernels(mesh):
     assert mlp["gate_proj"] == {"lora_a": P(None, "fsdp", None), "lora_b": P(None, None, "tensor")}
     assert mlp["down_proj"] == {"lora_a": P(None, "tensor", None), "lora_b": P(None, None, "fsdp")}
     fsdp = jax.tree.map(lambda s: s.spec, adapter_shardings(ad, mesh, FSDP))
-    assert fsdp["layers"]["mlp"]["down_proj"] == {"lora_a": P(None, None, None), "lora_b": P(None, None, "fsdp")}
+    down = fsdp["layers"]["mlp"]["down_proj"]
+    assert down == {"lora_a": P(None, None, None), "lora_b": P(None, None, "fsdp")}
 
 
 def test_sharded_merge_equals_single_device_and_keeps_kernel_layout(mesh):

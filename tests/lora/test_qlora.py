@@ -11,8 +11,8 @@ from jaxrl.errors import ConfigError
 from jaxrl.models import Transformer, TransformerConfig, lora, quant
 
 # NF4 values as printed in the QLoRA paper's appendix / bitsandbytes (4 significant digits)
-PUBLISHED_NF4 = [-1.0, -0.6962, -0.5251, -0.3949, -0.2844, -0.1848, -0.0911, 0.0, 0.0796, 0.1609, 0.2461, 0.3379,
-                 0.4407, 0.5626, 0.7230, 1.0]
+PUBLISHED_NF4 = [-1.0, -0.6962, -0.5251, -0.3949, -0.2844, -0.1848, -0.0911, 0.0, 0.0796, 0.1609, 0.2461,
+                 0.3379, 0.4407, 0.5626, 0.7230, 1.0]
 
 
 def test_nf4_levels_are_the_published_ones():
@@ -43,7 +43,8 @@ def test_nf4_error_within_half_the_widest_level_gap_and_exact_on_levels():
     # values that are levels times the block absmax come back exactly (every code, both nibbles)
     idx = np.arange(2 * 64 * 6) % 16
     exact = (quant.nf4_levels()[idx] * 0.5).reshape(2, 6, 64).transpose(0, 2, 1)
-    np.testing.assert_array_equal(quant.dequantize(quant.quantize(jnp.asarray(exact), 1, "nf4", block=32)), exact)
+    back = quant.dequantize(quant.quantize(jnp.asarray(exact), 1, "nf4", block=32))
+    np.testing.assert_array_equal(back, exact)
 
 
 def test_bad_kind_and_block():
@@ -68,7 +69,9 @@ def test_merge_on_quantised_base_is_dequantised_plus_delta_and_trains_adapters_o
     np.testing.assert_array_equal(merged["layers"]["mlp"]["up_proj"]["kernel"],  # not a target: dequantised
                                   quant.dequantize(qp["layers"]["mlp"]["up_proj"]["kernel"]))
     tokens = jnp.arange(16, dtype=jnp.int32).reshape(2, 8)
-    loss = lambda a: jnp.mean(Transformer.from_params(cfg, lora.merge(qp, a, lcfg))(tokens) ** 2)  # noqa: E731
+    def loss(a):
+        return jnp.mean(Transformer.from_params(cfg, lora.merge(qp, a, lcfg))(tokens) ** 2)
+
     grads = jax.grad(loss)(ad)
     assert all(float(jnp.abs(g).max()) > 0 for g in jax.tree.leaves(grads))
 
@@ -76,10 +79,10 @@ def test_merge_on_quantised_base_is_dequantised_plus_delta_and_trains_adapters_o
 # Logits tolerance of a quantised base (zero adapters) against the unquantised model, tiny configs, 3 seeds.
 # Measured max |Δlogit| (max |logit| ≈ 0.35-0.42): int8 1.9e-3 / 2.6e-3 / 1.8e-3 (pre-norm), 1.1e-3 / 1.2e-3 /
 # 0.9e-3 (SiameseNorm); NF4 (block 32) 2.9e-2 / 3.3e-2 / 3.2e-2 (pre), 1.8e-2 / 1.9e-2 / 1.8e-2 (siamese).
-# The error follows the per-weight rounding step: int8 ≤ absmax/254 per channel, NF4 ≤ (widest level gap 0.152)/2
-# × block absmax ≈ 19× larger, and the measured NF4/int8 ratio is 13-17. Bounds: about 2× the worst measured
-# value (int8 5e-3, NF4 6e-2), room for other seeds and float summation order, far below a wrong dequantisation
-# (a scale or nibble mix-up moves logits by O(max |logit|) = 0.4).
+# The error follows the per-weight rounding step: int8 ≤ absmax/254 per channel, NF4 ≤ (widest level gap
+# 0.152)/2 × block absmax ≈ 19× larger, and the measured NF4/int8 ratio is 13-17. Bounds: about 2× the worst
+# measured value (int8 5e-3, NF4 6e-2), room for other seeds and float summation order, far below a wrong
+# dequantisation (a scale or nibble mix-up moves logits by O(max |logit|) = 0.4).
 BOUNDS = {"int8": 5e-3, "nf4": 6e-2}
 
 
