@@ -33,19 +33,10 @@ from jaxrl.losses.etr import (
 from jaxrl.losses.gdpo import gd2po_advantages, gdpo_advantages, gdpo_token_advantages, masked_whiten
 from jaxrl.losses.kl import KLKind, kl_loss, kl_penalty
 from jaxrl.losses.logprobs import token_logprobs_and_entropy
-from jaxrl.losses.multi_reward import (
-    RewardStats,
-    combine_rewards,
-    redundancy_factor,
-    reference_frozen_normalize,
-    reference_stats,
-    risk_factor,
-    tri_factor_weights,
-    weakness_factor,
-    weighted_sum,
-)
 
-# Part B methods (CLIPO, DIR, EVPV-PRM, MARCH, OpenRS, Proxy-GRM, AFRL/SFT, SSP).
+# Part B methods used by the trainer or the reward-model trainer (CLIPO, DIR, OpenRS, AFRL/SFT). The seed
+# papers' reward arithmetic that no pipeline uses yet (EVPV, Proxy-GRM, MARCH, SSP, multi-reward weighting)
+# lives in `jaxrl.losses.research`.
 from jaxrl.losses.clipo import (
     ContrastiveHeadConfig,
     apply_contrastive_head,
@@ -71,20 +62,6 @@ from jaxrl.losses.dir import (
     pair_representation,
     reference_gamma,
 )
-from jaxrl.losses.evpv import (
-    correctness_rate,
-    first_error_position,
-    gate_step_rewards,
-    geometric_mean,
-    position_weighted,
-    premise_reliability,
-    streak_score,
-)
-from jaxrl.losses.march import (
-    answers_match,
-    checker_votes,
-    fact_check_reward,
-)
 from jaxrl.losses.openrs import (
     Criterion,
     bidirectional_verdict,
@@ -93,18 +70,9 @@ from jaxrl.losses.openrs import (
     reference_rewards,
     score_matrix,
 )
-from jaxrl.losses.proxy_grm import (
-    couple_rewards,
-    proxy_grm_reward,
-)
 from jaxrl.losses.sft import (
     mode_balanced_loss,
     sft_nll,
-)
-from jaxrl.losses.ssp import (
-    answer_tag_counts,
-    proposer_reward,
-    solver_reward,
 )
 
 # Issue 15: GSPO, CISPO, SAPO objectives, train-inference mismatch correction, pass@k / avg@k.
@@ -122,38 +90,28 @@ __all__ = [
     "DAPOConfig",
     "ETRConfig",
     "KLKind",
-    "RewardStats",
     "aggregate",
     "aggregation_normalizer",
-    "answers_match",
     "apply_club_classifier",
     "apply_contrastive_head",
     "as_agg_mode",
     "bidirectional_verdict",
     "bradley_terry_loss",
-    "checker_votes",
     "classifier_inner_steps",
     "clipo_head_loss",
     "clipped_objective",
     "club_classifier_nll",
     "club_mi",
-    "combine_rewards",
     "contrastive_bonus",
     "contrastive_loss",
-    "correctness_rate",
-    "couple_rewards",
     "dir_loss",
     "dynamic_sampling_mask",
     "entropy_bonus",
     "etr_clip_bounds",
     "etr_policy_loss",
-    "fact_check_reward",
-    "first_error_position",
-    "gate_step_rewards",
     "gd2po_advantages",
     "gdpo_advantages",
     "gdpo_token_advantages",
-    "geometric_mean",
     "group_advantages",
     "group_reward_std",
     "infonce_mi_lower_bound",
@@ -175,24 +133,11 @@ __all__ = [
     "pair_score",
     "pairwise_group_rewards",
     "policy_loss",
-    "position_weighted",
-    "premise_reliability",
-    "proposer_reward",
-    "proxy_grm_reward",
-    "redundancy_factor",
-    "reference_frozen_normalize",
     "reference_rewards",
-    "reference_stats",
-    "risk_factor",
     "rloo_advantages",
     "score_matrix",
     "sft_nll",
-    "solver_reward",
-    "streak_score",
     "token_logprobs_and_entropy",
-    "tri_factor_weights",
-    "weakness_factor",
-    "weighted_sum",
     "CISPOConfig",
     "cispo_loss",
     "cispo_objective",
@@ -210,5 +155,4 @@ __all__ = [
     "classifier_micro_steps",
     "club_mi_micro",
     "reference_gamma",
-    "answer_tag_counts",
 ]

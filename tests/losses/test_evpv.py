@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from absl.testing import parameterized
 
-from jaxrl.losses import evpv
+from jaxrl.losses.research import evpv
 
 
 def _py_aggregators(scores):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from absl.testing import parameterized
 
-from jaxrl.losses import march
+from jaxrl.losses.research import march
 
 EXAMPLE = jnp.array([[1, 1, -1, 1], [1, -1, -1, 1], [1, 1, 1, -1]])
 

@@ -1,4 +1,4 @@
-"""Tests for jaxrl.losses.multi_reward: spec 7h worked example, float64 references of each factor."""
+"""Tests for jaxrl.losses.research.multi_reward: spec 7h worked example, float64 references of each factor."""
 
 import chex
 import jax.numpy as jnp
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from absl.testing import parameterized
 
-from jaxrl.losses import (RewardStats, combine_rewards, redundancy_factor, reference_frozen_normalize,
+from jaxrl.losses.research.multi_reward import (RewardStats, combine_rewards, redundancy_factor, reference_frozen_normalize,
                           reference_stats, risk_factor, tri_factor_weights, weakness_factor, weighted_sum)
 
 SPEC_STATS = RewardStats(jnp.array([0.5, 3.0]), jnp.array([0.2, 1.0]))

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from absl.testing import parameterized
 
-from jaxrl.losses import proxy_grm
+from jaxrl.losses.research import proxy_grm
 
 
 def _py_reward(acc, proxy, fmt, fb):

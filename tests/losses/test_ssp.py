@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from absl.testing import parameterized
 
-from jaxrl.losses import ssp
+from jaxrl.losses.research import ssp
 
 
 def _np_grpo(r, eps=1e-6):

@@ -1,0 +1,215 @@
+"""Claim 1, GDPO vs GRPO on three binary rewards: GRPO's reward-combination collapse and joint success.
+
+Task: the quickstart's arithmetic ("What is 47 + 3?") after its mixed-format SFT warm start, with three
+binary rewards, each weight 1:
+  answer  `math_answer` with tags_only (correct number inside <answer></answer>)
+  format  `format` with tags [answer]
+  length  `length_budget` below: 1 if the completion is at most `budget` tokens (EOS included)
+GRPO sums them and normalises the sum within each group, so two different reward vectors with the same sum,
+e.g. (1, 1, 0) "right but too long" and (0, 1, 1) "wrong but short", get the same advantage. GDPO (Liu et al.,
+arXiv:2601.05242, https://arxiv.org/abs/2601.05242) normalises each reward within the group first.
+
+Collapse count of one group with D distinct reward vectors: D - (number of distinct advantage values among
+them), the number of vectors merged into another's advantage; 0 means every vector is told apart (two
+vectors with one advantage count 1, three count 2).
+Both advantage functions (`jaxrl.losses.group_advantages` on the sum, `jaxrl.losses.gdpo_advantages`) are
+applied to the reward vectors each run actually sampled. Joint success: share of rollouts with every reward 1.
+
+The runs go through `jaxrl.train_loop.train`; the only addition is a recorder around
+`jaxrl.train_loop.rl_step` that keeps each step's rollout rewards [N, K] (the step itself is unchanged).
+
+Run: python -m experiments.gdpo_vs_grpo [--seeds 0 1 2] [--steps 30] [--out docs/experiments]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import tempfile
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from experiments import common
+
+NAMES = ("answer", "format", "length")
+
+
+def length_budget(prompts: list[str], completions: list[str], *, completion_length: list[int],
+                  budget: int) -> list[float]:
+    """Binary length budget: r = 1[L <= budget], L the generated token count (EOS included)."""
+    del prompts, completions
+    return [float(int(n) <= budget) for n in completion_length]
+
+
+def collapse_count(rewards_GK: np.ndarray, adv_G: np.ndarray, tol: float = 1e-4) -> tuple[int, int]:
+    """(D, C) of one group: D distinct reward vectors, C = D - (distinct advantage values over them).
+
+    Args:
+      rewards_GK: [G, K] reward vectors of one group.
+      adv_G: [G] their advantages (a function of the vector within a group, for GRPO and GDPO alike).
+      tol: advantages closer than this count as equal.
+
+    Returns:
+      (D, D - number of distinct advantage values over the D vectors).
+    """
+    rewards_GK, adv_G = np.asarray(rewards_GK, np.float64), np.asarray(adv_G, np.float64)
+    _, first = np.unique(rewards_GK, axis=0, return_index=True)
+    adv_D = np.sort(adv_G[first])
+    distinct_adv = 1 + int(np.sum(np.diff(adv_D) > tol)) if adv_D.size else 0
+    return int(adv_D.size), int(adv_D.size - distinct_adv)
+
+
+def advantages(rewards_NK: np.ndarray, group_size: int, method: str) -> np.ndarray:
+    """[N] sequence advantages of `method` ('grpo': summed reward, group-normalised; 'gdpo': per reward, summed,
+    batch-standardised), from the library's functions, equal reward weights."""
+    import jax.numpy as jnp
+
+    from jaxrl import losses
+
+    r_NK = jnp.asarray(rewards_NK, jnp.float32)
+    if method == "grpo":
+        return np.asarray(losses.group_advantages(r_NK.sum(axis=1), group_size))
+    return np.asarray(losses.gdpo_advantages(r_NK, group_size))
+
+
+def step_collapse(rewards_NK: np.ndarray, group_size: int, method: str) -> tuple[float, float]:
+    """(mean distinct vectors per group, mean collapsed vectors per group) of one step's rollouts."""
+    adv_N = advantages(rewards_NK, group_size, method)
+    counts = [collapse_count(rewards_NK[i:i + group_size], adv_N[i:i + group_size])
+              for i in range(0, len(adv_N), group_size)]
+    d, c = np.asarray(counts, np.float64).T
+    return float(d.mean()), float(c.mean())
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[list[np.ndarray]]:
+    """Within the block, every `train` step's rollout rewards [N, K] are appended to the yielded list."""
+    from jaxrl import train_loop
+
+    log: list[np.ndarray] = []
+    real = train_loop.rl_step
+
+    def recorded(run, state, records, step):
+        state, metrics, ro = real(run, state, records, step)
+        log.append(np.asarray(ro.rewards_NK, np.float64).copy())
+        return state, metrics, ro
+
+    train_loop.rl_step = recorded
+    try:
+        yield log
+    finally:
+        train_loop.rl_step = real
+
+
+def overrides(method: str, seed: int, steps: int, *, budget: int, small: bool) -> list[str]:
+    """`--set` overrides of configs/quickstart.yaml for one run."""
+    rewards = [
+        {"name": "answer", "type": "math_answer", "weight": 1.0, "params": {"tags_only": True}},
+        {"name": "format", "type": "format", "weight": 1.0, "params": {"tags": ["answer"]}},
+        {"name": "length", "type": "function", "function": "experiments.gdpo_vs_grpo:length_budget",
+         "weight": 1.0, "params": {"budget": budget}},
+    ]
+    out = [f"algorithm.name={method}", f"rewards={json.dumps(rewards)}", f"train.steps={steps}",
+           f"train.seed={seed}", f"data.seed={seed}", f"train.eval_every={steps}",
+           "checkpoint.every=100000", "checkpoint.async_save=false", "logging.tensorboard=false",
+           "logging.progress_bar=false", "logging.sample_every=100000", "data.prompts_per_step=4",
+           "data.eval_size=32"]
+    if small:  # CI: a smaller model and warm start
+        out += ["model.overrides={hidden_size: 64, num_layers: 2, num_heads: 4, num_kv_heads: 4, head_dim: 16,"
+                " mlp_dim: 192}", "sft_warmup.steps=150", "data.eval_size=16"]
+    return out
+
+
+def run_one(method: str, seed: int, steps: int, run_dir: Path, *, budget: int, small: bool) -> dict:
+    """Trains one run; returns its per-step rewards [T, N, K], final metrics and the recorded eval."""
+    from jaxrl.config import load_config
+    from jaxrl.train_loop import train
+
+    cfg = load_config("configs/quickstart.yaml", overrides(method, seed, steps, budget=budget, small=small))
+    with recording() as log:
+        last = train(cfg, run_dir)
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    evals = {r["step"]: r["eval/accuracy"] for r in rows if "eval/accuracy" in r}
+    return {"rewards_TNK": np.stack(log), "last": last, "eval_accuracy": evals, "rows": rows,
+            "group_size": cfg.rollout.group_size}
+
+
+def summarise(runs: dict[str, list[dict]]) -> dict[str, dict[str, np.ndarray]]:
+    """Per method: joint success [S, T], reward means [S, T, K], collapse of its own advantage and of the other
+    method's on the same rollouts [S, T]."""
+    out = {}
+    for method, seeds in runs.items():
+        joint, means, col_grpo, col_gdpo, distinct = [], [], [], [], []
+        for r in seeds:
+            r_TNK, g = r["rewards_TNK"], r["group_size"]
+            joint.append((r_TNK == 1).all(axis=2).mean(axis=1))
+            means.append(r_TNK.mean(axis=1))
+            cg = [step_collapse(r_NK, g, "grpo") for r_NK in r_TNK]
+            cd = [step_collapse(r_NK, g, "gdpo") for r_NK in r_TNK]
+            distinct.append([d for d, _ in cg])
+            col_grpo.append([c for _, c in cg])
+            col_gdpo.append([c for _, c in cd])
+        out[method] = {"joint_ST": np.asarray(joint), "means_STK": np.asarray(means),
+                       "distinct_ST": np.asarray(distinct), "collapse_grpo_ST": np.asarray(col_grpo),
+                       "collapse_gdpo_ST": np.asarray(col_gdpo)}
+    return out
+
+
+def report(runs: dict[str, list[dict]], seeds: Sequence[int], out_dir: Path, *, seconds: float,
+           budget: int, steps: int) -> str:
+    """Writes gdpo_vs_grpo.png and gdpo_vs_grpo.md into `out_dir`; returns the table."""
+    s = summarise(runs)
+    k = max(1, steps // 3)
+    rows = []
+    for method in runs:
+        m = s[method]
+        first, last = m["joint_ST"][:, :k].mean(axis=1), m["joint_ST"][:, -k:].mean(axis=1)
+        acc = [r["eval_accuracy"].get(steps, np.nan) for r in runs[method]]
+        acc0 = [r["eval_accuracy"].get(0, np.nan) for r in runs[method]]
+        rows.append([method, common.seed_stats(m["distinct_ST"].mean(axis=1)).cell(2),
+                     common.seed_stats(m["collapse_grpo_ST"].mean(axis=1)).cell(2),
+                     common.seed_stats(m["collapse_gdpo_ST"].mean(axis=1)).cell(2),
+                     common.seed_stats(first).cell(), common.seed_stats(last).cell(),
+                     common.seed_stats(acc0).cell(), common.seed_stats(acc).cell()])
+    header = ["run", "distinct reward vectors / group", "collapsed vectors / group (GRPO adv.)",
+              "collapsed vectors / group (GDPO adv.)", f"joint success, steps 1-{k}",
+              f"joint success, last {k} steps", "held-out acc. step 0", f"held-out acc. step {steps}"]
+    table = common.markdown_table(header, rows)
+    text = (f"Seeds {list(seeds)}, {steps} RL steps, length budget {budget} tokens; mean ± std [min, max] over "
+            f"seeds. Wall time {seconds / 60:.1f} min.\n\n" + table)
+    common.write_text(out_dir / "gdpo_vs_grpo.md", text)
+    panels = {
+        "joint success (all 3 rewards = 1)": {m: s[m]["joint_ST"] for m in runs},
+        "collapsed vectors / group (GRPO advantage)": {m: s[m]["collapse_grpo_ST"] for m in runs},
+        "answer reward": {m: s[m]["means_STK"][:, :, 0] for m in runs},
+        "length reward": {m: s[m]["means_STK"][:, :, 2] for m in runs},
+    }
+    common.plot_curves(out_dir / "gdpo_vs_grpo.png", panels, xlabel="RL step",
+                       note="training rollouts; line = mean over seeds, band = min..max")
+    return text
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--budget", type=int, default=20)
+    p.add_argument("--small", action="store_true", help="the CI model (D=64, 2 layers, 150 SFT steps)")
+    p.add_argument("--out", type=Path, default=common.DOCS)
+    a = p.parse_args(argv)
+    timer = common.Timer()
+    runs: dict[str, list[dict]] = {"grpo": [], "gdpo": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for seed in a.seeds:
+            for method in runs:
+                runs[method].append(run_one(method, seed, a.steps, Path(tmp) / f"{method}{seed}",
+                                            budget=a.budget, small=a.small))
+                print(f"{method} seed {seed} done at {timer.elapsed():.0f} s", flush=True)
+    print(report(runs, a.seeds, a.out, seconds=timer.elapsed(), budget=a.budget, steps=a.steps))
+
+
+if __name__ == "__main__":
+    main()
