@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 from absl.testing import parameterized
 
-from jaxrl.losses.research.multi_reward import (RewardStats, combine_rewards, redundancy_factor, reference_frozen_normalize,
-                          reference_stats, risk_factor, tri_factor_weights, weakness_factor, weighted_sum)
+from jaxrl.losses.research.multi_reward import (RewardStats, combine_rewards, redundancy_factor,
+                                               reference_frozen_normalize, reference_stats, risk_factor,
+                                               tri_factor_weights, weakness_factor, weighted_sum)
 
 SPEC_STATS = RewardStats(jnp.array([0.5, 3.0]), jnp.array([0.2, 1.0]))
 
