@@ -51,7 +51,7 @@ def named_sharding(
     """The NamedSharding of one tensor of `shape` with logical `names`, checked for divisibility."""
     if len(names) != len(shape):
         raise ValueError(f"{what}: {len(names)} logical names {names} for a tensor of shape {shape}")
-    spec = logical_to_spec(names, rules)
+    spec = logical_to_spec(names, rules, shape, mesh.shape)
     check_divisible(shape, spec, mesh, what=what)
     return NamedSharding(mesh, spec)
 

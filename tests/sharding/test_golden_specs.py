@@ -15,7 +15,7 @@ from jaxrl.sharding.place import path_str
 
 # path -> (spec under FSDP, spec under FSDP_TP)
 GOLDEN = {
-    "embed_tokens.embedding": (P(None, "fsdp"), P("tensor", "fsdp")),
+    "embed_tokens.embedding": (P("fsdp", None), P("tensor", "fsdp")),  # FSDP: along V (rules.py "Why not D")
     "layers.input_layernorm.weight": (P(None, "fsdp"), P(None, "fsdp")),
     "layers.mlp.down_proj.kernel": (P(None, None, "fsdp"), P(None, "tensor", "fsdp")),
     "layers.mlp.gate_proj.kernel": (P(None, "fsdp", None), P(None, "fsdp", "tensor")),

@@ -92,7 +92,8 @@ def test_rule_tables_cover_exactly_the_logical_names():
 @pytest.mark.parametrize(
     "names, rules, spec",
     [
-        (("vocab", "embed"), FSDP, P(None, "fsdp")),
+        (("vocab", "embed"), FSDP, P("fsdp", None)),  # the table along V (rules.py: "Why not D")
+        (("embed", "vocab"), FSDP, P("fsdp", None)),  # the head keeps D
         (("vocab", "embed"), FSDP_TP, P("tensor", "fsdp")),
         (("layers", "embed", "heads", "head_dim"), FSDP_TP, P(None, "fsdp", "tensor", None)),
         (("layers", "mlp", "embed"), FSDP_TP, P(None, "tensor", "fsdp")),
@@ -106,6 +107,14 @@ def test_rule_tables_cover_exactly_the_logical_names():
 )
 def test_logical_to_spec(names, rules, spec):
     assert logical_to_spec(names, rules) == spec
+
+
+def test_vocab_is_split_only_where_it_divides():
+    sizes = {"data": 2, "fsdp": 4, "tensor": 1}
+    assert logical_to_spec(("vocab", "embed"), FSDP, (151936, 64), sizes) == P("fsdp", None)
+    # a built-in character vocabulary: fsdp goes to D, the layout every tensor had before
+    assert logical_to_spec(("vocab", "embed"), FSDP, (102, 64), sizes) == P(None, "fsdp")
+    assert logical_to_spec(("batch", "vocab"), FSDP, (6, 102), sizes) == P(("data", "fsdp"), None)
 
 
 def test_unknown_logical_name():
