@@ -65,6 +65,8 @@ def sft_warm_start(run: trainer.Run, state: TrainState, records, encoder, *, ste
             batch = expert_rows([encoder(records[i], k) for i in idx], run.tokenizer, width, completion_width)
         sft_state, metrics = step_fn(sft_state, trainer.shard_batch(run, batch))
         curve.append(float(metrics["sft/nll"]))
+        if (k + 1) % max(steps // 10, 1) == 0 or k + 1 == steps:  # progress: ten lines per warm start
+            log.info("SFT warm start: step %d/%d, NLL %.4f", k + 1, steps, curve[-1])
     return TrainState(sft_state.params, state.opt_state, state.step), curve
 
 
