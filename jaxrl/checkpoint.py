@@ -102,17 +102,11 @@ class Checkpointer:
         self.manager.save(step, args=args, force=True)
 
     def write_model_config(self, model_config: dict[str, Any], tokenizer: Any = None) -> None:
-        """Writes `model_config.json` (and the tokenizer) next to the steps; primary process only.
-
-        With a tokenizer, the stored bos/eos/pad ids are the tokenizer's (`jaxrl.model_io.token_ids`)."""
+        """Writes `model_config.json` (and the tokenizer) next to the steps; primary process only."""
         if jax.process_index() != 0:
             return
         self.directory.mkdir(parents=True, exist_ok=True)
         tmp = self.directory / f".{MODEL_CONFIG}.tmp"
-        if tokenizer is not None:
-            from jaxrl.model_io import token_ids
-
-            model_config = {**model_config, **token_ids(tokenizer, model_config.get("eos_token_id"))}
         tmp.write_text(json.dumps(model_config, indent=2) + "\n")
         tmp.replace(self.directory / MODEL_CONFIG)
         if tokenizer is not None:
@@ -190,7 +184,8 @@ class Checkpointer:
             )
             raise CheckpointError(
                 f"no checkpoint in {self.directory} can be restored into this run's model and optimizer "
-                f"({detail}); a changed model/optimizer config cannot resume: use a new run directory"
+                f"({detail}); a changed model/optimizer config cannot resume: use a new run directory or "
+                "--set checkpoint.resume=false"
             )
         return None
 
