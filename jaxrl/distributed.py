@@ -298,16 +298,20 @@ _TRANSPORT_ERRORS = ("gloo", "connection reset", "connection refused", "unavaila
                      "socket closed", "broken pipe")
 
 
+def _await_verdict(watch: PeerWatch, text: str) -> None:
+    """If `text` is a transport error (a peer probably died inside a collective), give the watch the
+    heartbeat timeout to name the lost peer and end the process; return otherwise."""
+    if any(s in text.lower() for s in _TRANSPORT_ERRORS):
+        deadline = time.monotonic() + watch.timeout_s + 3 * watch.period_s
+        while time.monotonic() < deadline and watch._thread.is_alive() and not watch._stop.is_set():
+            time.sleep(0.1)
+
+
 def _excepthook(exc_type, exc, tb) -> None:
     """Uncaught error in a multi-process job: tell the peers, never hang in JAX's shutdown barrier."""
     watch = _watch
     if watch is not None and not issubclass(exc_type, KeyboardInterrupt):
-        text = str(exc).lower()
-        if any(s in text for s in _TRANSPORT_ERRORS):
-            # Probably a peer died in the middle of a collective: the watch names it within the timeout.
-            deadline = time.monotonic() + watch.timeout_s + 3 * watch.period_s
-            while time.monotonic() < deadline and watch._thread.is_alive():
-                time.sleep(0.1)
+        _await_verdict(watch, str(exc))
         first = (str(exc).strip().splitlines() or [""])[0][:160]
         watch.finish(f"failed:{exc_type.__name__} on process {watch.me}: {first}")
     traceback.print_exception(exc_type, exc, tb)
@@ -333,4 +337,6 @@ def start_peer_watch(me: int, count: int, timeout_s: float, coordinator: str) ->
 def finish(ok: bool = True, message: str = "") -> None:
     """Tell the peers this process is done (`ok`) or failed with `message`; call before exiting normally."""
     if _watch is not None:
+        if not ok:
+            _await_verdict(_watch, message)  # a lost peer is named by the watch, not reported as our failure
         _watch.finish("done" if ok else f"failed:{message[:200]} on process {_watch.me}")
