@@ -75,7 +75,10 @@ def rl_step(run: trainer.Run, state: TrainState, records, step: int):
     if "kl/loss" in metrics:  # a KL that was not measured is absent, not a flat 0
         metrics.setdefault("kl", metrics["kl/loss"])
     metrics.setdefault("entropy", metrics.get("entropy/mean", float("nan")))
-    metrics.setdefault("clip_frac", metrics.get("pg/clip_frac", float("nan")))
+    for key in ("pg/clip_frac", "cispo/clip_frac"):  # the objective's clip fraction, when it has one
+        if key in metrics:
+            metrics.setdefault("clip_frac", metrics[key])
+            break
     metrics.update({f"{TIMING_PREFIX}rollout_s": t1 - t0, f"{TIMING_PREFIX}logprob_s": t2 - t1,
                     f"{TIMING_PREFIX}update_s": t3 - t2, "tokens_per_s": tokens / max(t3 - t0, 1e-9)})
     return state, metrics, ro
