@@ -37,7 +37,9 @@ class EpisodeSpec:
       max_total_tokens: the whole context (prompt, actions, observations) of an episode.
       temperature, top_k, top_p: as `jaxrl.sampling.generate`.
       cache: "reprefill" (rebuild each episode's KV cache every turn) or "continue" (keep it).
-      cache_slots: the carried cache capacity in continue mode (0: 2·max_total_tokens + turns·turn width).
+      cache_slots: the carried cache capacity in continue mode (0: max_total_tokens + max_turns · decode
+        width, rounded up to a multiple of 128). Every decode step attends over all of it, so it sets the
+        speed; when padding makes a turn not fit, the live episodes are re-prefilled (same results).
       chunk_buckets, gen_buckets: compiled chunk / per-turn decode widths; row_buckets: widths of the
         training rows' prompt and completion regions.
     """
@@ -160,7 +162,7 @@ def collect_episodes(graphdef, params, records: Sequence[dict[str, Any]], tokeni
     pad = int(tokenizer.pad_token_id)
     stops = stop_token_sequences(tokenizer, eps[0].env.stop_strings)
     gen_width = bucket(spec.max_new_tokens, spec.gen_buckets, "completion")
-    slots = spec.cache_slots or 2 * spec.max_total_tokens + spec.max_turns * gen_width
+    slots = spec.cache_slots or -(-(spec.max_total_tokens + spec.max_turns * gen_width) // 128) * 128
     decoder = TurnDecoder(graphdef, params, len(eps), max_new_tokens=spec.max_new_tokens,
                           temperature=spec.temperature, top_k=spec.top_k, top_p=spec.top_p, eos_ids=(eos,),
                           stop_sequences=stops, pad_id=pad, seed=seed, mode=spec.cache,

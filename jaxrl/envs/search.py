@@ -134,3 +134,21 @@ def oracle_actions(record: Mapping[str, Any]) -> list[str]:
     """The demonstration policy: search each entity of the record's chain in order, then answer."""
     searches = [f"<search>{name}</search>" for name in record["chain"]]
     return searches + [f"<answer>{record['answers'][0]}</answer>"]
+
+
+def demonstrations(tokenizer, *, corpus_seed: int = 0, corpus_size: str = "tiny", split: str = "train",
+                   top_k: int = 1, max_total_tokens: int = 2048, row_buckets: Sequence[int] = (2048,)):
+    """SFT warm-start rows: `oracle_actions` played through `SearchEnv` on a split of the world's questions.
+
+    Returns `jaxrl.envs.Episodes` (one per question): tokens as sampling would lay them out, loss mask on
+    the demonstrated actions only (never on the search results), reward 1 on every row.
+    """
+    from jaxrl.envs.episodes import EpisodeSpec, scripted_episodes  # episodes imports nothing from here
+
+    records = _world(int(corpus_seed), str(corpus_size)).records(split)
+    spec = EpisodeSpec(max_turns=4, max_total_tokens=max_total_tokens, row_buckets=tuple(row_buckets))
+
+    def factory(tok):
+        return SearchEnv(tok, corpus_seed=corpus_seed, corpus_size=corpus_size, top_k=top_k)
+
+    return scripted_episodes(records, tokenizer, factory, oracle_actions, spec)

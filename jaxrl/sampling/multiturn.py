@@ -19,7 +19,7 @@ Two cache policies (`mode`):
   capacity, only the speed does.
 
 Shapes are bucketed (chunk width W by `chunk_buckets`, decode buffer by `gen_buckets`); the row count N is
-fixed for the episode batch (finished rows get max_new = 0 and a 1-token dummy chunk), and temperature,
+fixed for the episode batch (finished rows get max_new = 0 and a masked dummy token), and temperature,
 top-p and per-row max_new are traced. So a rollout compiles once per (chunk bucket, fresh cache or not),
 never per turn; `compile_count()` counts traces.
 
@@ -99,7 +99,7 @@ def _turn(graphdef, state, cache, chunk_NW, chunk_mask_NW, key, rows_N, temperat
     Args:
       graphdef, state: `nnx.split` of a `jaxrl.models.Transformer`.
       cache: the carried `KVCache` (continue mode) or None (fresh cache).
-      chunk_NW, chunk_mask_NW: [N, W] left-padded new tokens and their mask (every row has >= 1 real token).
+      chunk_NW, chunk_mask_NW: [N, W] left-padded new tokens and their mask (idle rows: all masked).
       key: PRNG key of this turn; rows_N: [N] int32 global row ids for the per-row draws.
       temperature, top_p: float32 scalars; max_new_N: [N] int32 per-row turn budget <= gen_width.
       stop_SK: [S, K] int32 stop sequences, right-aligned and left-filled with -1 (= any token); a row of -3
@@ -232,9 +232,12 @@ class TurnDecoder:
             self.stats["compactions"] += 1
             fresh, chunks = True, self._chunks(contexts, live, True)
             width = bucket(max(len(c) for c in chunks), self.chunk_buckets, "chunk")
-        capacity = (max(self.cache_slots, width + self.gen_width) if self.mode == "continue"
-                    else width + self.gen_width)
+        capacity = 0  # unused with a carried cache (a constant, so it never causes a compile)
+        if fresh:
+            capacity = (max(self.cache_slots, width + self.gen_width) if self.mode == "continue"
+                        else width + self.gen_width)
         chunk_NW, mask_NW = left_pad(chunks, width, self.pad_id)
+        mask_NW[~np.asarray(live)] = False  # idle rows: a masked dummy token leaves their cache as it was
         self.stats["prefill_tokens"] += int(sum(len(c) for c, ok in zip(chunks, live) if ok))
         keep = self.mode == "continue"
         out = self._fn(
@@ -249,10 +252,12 @@ class TurnDecoder:
         self._cache = out[4]
         self._index = (0 if fresh else self._index) + width + int(lengths.max(initial=0))
         for i, ok in enumerate(live):  # each cache now holds its chunk and all but the last action token
-            if ok and keep:
+            if keep and ok:
                 n = int(lengths[i])
                 self._fed[i] = (list(contexts[i]) if fresh else self._fed[i] + chunks[i]) + \
                     [int(x) for x in tokens[i, : max(n - 1, 0)]]
+            elif keep and fresh:
+                self._fed[i] = []  # an idle row's new cache holds nothing: if it comes back, prefill it all
         return Turn(tokens, logp, lengths, stopped & (lengths > 0))
 
     def _chunks(self, contexts, live, fresh: bool) -> list[list[int]]:

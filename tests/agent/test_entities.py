@@ -8,6 +8,7 @@ import numpy as np
 
 from jaxrl.data.entities import build_world
 from jaxrl.envs import EpisodeSpec, Search, make_env, oracle_actions, scripted_episodes
+from jaxrl.envs.search import demonstrations
 from jaxrl.tokenizer import builtin_tokenizer
 
 
@@ -76,3 +77,14 @@ def test_oracle_answers_every_question_through_the_env():
     wrong = scripted_episodes(list(w.questions[:3]), tok, factory, lambda r: ["<answer>Nowhere</answer>"],
                               spec)
     np.testing.assert_array_equal(wrong.rewards_N, 0.0)
+
+
+def test_demonstrations_are_rewarded_rows_with_actions_masked_in():
+    tok = builtin_tokenizer()
+    demo = demonstrations(tok, corpus_seed=0, split="eval")
+    assert len(demo.records) == len(build_world(0).records("eval"))
+    np.testing.assert_array_equal(demo.rewards_N, 1.0)
+    for n in range(3):
+        acts = tok.decode(demo.tokens_BL[n][demo.loss_mask_BL[n]])
+        assert acts == "".join(oracle_actions(demo.records[n]))
+        assert "<result>" in demo.completions[n] and "<result>" not in acts

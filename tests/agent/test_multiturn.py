@@ -22,6 +22,7 @@ RECORDS = [
     {"question": "What is the tallest tower?", "turns": 2, "obs": ["<r>x</r>"]},
 ]
 BUCKETS = dict(chunk_buckets=(128,), gen_buckets=(16,), row_buckets=(128,))  # one shape: few compiles
+SLOTS = 512  # carried cache of continue mode: 3 turns fit without compaction (the 128-wide chunks waste room)
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +74,7 @@ def _reference(graphdef, state, record, stops, spec):
 def test_greedy_batched_equals_per_episode_loop(split, stops, mode):
     graphdef, state = split
     spec = EpisodeSpec(group_size=2, max_turns=3, max_new_tokens=10, max_total_tokens=120, temperature=0.0,
-                       cache=mode, **BUCKETS)
+                       cache=mode, cache_slots=SLOTS, **BUCKETS)
     factory = functools.partial(EchoEnv, stops=stops)
     ep = collect_episodes(graphdef, state, RECORDS, TOK, factory, spec, seed=0)
     assert ep.tokens_BL.shape[0] == 4
@@ -107,7 +108,7 @@ def test_rows_are_token_exact_under_sampling(split, stops, mode):
     """Teacher-forced log-probs of each concatenated row equal the sampler's per-turn log-probs (1e-5)."""
     graphdef, state = split
     spec = EpisodeSpec(group_size=2, max_turns=3, max_new_tokens=10, max_total_tokens=120, temperature=1.0,
-                       cache=mode, **BUCKETS)
+                       cache=mode, cache_slots=SLOTS, **BUCKETS)
     factory = functools.partial(EchoEnv, stops=stops)
     ep = collect_episodes(graphdef, state, RECORDS, TOK, factory, spec, seed=5)
     logp = _teacher_forced(graphdef, state, ep)
@@ -126,25 +127,26 @@ def test_continue_equals_reprefill_and_compaction(split, stops):
     graphdef, state = split
     factory = functools.partial(EchoEnv, stops=stops)
     rows = {}
-    for mode, slots in (("reprefill", 0), ("continue", 512), ("continue", 80)):
+    for mode, slots in (("reprefill", 0), ("continue", SLOTS), ("continue", 200)):
         spec = EpisodeSpec(group_size=2, max_turns=3, max_new_tokens=10, max_total_tokens=120,
                            temperature=1.0, cache=mode, cache_slots=slots, **BUCKETS)
         ep = collect_episodes(graphdef, state, RECORDS, TOK, factory, spec, seed=9)
         rows[(mode, slots)] = ep
     base = rows[("reprefill", 0)]
-    for key in (("continue", 512), ("continue", 80)):
+    for key in (("continue", SLOTS), ("continue", 200)):
         np.testing.assert_array_equal(rows[key].tokens_BL, base.tokens_BL)
         np.testing.assert_allclose(rows[key].old_logp_BL, base.old_logp_BL, atol=1e-5)
-    assert rows[("continue", 80)].metrics["rollout/cache_compactions"] >= 1
-    assert rows[("continue", 512)].metrics["rollout/cache_compactions"] == 0
-    assert rows[("continue", 512)].metrics["rollout/prefill_tokens"] < base.metrics["rollout/prefill_tokens"]
+    assert rows[("continue", 200)].metrics["rollout/cache_compactions"] >= 1
+    assert rows[("continue", SLOTS)].metrics["rollout/cache_compactions"] == 0
+    prefill = rows[("continue", SLOTS)].metrics["rollout/prefill_tokens"]
+    assert prefill < base.metrics["rollout/prefill_tokens"]
 
 
 def test_no_recompile_across_turns_or_rollouts(split, stops):
     """A rollout compiles the turn function once per (chunk bucket, fresh or carried cache), not per turn."""
     graphdef, state = split
     spec = EpisodeSpec(group_size=2, max_turns=3, max_new_tokens=10, max_total_tokens=120, temperature=1.0,
-                       top_k=50, cache="continue", **BUCKETS)  # top_k: a sampling mode no other test compiled
+                       top_k=50, cache="continue", cache_slots=SLOTS, **BUCKETS)  # top_k: not compiled before
     factory = functools.partial(EchoEnv, stops=stops)
     before = multiturn.compile_count()
     ep = collect_episodes(graphdef, state, RECORDS, TOK, factory, spec, seed=1)
@@ -162,7 +164,8 @@ def test_scan_and_per_layer_decode_agree(split, stops):
     out = {}
     for per_layer in (True, False):  # the same shapes as collect_episodes in the tests above (no new compile)
         dec = multiturn.TurnDecoder(graphdef, state, 4, max_new_tokens=10, temperature=1.0, seed=4,
-                                    mode="continue", cache_slots=288, chunk_buckets=(128,), gen_buckets=(16,),
+                                    mode="continue", cache_slots=SLOTS, chunk_buckets=(128,),
+                                    gen_buckets=(16,),
                                     per_layer=per_layer, eos_ids=(TOK.eos_token_id,),
                                     stop_sequences=multiturn.stop_token_sequences(TOK, stops))
         first = dec.turn(0, ctx, [10] * 4)
@@ -191,4 +194,30 @@ def test_stop_sequences_end_turns_and_none_means_budget(split):
         np.testing.assert_array_equal(cut.tokens[i, :n], free.tokens[i, :n])
         seq = [int(t) for t in free.tokens[i, : free.lengths[i]]]
         first = next((t + 1 for t in range(1, len(seq)) if seq[t - 1:t + 1] == stop), free.lengths[i])
-        assert n == first and bool(cut.stopped[i]) == (first < free.lengths[i] or seq[first - 2:first] == stop)
+        ends_on_stop = first < free.lengths[i] or seq[first - 2:first] == stop
+        assert n == first and bool(cut.stopped[i]) == ends_on_stop
+
+
+def test_idle_row_that_comes_back_is_prefilled_again(split, stops):
+    """Continue mode: a row idle for a turn (and a compaction meanwhile) resumes exactly like re-prefill."""
+    graphdef, state = split
+    ctx0 = [EchoEnv(TOK).reset(r) for r in RECORDS for _ in range(2)]
+    kw = dict(max_new_tokens=10, temperature=1.0, seed=8, chunk_buckets=(128,), gen_buckets=(16,),
+              eos_ids=(TOK.eos_token_id,), stop_sequences=multiturn.stop_token_sequences(TOK, stops))
+    budgets = [[10, 10, 10, 10], [10, 10, 0, 10], [10, 10, 10, 10]]
+    turns = {}
+    for mode, slots in (("reprefill", 0), ("continue", SLOTS), ("continue", 200)):
+        dec = multiturn.TurnDecoder(graphdef, state, 4, mode=mode, cache_slots=slots, **kw)
+        ctx, out = [list(c) for c in ctx0], []
+        for k, b in enumerate(budgets):
+            t = dec.turn(k, [c if m else None for c, m in zip(ctx, b)], b)
+            out.append(t)
+            ctx = [c + [int(x) for x in t.tokens[i, : t.lengths[i]]] + ([50 + k] * (k + 1) if b[i] else [])
+                   for i, c in enumerate(ctx)]
+        turns[(mode, slots)] = (out, dec.stats["compactions"])
+    assert turns[("continue", 200)][1] >= 1 and turns[("continue", SLOTS)][1] == 0
+    assert turns[("reprefill", 0)][0][1].lengths[2] == 0
+    for key in (("continue", SLOTS), ("continue", 200)):
+        for a, b in zip(turns[("reprefill", 0)][0], turns[key][0]):
+            np.testing.assert_array_equal(a.tokens, b.tokens)
+            np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
