@@ -212,7 +212,7 @@ def apply_override(cls: type, raw: dict[str, Any], item: str) -> dict[str, Any]:
 
 
 def yaml_error_message(where: str, error: yaml.YAMLError) -> str:
-    """`FILE:LINE:COLUMN: invalid YAML: PROBLEM (CONTEXT at LINE:COLUMN)`, lines and columns counted from 1."""
+    """`FILE:LINE:COLUMN: invalid YAML: PROBLEM (CONTEXT at ...)`, lines and columns counted from 1."""
     mark = getattr(error, "problem_mark", None)
     problem = getattr(error, "problem", None) or str(error).splitlines()[0]
     context = getattr(error, "context", None)

@@ -129,8 +129,9 @@ class MetricsWriter:
     def from_config(cls, run_dir, logging_cfg, *, resume_step: int = 0, total_steps: int | None = None,
                     config: Mapping[str, Any] | None = None, **kwargs) -> "MetricsWriter":
         """A writer set up from a `LoggingConfig` (`progress_bar`, `every`, `tensorboard`, `wandb`)."""
-        return cls(run_dir, resume_step=resume_step, total_steps=total_steps, tensorboard=logging_cfg.tensorboard,
-                   progress_bar=logging_cfg.progress_bar, log_every=logging_cfg.every,
+        return cls(run_dir, resume_step=resume_step, total_steps=total_steps,
+                   tensorboard=logging_cfg.tensorboard, progress_bar=logging_cfg.progress_bar,
+                   log_every=logging_cfg.every,
                    wandb=getattr(logging_cfg, "wandb", None), config=config, **kwargs)
 
     def write(self, step: int, metrics: Mapping[str, Any]) -> None:

@@ -34,7 +34,7 @@ def _series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
 
 def unmeasured(run_dir: Path) -> set[str]:
     """Metric keys RUN_DIR's `config.yaml` says were not measured: the KL ones when the KL coefficient is 0
-    (`algorithm.kl_beta`, or `algorithm.kl.beta` in the nested layout). Empty when there is no readable config."""
+    (`algorithm.kl_beta`, or `algorithm.kl.beta` in the nested layout); empty without a readable config."""
     try:
         cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
     except (OSError, yaml.YAMLError):

@@ -9,9 +9,9 @@ max_new_tokens, prompt_buckets, gen_buckets}`, `algorithm.{mini_batches, grad_ac
 * train micro-batch = rollout batch / (mini_batches · grad_accum), of the same length;
 * a reference model is held when kl.beta > 0.
 
-Only the model's shapes are needed, never its weights: with `model.hf_path` the HF directory's `config.json` alone
-is read; `--hf-config FILE` takes them from a `config.json` anywhere instead (for a model not downloaded yet),
-and `--set model.hf_path=null --set model.preset=NAME` from a built-in preset.
+Only the model's shapes are needed, never its weights: with `model.hf_path` the HF directory's `config.json`
+alone is read; `--hf-config FILE` takes them from a `config.json` anywhere instead (a model not downloaded
+yet), and `--set model.hf_path=null --set model.preset=NAME` from a built-in preset.
 
 Exit code 0 when the peak fits the accelerator's HBM, 1 when it does not.
 """
@@ -31,8 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--accelerator", default="v5p", choices=sorted(HBM_GIB), help="HBM per device")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
     parser.add_argument("--hf-config", metavar="FILE", default=None,
-                        help="HF config.json (or a directory holding one) to take the model shapes from instead "
-                             "of the config's model section; no weights are read")
+                        help="HF config.json (or a directory holding one) to take the model shapes from "
+                             "instead of the config's model section; no weights are read")
     parser.add_argument("--remat", choices=REMATS, help="override model.remat")
     parser.add_argument("--batch", type=int, help="override the train micro-batch (sequences)")
     parser.add_argument("--seq-len", type=int, help="override the train sequence length")
@@ -61,13 +61,14 @@ def model_config(model, hf_config: str | None = None):
 
             raise ConfigError(
                 f"model.hf_path: no config.json in {model.hf_path} (plan reads only that file, no weights); "
-                f"pass --hf-config CONFIG_JSON, or --set model.hf_path=null --set model.preset=NAME with NAME "
-                f"one of {', '.join(sorted(PRESETS))}")
+                f"pass --hf-config CONFIG_JSON, or --set model.hf_path=null --set model.preset=NAME with "
+                f"NAME one of {', '.join(sorted(PRESETS))}")
         return resolve(model)
     path = Path(hf_config).expanduser()
     file = path / "config.json" if path.is_dir() else path
     if not file.is_file():
-        raise ConfigError(f"--hf-config {hf_config}: no such file (expected an HF config.json or its directory)")
+        raise ConfigError(f"--hf-config {hf_config}: no such file (expected an HF config.json or its "
+                          "directory)")
     with tempfile.TemporaryDirectory() as tmp:  # build.model_config reads DIR/config.json
         shutil.copyfile(file, Path(tmp) / "config.json")
         section = dataclasses.replace(model, preset=None, hf_path=tmp, checkpoint=None)

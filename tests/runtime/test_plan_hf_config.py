@@ -1,4 +1,4 @@
-"""`jaxrl plan` needs a model's shapes only: an HF `config.json` alone (no weights) is enough (issue 14 item 8)."""
+"""`jaxrl plan` needs a model's shapes only: an HF `config.json` alone (no weights) is enough (issue 14)."""
 
 from __future__ import annotations
 
@@ -73,6 +73,7 @@ def test_missing_config_json_is_one_clear_error(tmp_path, capsys):
 def test_model_config_keeps_the_sections_overrides(config_only_dir):
     from jaxrl.config import ModelConfig
 
-    section = ModelConfig(preset=None, hf_path=str(config_only_dir / "elsewhere"), overrides={"num_layers": 1})
+    section = ModelConfig(preset=None, hf_path=str(config_only_dir / "elsewhere"),
+                          overrides={"num_layers": 1})
     resolved = plan_cmd.model_config(section, str(config_only_dir / "config.json"))
     assert resolved.num_layers == 1 and resolved.hidden_size == SHAPE["hidden_size"]

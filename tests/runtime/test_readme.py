@@ -32,7 +32,8 @@ README = REPO / "README.md"
 BIN = Path(sys.executable).parent
 
 _TRAIN = ["train.steps=1", "sft_warmup.steps=1", "train.eval_every=0", "data.prompts_per_step=2",
-          "rollout.group_size=2", "rollout.max_new_tokens=4", "rollout.gen_buckets=[4]", "rollout.prompt_buckets=[256]"]
+          "rollout.group_size=2", "rollout.max_new_tokens=4", "rollout.gen_buckets=[4]",
+          "rollout.prompt_buckets=[256]"]
 _TRAIN_RM = ["train.steps=3", "train.eval_every=0", "debias.warmup_steps=1", "data.train_size=128",
              "data.eval_size=64"]
 # sub-command -> arguments appended to shorten it (sub-commands not listed run exactly as written)
@@ -120,7 +121,7 @@ def test_readme_command_runs(command, workspace):
     sub = argv[1] if argv[0] == "jaxrl" and len(argv) > 1 else None
     argv += REDUCE.get(sub, [])
     if sub in IN_REPO:
-        assert "--dry-run" in argv, f"README runs `jaxrl {sub}` for real; the test runs it only with --dry-run"
+        assert "--dry-run" in argv, f"README runs `jaxrl {sub}` for real; the test runs it only as --dry-run"
         cwd = REPO
     try:
         proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
