@@ -108,7 +108,7 @@ def save_model_checkpoint(model: Transformer, path: str | os.PathLike, tokenizer
                              what="checkpoint directory") as tmp:
         (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
         with ocp.StandardCheckpointer() as checkpointer:
-            checkpointer.save(tmp / PARAMS_ITEM, params)
+            checkpointer.save(Path(tmp).absolute() / PARAMS_ITEM, params)  # orbax wants an absolute path
             checkpointer.wait_until_finished()
         if tokenizer is not None:
             tokenizer.save_pretrained(str(tmp / TOKENIZER_DIR))
