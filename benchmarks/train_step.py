@@ -1,6 +1,7 @@
 """Tokens/s of one GRPO update: jaxrl's jitted train step vs TRL's GRPOTrainer loss + AdamW step (torch CPU).
 
     .venv/bin/python benchmarks/train_step.py [--batch 16] [--prompt 32] [--completion 96] [--steps 5]
+        [--rounds 1] [--shape tiny|smollm2]
 
 Same model (a Llama-architecture transformer written once with `jaxrl.hf.save_pretrained` and loaded by both
 sides), same batch (B rows of prompt + completion tokens, random advantages, old log-probs, masks), same loss
@@ -8,6 +9,9 @@ sides), same batch (B rows of prompt + completion tokens, random advantages, old
 Each side runs in its own child process so that its peak host memory (ru_maxrss) is its own; the update is
 timed after one warm-up (compile) call, median of `--steps` calls; tokens/s counts all B·L batch tokens.
 jaxrl runs twice: with the default scanned layer loop and with `scan_layers=False` (the layers unrolled).
+With `--rounds R` the three sides run round-robin R times (jaxrl, unrolled, TRL, jaxrl, ...) and each side
+reports its best round, so a CPU shared with other work slows every side alike. `--shape smollm2` uses the
+SmolLM2-135M shape (random weights) instead of the small benchmark model, to compare peak RSS at a real size.
 """
 
 from __future__ import annotations
@@ -27,6 +31,10 @@ import numpy as np
 MODEL = dict(vocab_size=2048, hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=4, head_dim=32,
              mlp_dim=768, rope_theta=10000.0, rms_norm_eps=1e-6, max_position_embeddings=512, family="llama",
              tie_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+SHAPES = {"tiny": MODEL,
+          "smollm2": dict(MODEL, vocab_size=49152, hidden_size=576, num_layers=30, num_heads=9, num_kv_heads=3,
+                          head_dim=64, mlp_dim=1536, rope_theta=100000.0, rms_norm_eps=1e-5,
+                          max_position_embeddings=8192, tie_embeddings=True)}
 
 
 def make_inputs(b: int, lp: int, lc: int, seed: int = 0) -> dict[str, np.ndarray]:
@@ -159,8 +167,18 @@ def _child(fn, model_dir, args):
         try:
             return q.get(timeout=1.0)
         except Exception:  # noqa: BLE001 -- queue.Empty: check the child is still alive
-            if not p.is_alive():
-                raise RuntimeError(f"{fn.__name__} exited with code {p.exitcode} without a result") from None
+            if not p.is_alive():  # e.g. killed by the OOM killer (-9): report it, keep the other sides
+                print(f"{fn.__name__} exited with code {p.exitcode} without a result", file=sys.stderr)
+                return dict(side=fn.__name__, error=f"exit code {p.exitcode}", step_s=float("inf"),
+                            peak_rss_mib=float("nan"), loss=float("nan"), first_call_s=float("nan"))
+
+
+def _best(results: list[dict]) -> dict:
+    """The round with the fastest update; peak RSS is the largest seen in any round, the other step times kept."""
+    best = dict(min(results, key=lambda r: r["step_s"]))
+    best["peak_rss_mib"] = max((r["peak_rss_mib"] for r in results if "error" not in r), default=float("nan"))
+    best["round_step_s"] = [r["step_s"] for r in results]
+    return best
 
 
 def main(argv=None) -> int:
@@ -169,6 +187,8 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt", type=int, default=32)
     ap.add_argument("--completion", type=int, default=96)
     ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=1, help="round-robin repeats; each side reports its best")
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
     args = ap.parse_args(argv)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -180,21 +200,31 @@ def main(argv=None) -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = os.path.join(tmp, "model")
-        hf.save_pretrained(Transformer(TransformerConfig(**MODEL), rngs=nnx.Rngs(0)), model_dir)
-        jx = _child(run_jaxrl, model_dir, argparse.Namespace(**vars(args), scan_layers=True))
-        ju = _child(run_jaxrl, model_dir, argparse.Namespace(**vars(args), scan_layers=False))
-        tr = _child(run_trl, model_dir, args)
+        shape = dict(SHAPES[args.shape])
+        shape["max_position_embeddings"] = max(shape["max_position_embeddings"], args.prompt + args.completion)
+        hf.save_pretrained(Transformer(TransformerConfig(**shape), rngs=nnx.Rngs(0)), model_dir)
+        rounds: dict[str, list[dict]] = {"jx": [], "ju": [], "tr": []}
+        for _ in range(args.rounds):
+            rounds["jx"].append(_child(run_jaxrl, model_dir, argparse.Namespace(**vars(args), scan_layers=True)))
+            rounds["ju"].append(_child(run_jaxrl, model_dir, argparse.Namespace(**vars(args), scan_layers=False)))
+            rounds["tr"].append(_child(run_trl, model_dir, args))
+    jx, ju, tr = (_best(rounds[k]) for k in ("jx", "ju", "tr"))
     tokens = args.batch * (args.prompt + args.completion)
     for r in (jx, ju, tr):
-        r["tokens_per_s"] = tokens / r["step_s"]
-    report = dict(batch=args.batch, seq_len=args.prompt + args.completion, tokens_per_update=tokens,
-                  jaxrl=jx, jaxrl_unrolled=ju, trl=tr, speedup=jx["tokens_per_s"] / tr["tokens_per_s"],
-                  speedup_unrolled=ju["tokens_per_s"] / tr["tokens_per_s"])
+        r["tokens_per_s"] = tokens / r["step_s"]  # 0 for a side that failed
+    vs_trl = lambda r: r["tokens_per_s"] / tr["tokens_per_s"] if tr["tokens_per_s"] else None
+    report = dict(shape=args.shape, batch=args.batch, prompt=args.prompt, completion=args.completion,
+                  seq_len=args.prompt + args.completion, tokens_per_update=tokens, rounds=args.rounds,
+                  jaxrl=jx, jaxrl_unrolled=ju, trl=tr, speedup=vs_trl(jx), speedup_unrolled=vs_trl(ju))
     print(json.dumps(report, indent=2))
-    print(f"GRPO update, B={args.batch} L={args.prompt + args.completion}:")
+    print(f"GRPO update, {args.shape} shape, B={args.batch} prompt={args.prompt} completion={args.completion}, "
+          f"best of {args.rounds} round(s):")
     sides = (("jaxrl (scan_layers=true, default)", jx), ("jaxrl (scan_layers=false)", ju), ("TRL", tr))
     for name, r in sides:
-        ratio = f"  -> {r['tokens_per_s'] / tr['tokens_per_s']:.2f}x TRL" if r is not tr else ""
+        if "error" in r:
+            print(f"  {name:34s} failed ({r['error']})")
+            continue
+        ratio = f"  -> {vs_trl(r):.2f}x TRL" if r is not tr and vs_trl(r) is not None else ""
         print(f"  {name:34s} {r['tokens_per_s']:6.0f} tok/s ({r['step_s'] * 1e3:6.1f} ms/update, peak RSS "
               f"{r['peak_rss_mib']:.0f} MiB, loss {r['loss']:.6f}){ratio}")
     return 0
