@@ -351,10 +351,12 @@ def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, *, 
     """
     from flax import nnx
 
-    from jaxrl import model_io
+    from jaxrl import model_io, run_dir
 
     if mode not in ("merge", "peft"):
         raise ValueError(f"mode must be 'merge' or 'peft', got {mode!r}")
+    owns = run_dir.owns_hf_export if mode == "merge" else owns_peft_export
+    run_dir.check_output_dir(out, owns=owns, overwrite=overwrite, what="--out")  # before loading anything
     _, ref = read_adapter_config(checkpoint)
     base_path = Path(base if base is not None else ref["path"])
     if not base_path.exists():
@@ -377,8 +379,9 @@ def import_peft_checkpoint(peft_dir: str | os.PathLike, hf_dir: str | os.PathLik
     """
     from flax import nnx
 
-    from jaxrl import hf
+    from jaxrl import hf, run_dir
 
+    run_dir.check_output_dir(out, owns=owns_adapter_checkpoint, overwrite=overwrite, what="--out")
     params = nnx.state(hf.from_pretrained(hf_dir), nnx.Param).to_pure_dict()
     adapters, cfg, notes = import_peft(peft_dir, params)
     save_adapters(out, adapters, cfg, base_ref(Path(hf_dir).absolute(), params), overwrite=overwrite)
