@@ -11,9 +11,9 @@ Layout (read by `jaxrl.model_io.load_model_checkpoint` and `jaxrl export-hf`):
 Atomicity is orbax's: a step is written under a temporary name and renamed when complete, so a process killed
 mid-save (SIGKILL) leaves no `<step>` directory. A step that exists but cannot be restored (truncated files)
 is moved aside to `corrupt-<step>-<time>` with a warning once an older step restores, and that step is used.
-`PreemptionGuard` turns SIGTERM and SIGINT into a flag that the training loop checks between steps (agreed across
-hosts) to save once more and stop; it remembers which signal it was. A step that fails to restore is reported
-in one warning line (orbax's leftover asyncio tracebacks are silenced: `quiet_failed_restore_noise`).
+`PreemptionGuard` turns SIGTERM and SIGINT into a flag that the training loop checks between steps (agreed
+across hosts) to save once more and stop; it remembers which signal it was. A step that fails to restore is
+reported in one warning line (orbax's leftover asyncio tracebacks are silenced: `quiet_failed_restore_noise`).
 """
 
 from __future__ import annotations
@@ -250,7 +250,7 @@ def last_stop_signal() -> int | None:
 
 
 class PreemptionGuard:
-    """Context manager: SIGTERM and SIGINT set a flag instead of killing the process; `should_stop()` reads it.
+    """Context manager: SIGTERM and SIGINT set a flag instead of killing the process (`should_stop()`).
 
     The loop calls `should_stop()` between steps; with several processes the flag is OR-ed across hosts so
     every host stops after the same step and joins the final (collective) checkpoint save. `signal` is the
@@ -282,7 +282,7 @@ class PreemptionGuard:
             for s in self.signals:
                 self._previous[s] = signal.signal(s, self._handler)
         else:
-            log.warning("PreemptionGuard outside the main thread: SIGTERM and SIGINT keep their default actions")
+            log.warning("PreemptionGuard outside the main thread: SIGTERM and SIGINT keep their defaults")
         return self
 
     def __exit__(self, *exc) -> None:

@@ -5,9 +5,9 @@ Each subcommand lives in `jaxrl/commands/<name>.py` and exposes `add_arguments(p
 Modules are imported only when their subcommand runs, so `jaxrl --help` stays fast and a subcommand's heavy
 dependencies (torch for export checks, gcloud for launch) are never touched by another.
 
-User errors raise `jaxrl.errors.UserError`; they are printed as one line on stderr and exit with code 2, as are
-filesystem errors (`FILESYSTEM_ERRNOS`); Ctrl-C outside a training loop prints one line and exits 130 (exit codes:
-`jaxrl.errors`).
+User errors raise `jaxrl.errors.UserError`; they are printed as one line on stderr and exit with code 2, as
+are filesystem errors (`FILESYSTEM_ERRNOS`); Ctrl-C outside a training loop prints one line and exits 130
+(exit codes: `jaxrl.errors`).
 Before anything imports jax, `jaxrl.host_memory.configure_from_env()` sets the host allocator up for XLA:CPU.
 """
 
@@ -24,8 +24,9 @@ from jaxrl.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, UserError
 
 # Filesystem errors at the edges (a run dir that is a file, unwritable, full disk, ...) are the user's to fix:
 # one line, exit 2. Other OSErrors (network, bugs) keep their traceback.
-FILESYSTEM_ERRNOS = frozenset({errno.ENOENT, errno.EEXIST, errno.ENOTDIR, errno.EISDIR, errno.EACCES, errno.EPERM,
-                               errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.ENAMETOOLONG, errno.ENOTEMPTY})
+FILESYSTEM_ERRNOS = frozenset({errno.ENOENT, errno.EEXIST, errno.ENOTDIR, errno.EISDIR, errno.EACCES,
+                               errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.ENAMETOOLONG,
+                               errno.ENOTEMPTY})
 
 # name -> (module, one-line help). Explicit and greppable; no registry.
 COMMANDS: dict[str, tuple[str, str]] = {

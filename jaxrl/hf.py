@@ -134,7 +134,8 @@ def save_pretrained(model: Transformer, path: str | os.PathLike, tokenizer=None,
     shapes = hf_io.hf_shapes(cfg)
     # Reshape to the HF layout of `hf_shapes` (a no-op when params_to_hf already yields it; guards biases).
     tensors = ((name, value.reshape(shapes[name])) for name, value in hf_io.params_to_hf(cfg, params))
-    with replace_owned_files(path, owns=owns_hf_export, overwrite=overwrite, what="HF output directory") as tmp:
+    with replace_owned_files(path, owns=owns_hf_export, overwrite=overwrite,
+                             what="HF output directory") as tmp:
         write_tensors(tmp, tensors, limit)
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         generation = {k: config[k] for k in _GENERATION_KEYS if config.get(k) is not None}

@@ -160,8 +160,8 @@ def start_script(spec: LaunchSpec) -> str:
     """Starts training in the background. The user's `--run-dir` is quoted for the inner `sh -c` and the whole
     inner command again for the ssh shell, so `$(...)`, `;` or quotes in it stay literal on the workers; the
     `~` paths are ours and left unquoted so that the shell expands them. Only `nohup` goes to the background
-    (braces): a bare `a && b && nohup c &` backgrounds the whole list, whose `kill $(cat train.pid)` then races
-    with the `echo $! > train.pid` after it and can kill the new run itself."""
+    (braces): a bare `a && b && nohup c &` backgrounds the whole list, whose `kill $(cat train.pid)` then
+    races with the `echo $! > train.pid` after it and can kill the new run itself."""
     train = f"{REMOTE_VENV}/bin/python -m jaxrl.cli train {REMOTE_RUN}/config.yaml --run-dir "
     inner = f"{train}{shlex.quote(spec.run_dir)}; echo $? > {REMOTE_RUN}/train.rc"
     return (

@@ -75,8 +75,8 @@ def model_from_params(cfg: TransformerConfig, params: dict, *, where: str) -> Tr
 def token_ids(tokenizer, config_eos: Any = None) -> dict[str, Any]:
     """bos/eos/pad ids for a saved config, from the tokenizer actually used (None where it has none).
 
-    A preset's defaults may name other tokens (the `tiny` preset says eos=2, the built-in tokenizer's end token
-    is 1, so transformers' `generate` ran past it). The tokenizer's eos comes first; a multi-id
+    A preset's defaults may name other tokens (the `tiny` preset says eos=2, the built-in tokenizer's end
+    token is 1, so transformers' `generate` ran past it). The tokenizer's eos comes first; a multi-id
     `config_eos` (e.g. Llama 3's end-of-turn and end-of-text) keeps its other ids after it.
     """
     def tid(name):

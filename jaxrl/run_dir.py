@@ -1,14 +1,15 @@
-"""Run and output directories: what may be written where, checked before any model is built or any file written.
+"""Run and output directories: what may be written where, checked before any model is built or any
+file is written.
 
-* `validate_train(cfg, run_dir, checkpoint_dir)` (called by `jaxrl train` before `train()`): the run directory
-  is a writable directory, an HF model has its tokenizer files, and an existing run can be resumed by this
-  config (`check_resume`). A failure raises a `UserError` naming every differing field, and nothing in the run
-  directory has been touched (a failed resume used to rewrite `config.yaml` and `model_config.json` first, after
-  which `sample` and `export-hf` failed on the original checkpoints).
-* `replace_owned_files(path, owns=..., overwrite=...)` (used by `export-hf` / `import-hf`): writes into a fresh
-  sibling directory, then moves the new files into `path`. With `--overwrite` only files the exporter writes are
-  replaced; a run or checkpoint directory, or any file the exporter did not write, is refused (the old helper
-  renamed the whole directory away and deleted a training run given as `--out`).
+* `validate_train(cfg, run_dir, checkpoint_dir)` (called by `jaxrl train` before `train()`): the run
+  directory is a writable directory, an HF model has its tokenizer files, and an existing run can be resumed
+  by this config (`check_resume`). A failure raises a `UserError` naming every differing field, and nothing in
+  the run directory has been touched (a failed resume used to rewrite `config.yaml` and `model_config.json`
+  first, after which `sample` and `export-hf` failed on the original checkpoints).
+* `replace_owned_files(path, owns=..., overwrite=...)` (used by `export-hf` / `import-hf`): writes into a
+  fresh sibling directory, then moves the new files into `path`. With `--overwrite` only files the exporter
+  writes are replaced; a run or checkpoint directory, or any file the exporter did not write, is refused (the
+  old helper renamed the whole directory away and deleted a training run given as `--out`).
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "chat_template.jinja", "chat_template.json", "vocab.json", "vocab.txt", "merges.txt",
                    "tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "additional_chat_templates",
                    "preprocessor_config.json")
-HF_EXPORT_FILES = ("config.json", "generation_config.json", "model.safetensors", "model.safetensors.index.json",
-                   "configuration_jaxrl.py", "modeling_jaxrl.py", *TOKENIZER_FILES)
+HF_EXPORT_FILES = ("config.json", "generation_config.json", "model.safetensors",
+                   "model.safetensors.index.json", "configuration_jaxrl.py", "modeling_jaxrl.py",
+                   *TOKENIZER_FILES)
 _SHARD = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")
 MODEL_CHECKPOINT_FILES = ("model_config.json", "params", "tokenizer")
 
@@ -88,8 +90,8 @@ def check_output_dir(path: str | os.PathLike, *, owns: Callable[[str], bool], ov
         raise OutputDirError(f"{what} {path} holds files this command does not write ({shown}); refusing to "
                           "replace it (even with --overwrite): choose a new or empty directory")
     if not overwrite:
-        raise OutputDirError(f"{what} {path} already exists and is not empty; pass --overwrite to replace the "
-                          "files this command writes")
+        raise OutputDirError(f"{what} {path} already exists and is not empty; pass --overwrite to replace "
+                             "the files this command writes")
 
 
 @contextlib.contextmanager
@@ -227,13 +229,14 @@ def check_resume(cfg: Any, run_dir: str | os.PathLike, checkpoint_dir: str | Non
             problems.append(f"algorithm.name: {old_algo!r} in the run, {_name(cfg.algorithm.name)!r} in this "
                             "config")
     if problems:
-        raise ConfigError(f"cannot resume the run in {run_dir} with this config: {'; '.join(problems)}; use a "
-                          "new --run-dir, or the run's own settings (its config.yaml)")
+        raise ConfigError(f"cannot resume the run in {run_dir} with this config: {'; '.join(problems)}; "
+                          "use a new --run-dir, or the run's own settings (its config.yaml)")
     _check_mesh(cfg, model_io.config_from_json(stored, where=str(stored_file)))
 
 
 def _check_mesh(cfg: Any, model_cfg) -> None:
-    """The stored model's parameters must split evenly over this config's mesh (ConfigError naming the tensor)."""
+    """The stored model's parameters must split evenly over this config's mesh (ConfigError naming the
+    tensor)."""
     from flax import nnx
 
     from jaxrl.models import Transformer

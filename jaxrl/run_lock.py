@@ -2,9 +2,10 @@
 
 The lock file holds one JSON line naming the holder (`{"pid", "host", "started"}`). The operating system drops
 a flock when its process dies, however it dies (kill -9 included), so a file that still names a holder but is
-not locked was left by a killed trainer: it is stale, and the next trainer takes it over with a warning. A live
-holder makes a second trainer fail with `RunDirError` (exit 2) naming the pid, host and start time. The file is
-emptied on a clean release and never deleted (deleting it would let two processes lock different inodes).
+not locked was left by a killed trainer: it is stale, and the next trainer takes it over with a warning. A
+live holder makes a second trainer fail with `RunDirError` (exit 2) naming the pid, host and start time. The
+file is emptied on a clean release and never deleted (deleting it would let two processes lock different
+inodes).
 
 flock is per host on most network filesystems; with a run directory shared between machines only the primary
 process (`jax.process_index() == 0`) takes the lock, so hosts of one job never contend.

@@ -1,10 +1,11 @@
 """`jaxrl eval-rm CHECKPOINT DATA [--out FILE]`: pairwise accuracy and per-attribute bias statistics.
 
 CHECKPOINT: a train-rm run directory, an RM checkpoint or an HF `*ForSequenceClassification` directory.
-DATA: a .jsonl / .parquet file of {prompt, chosen, rejected}, or exactly `synthetic` (the balanced synthetic eval
-set; `synthetic:length` / `synthetic:sycophancy` / `synthetic:format` for one planted bias). An existing file is
-always read as a file, whatever its name (`synthetic_mine.jsonl` is data, not the built-in set). The JSON report (see
-`jaxrl.reward_model.evaluate`) goes to --out, by default RUN/eval_rm_<data name>.json next to the checkpoint.
+DATA: a .jsonl / .parquet file of {prompt, chosen, rejected}, or exactly `synthetic` (the balanced synthetic
+eval set; `synthetic:length` / `synthetic:sycophancy` / `synthetic:format` for one planted bias). An existing
+file is always read as a file, whatever its name (`synthetic_mine.jsonl` is data, not the built-in set). The
+JSON report (see `jaxrl.reward_model.evaluate`) goes to --out, by default RUN/eval_rm_<data name>.json next to
+the checkpoint.
 """
 
 from __future__ import annotations
@@ -50,8 +51,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def synthetic_bias(data: str) -> str | None:
-    """The planted bias when DATA names the built-in synthetic set (`synthetic` or `synthetic:BIAS`), else None
-    (a file path, even one whose name starts with "synthetic")."""
+    """The planted bias when DATA names the built-in synthetic set (`synthetic` or `synthetic:BIAS`), else
+    None (a file path, even one whose name starts with "synthetic")."""
     if Path(data).exists() or not (data == "synthetic" or data.startswith("synthetic:")):
         return None
     return data.partition(":")[2] or "length"  # checked by `synthetic_pairs` (before the model loads)

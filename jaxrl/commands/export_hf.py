@@ -1,6 +1,7 @@
 """`jaxrl export-hf`: write a jaxrl checkpoint (or a trainer run/step directory) as a Hugging Face directory.
 
     jaxrl export-hf --checkpoint CKPT --out DIR [--max-shard-size 5GB]
+    jaxrl export-hf --checkpoint ADAPTERS --out DIR --merge|--peft [--base BASE]   # LoRA adapter checkpoint
 
 Pre-norm models become standard Llama/Qwen2/Qwen3 directories; post-norm and SiameseNorm models carry our own
 modeling files and load with `AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)`.
@@ -19,7 +20,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True,
                         help="output HF directory (new or empty; never a run or checkpoint directory)")
     parser.add_argument("--max-shard-size", default="5GB", help="largest safetensors shard, e.g. 5GB, 500MB")
-    parser.add_argument("--overwrite", action="store_true", help="replace the files a previous export wrote in --out (any other file there is an error)")
+    lora = parser.add_mutually_exclusive_group()  # LoRA: jaxrl.lora_io
+    lora.add_argument("--merge", action="store_true",
+                      help="--checkpoint is a LoRA adapter checkpoint: write base + adapters merged")
+    lora.add_argument("--peft", action="store_true",
+                      help="--checkpoint is a LoRA adapter checkpoint: write a PEFT adapter directory")
+    parser.add_argument("--base", help="base model of the adapters (default: the path recorded with them)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace the files a previous export wrote in --out (other files: an error)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -27,6 +35,16 @@ def run(args: argparse.Namespace) -> int:
 
     if not Path(args.checkpoint).exists():
         raise UserError(f"--checkpoint {args.checkpoint}: no such directory")
+    if args.merge or args.peft:
+        from jaxrl import lora_io
+
+        lora_io.export_checkpoint(args.checkpoint, args.out, mode="merge" if args.merge else "peft",
+                                  base=args.base, max_shard_size=args.max_shard_size,
+                                  overwrite=args.overwrite)
+        print(f"wrote {'merged HF' if args.merge else 'PEFT adapter'} directory {args.out}")
+        return 0
+    if args.base is not None:
+        raise UserError("--base applies only with --merge or --peft (a LoRA adapter checkpoint)")
     # Before loading anything: --out must not be a run / checkpoint directory or hold files we do not write.
     run_dir.check_output_dir(args.out, owns=run_dir.owns_hf_export, overwrite=args.overwrite,
                              what="--out")

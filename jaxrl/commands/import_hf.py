@@ -2,6 +2,7 @@
 
     jaxrl import-hf --hf DIR --out CKPT [--dtype bfloat16]
     jaxrl import-hf --gguf FILE.gguf --out CKPT        # dequantises to a temporary HF directory first
+    jaxrl import-hf --peft ADAPTER --hf BASE --out DIR  # PEFT LoRA adapter -> jaxrl adapter checkpoint
 
 The checkpoint holds `model_config.json`, the orbax `params/` item and the tokenizer when the source has one.
 """
@@ -19,11 +20,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--hf", help="HF model directory (config.json + safetensors)")
     source.add_argument("--gguf", help="GGUF file (llama/qwen2/qwen3; needs torch, gguf, accelerate)")
+    parser.add_argument("--peft", help="PEFT LoRA adapter directory trained on the --hf base: writes a jaxrl "
+                                       "LoRA adapter checkpoint (float32 adapters + base path and hash)")
     parser.add_argument("--out", required=True,
                         help="output jaxrl checkpoint directory (new or empty; never a run directory)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="parameter dtype")
     parser.add_argument("--overwrite", action="store_true",
-                        help="replace model_config.json, params/ and tokenizer/ of a previous import in --out")
+                        help="replace model_config.json, params/, tokenizer/ of a previous import in --out")
 
 
 def _import_dir(hf_dir: Path, args: argparse.Namespace) -> None:
@@ -34,7 +37,22 @@ def _import_dir(hf_dir: Path, args: argparse.Namespace) -> None:
                                    overwrite=args.overwrite)
 
 
+def _import_peft(args: argparse.Namespace) -> int:
+    from jaxrl import lora_io
+
+    if args.hf is None:
+        raise UserError("--peft needs --hf BASE (the HF directory the adapter was trained on)")
+    if not Path(args.hf).is_dir():
+        raise UserError(f"--hf {args.hf}: not a directory")
+    for note in lora_io.import_peft_checkpoint(args.peft, args.hf, args.out, overwrite=args.overwrite):
+        print(f"note: {note}")
+    print(f"wrote jaxrl LoRA adapter checkpoint {args.out}")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.peft is not None:
+        return _import_peft(args)
     from jaxrl import run_dir
 
     # Before loading any model: --out must be new, empty, or (with --overwrite) a previous import.

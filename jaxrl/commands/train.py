@@ -82,8 +82,8 @@ def run(args: argparse.Namespace) -> int:
 
             last = train(cfg, run_dir, checkpoint_dir=checkpoint_dir)
     except _StoppedBeforeSteps as e:
-        print(f"jaxrl train: stopped by {signal.Signals(e.signum).name} before any new step (nothing to save); "
-              f"run the same command to resume (exit {exit_code(e.signum)})", file=sys.stderr)
+        print(f"jaxrl train: stopped by {signal.Signals(e.signum).name} before any new step (nothing to "
+              f"save); run the same command to resume (exit {exit_code(e.signum)})", file=sys.stderr)
         return exit_code(e.signum)
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -91,8 +91,9 @@ def run(args: argparse.Namespace) -> int:
     # The loop reports the signal that stopped it; `last_stop_signal` covers a loop that predates that key.
     signum = last["stopped_by_signal"] if "stopped_by_signal" in last else checkpoint.last_stop_signal()
     if signum is not None:
-        print(f"jaxrl train: stopped by {signal.Signals(signum).name} after step {last.get('step')}; checkpoint "
-              f"saved in {where}; run the same command to resume (exit {exit_code(signum)})", file=sys.stderr)
+        print(f"jaxrl train: stopped by {signal.Signals(signum).name} after step {last.get('step')}; "
+              f"checkpoint saved in {where}; run the same command to resume (exit {exit_code(signum)})",
+              file=sys.stderr)
         return exit_code(signum)
     acc = last.get("eval/accuracy")
     print(f"jaxrl train: finished step {last.get('step')} in {where}"

@@ -65,7 +65,8 @@ def test_user_errors_exit_2_with_one_line(tmp_path, capsys, argv, message):
 
 def test_own_siamese_export_tokenizer_loads_without_remote_code_prompt(tmp_path, monkeypatch):
     """Our SiameseNorm exports name custom code in config.json; jaxrl reads their tokenizer with
-    trust_remote_code=False and never asks (transformers used to prompt "Do you wish to run the custom code?")."""
+    trust_remote_code=False and never asks (transformers used to prompt "Do you wish to run the custom
+    code?")."""
     import builtins
 
     import transformers

@@ -1,5 +1,5 @@
-"""`jaxrl eval-rm RUN DATA`: a file is evaluated as a file whatever its name; only `synthetic[:BIAS]` names the
-built-in set, and DATA is read before the reward model loads."""
+"""`jaxrl eval-rm RUN DATA`: a file is evaluated as a file whatever its name; only `synthetic[:BIAS]` names
+the built-in set, and DATA is read before the reward model loads."""
 
 import json
 

@@ -1,5 +1,6 @@
 """Exports stop at EOS: bos/eos/pad ids of config.json and generation_config.json are the tokenizer's, so
-transformers' greedy `generate` on an exported directory stops where `jaxrl sample` stops, with the same tokens.
+transformers' greedy `generate` on an exported directory stops where `jaxrl sample` stops, with the same
+tokens.
 
 Two exports: the quickstart's kind (a `tiny` preset, whose TransformerConfig says eos=2, with the built-in
 tokenizer, whose end token is 1) and a Llama import whose tokenizer's eos differs from its config's. Random
@@ -40,7 +41,8 @@ def _hf_generate(hf_dir, tok) -> tuple[str, int, bool]:
     model = transformers.AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).eval()
     ids = torch.tensor([tok(PROMPT)["input_ids"]])
     with torch.no_grad():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_NEW, do_sample=False)
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_NEW,
+                             do_sample=False)
     new = out[0, ids.shape[1]:].tolist()
     eos = model.generation_config.eos_token_id
     eos = set(eos if isinstance(eos, list) else [eos])

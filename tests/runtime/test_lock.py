@@ -58,7 +58,8 @@ def test_second_trainer_on_a_run_dir_exits_2(tmp_path):
         second = T.run(T.train_argv(cfg, run_dir, "train.steps=500"))
         assert second.returncode == 2
         assert second.stderr.strip().splitlines()[-1].startswith(
-            f"jaxrl train: error: run directory {run_dir} is in use by another trainer (pid {first.pid} on host")
+            f"jaxrl train: error: run directory {run_dir} is in use by another trainer (pid {first.pid} on "
+            "host")
         assert "Traceback" not in second.stderr
         assert first.poll() is None  # the first trainer is unaffected
     finally:

@@ -49,7 +49,8 @@ def test_export_into_a_run_is_refused_even_with_overwrite(tmp_path, ckpt, capsys
 def test_import_into_a_run_is_refused_before_loading(tmp_path, capsys):
     before = _fake_run(tmp_path / "run")
     (tmp_path / "hf").mkdir()  # no config.json: loading it would fail with another message
-    assert main(["import-hf", "--hf", str(tmp_path / "hf"), "--out", str(tmp_path / "run"), "--overwrite"]) == 2
+    argv = ["import-hf", "--hf", str(tmp_path / "hf"), "--out", str(tmp_path / "run"), "--overwrite"]
+    assert main(argv) == 2
     assert "is a training run directory" in _err_line(capsys)
     assert sorted(str(p.relative_to(tmp_path / "run")) for p in (tmp_path / "run").rglob("*")) == before
 

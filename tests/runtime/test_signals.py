@@ -1,6 +1,6 @@
-"""SIGTERM / SIGINT during `jaxrl train` (real subprocesses): a checkpoint is saved, the exit code says how the
-run stopped (75 preempted / 130 interrupted, `jaxrl.errors`), stderr ends with one line and no traceback, and
-the same command resumes from the saved step."""
+"""SIGTERM / SIGINT during `jaxrl train` (real subprocesses): a checkpoint is saved, the exit code says how
+the run stopped (75 preempted / 130 interrupted, `jaxrl.errors`), stderr ends with one line and no traceback,
+and the same command resumes from the saved step."""
 
 import signal
 
@@ -25,8 +25,8 @@ def test_signal_saves_checkpoint_exits_nonzero_and_resumes(tmp_path, signum, cod
     last = T.metric_steps(run_dir)[-1]
     assert saved == [last] and 0 < last < 500
     final = err.strip().splitlines()[-1]
-    assert final == (f"jaxrl train: stopped by {name} after step {last}; checkpoint saved in {run_dir}; run the "
-                     f"same command to resume (exit {code})")
+    assert final == (f"jaxrl train: stopped by {name} after step {last}; checkpoint saved in {run_dir}; run "
+                     f"the same command to resume (exit {code})")
     assert (run_dir / ".jaxrl-train.lock").read_text() == ""  # released cleanly
 
     again = T.run(T.train_argv(cfg, run_dir, f"train.steps={last + 1}"))

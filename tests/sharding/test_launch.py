@@ -160,7 +160,7 @@ def test_supervisor_gives_up_after_max_restarts():
 
 
 def test_supervisor_restarts_training_stopped_by_sigterm_and_stops_on_zero():
-    # exit 75 (SIGTERM, checkpoint saved) on a READY VM: start again (no re-install) and resume; 0 ends the loop.
+    # exit 75 (SIGTERM, checkpoint saved) on a READY VM: start again (no re-install) and resume; 0 ends it.
     fake = FakeGcloud(states=["READY", "READY", "READY"], stream_rcs=[75, 0])
     logs = []
     assert supervise(_spec(), fake, sleep=lambda s: None, log=logs.append) == 0
