@@ -2,9 +2,15 @@
 naming every differing field; config.yaml and model_config.json stay byte-identical and the original
 checkpoints still sample. (The trainer used to rewrite both files first, then fail on a shape mismatch.)"""
 
+import json
+
 import pytest
 
+from jaxrl import run_dir
 from jaxrl.cli import main
+from jaxrl.config import dump_config, load_config
+from jaxrl.errors import ConfigError
+from jaxrl.tokenizer import builtin_tokenizer
 from tests.runtime import _trainer as T
 
 
@@ -30,3 +36,44 @@ def test_changed_model_on_resume_exits_2_and_leaves_the_run_intact(tmp_path, cap
     assert main(["sample", "--checkpoint", str(run_dir), "--prompt", "1+2=", "--max-new-tokens", "3",
                  "--temperature", "0"]) == 0
     assert "=== prompt 0 sample 0" in capsys.readouterr().out
+
+
+def _fake_run(tmp_path, cfg, tokenizer, model_json):
+    run = tmp_path / "run"
+    (run / "checkpoints" / "3" / "params").mkdir(parents=True)
+    (run / "checkpoints" / "model_config.json").write_text(json.dumps(model_json))
+    tokenizer.save_pretrained(str(run / "checkpoints" / "tokenizer"))
+    (run / "config.yaml").write_text(dump_config(cfg))
+    return run
+
+
+def test_check_resume_names_tokenizer_and_model_fields(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    cfg = load_config(str(T.write_config(tmp_path)))
+    tok = builtin_tokenizer()
+    expected = run_dir._expected_model(cfg, tok)
+    run_dir.check_resume(cfg, _fake_run(tmp_path / "same", cfg, tok, expected))  # compatible: no error
+
+    vocab = {f"w{i}": i for i in range(64)}
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    other = PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="w2", pad_token="w0")
+    run = _fake_run(tmp_path / "other", cfg, other, {**expected, "rope_theta": 500.0})
+    with pytest.raises(ConfigError) as e:
+        run_dir.check_resume(cfg, run)
+    msg = str(e.value)
+    assert "model rope_theta: 500.0 in the run, 10000.0 in this config" in msg
+    assert "tokenizer vocab_size: 64 in the run, 102 in this config" in msg
+    assert "tokenizer eos_token_id: 2 in the run, 1 in this config" in msg
+    assert "algorithm" not in msg and "dtype" not in msg
+
+
+def test_check_resume_checks_mesh_divisibility(tmp_path):
+    cfg = load_config(str(T.write_config(tmp_path)), ["mesh.fsdp=8", "model.overrides.hidden_size=36",
+                                                      "model.overrides.head_dim=18"])
+    tok = builtin_tokenizer()
+    run = _fake_run(tmp_path, cfg, tok, run_dir._expected_model(cfg, tok))
+    with pytest.raises(ConfigError, match=r"not divisible by mesh axis fsdp=8"):
+        run_dir.check_resume(cfg, run)
