@@ -167,13 +167,16 @@ def _diff(prefix: str, stored: dict, new: dict, keys) -> list[str]:
 
 def _expected_model(cfg: Any, tokenizer) -> dict:
     """The TransformerConfig (as JSON) `jaxrl.build.build_model` would produce, without loading weights."""
-    from jaxrl import build, model_io
+    from jaxrl import build, hf, model_io
 
-    if cfg.model.preset is not None:
-        model_cfg = build.preset_config(cfg.model, len(tokenizer))
-    else:  # loaded weights: dtype and param_dtype both follow model.dtype
-        model_cfg = build.model_config(cfg.model)
-        model_cfg = model_cfg.replace(dtype=cfg.model.dtype, param_dtype=cfg.model.dtype)
+    m = cfg.model
+    if m.preset is not None:
+        model_cfg = build.preset_config(m, len(tokenizer))
+    elif m.hf_path is not None:  # as `build_model` loads them: dtype and param_dtype follow model.dtype
+        model_cfg = hf.config_from_pretrained(m.hf_path, dtype=m.dtype)
+    else:
+        stored = model_io.load_config(model_io.resolve_checkpoint(m.checkpoint)[0])
+        model_cfg = stored.replace(dtype=m.dtype, param_dtype=m.dtype)
     return model_io.config_to_json(model_cfg)
 
 
