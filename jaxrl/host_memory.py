@@ -13,13 +13,26 @@ fault per 4 KiB page, each page zeroed by the kernel. On the project's 2-core VM
     M_MMAP_MAX       = 0        no request is served by a private mmap,
     M_TRIM_THRESHOLD = 1 GiB    up to 1 GiB of free memory at the top of the heap stays mapped,
 
-so the next step reuses the previous step's pages. Peak memory is unchanged (the step needs it anyway); the
-process keeps it mapped until exit instead of returning it between steps. One arena serialises `malloc`
-across threads, which costs nothing measurable on a few CPU cores but could on a many-core accelerator host
-where XLA does not allocate its buffers from host `malloc` at all; hence the `auto` mode below.
+so the next step reuses the previous step's pages. The process keeps that memory mapped until exit instead of
+returning it between steps, and one heap can fragment: its peak can exceed glibc's default.
 
-`JAXRL_HOST_MALLOC` chooses: `auto` (default: keep when no accelerator device node is visible), `keep`,
-or `default` (leave glibc alone). Only glibc on Linux is touched; elsewhere this is a no-op.
+Measured (benchmarks/RESULTS.md, "Host allocator modes"), per mode, peak RSS of the whole `jaxrl train`
+process and the time of one GRPO update:
+
+* 4-layer benchmark model (`benchmarks/train_step.py`, B=16, L=128, idle CPU, 2026-11-24): `keep` 305 ms
+  vs 390 ms per update (98,000 -> 4,500 page faults); peak RSS ~1290 vs 1117 MiB.
+* SmolLM2-135M GRPO, two steps of `configs/smollm2_arithmetic.yaml` (32 rows): peak RSS 18.5 GB with `keep`
+  vs 10.7 GB with `default` (issue 14's measurement).
+* The same with 16 rows (`data.prompts_per_step=2`, shared CPU at load 20-30, 2026-11-24): 6.59 vs 6.52 GiB;
+  step times under that load (keep 172 s, default 123 s for the second step) say nothing either way.
+
+A default that can add 70% to the peak (18.5 GB on a 24 GiB host) fails worse than a 20% slower update, so
+the buffers are kept only on request. One arena also serialises `malloc` across threads, which could cost on
+a many-core host.
+
+`JAXRL_HOST_MALLOC` chooses: `default` (the default: leave glibc alone), `keep` (the settings above), or
+`auto` (keep when no accelerator device node is visible). Only glibc on Linux is touched; elsewhere this is a
+no-op.
 """
 
 from __future__ import annotations
@@ -32,6 +45,7 @@ import sys
 
 ENV_VAR = "JAXRL_HOST_MALLOC"
 _MODES = ("auto", "keep", "default")
+DEFAULT_MODE = "default"  # chosen from the peak-RSS measurements in the module docstring
 # mallopt(3) parameter numbers from glibc's <malloc.h>.
 _M_TRIM_THRESHOLD, _M_MMAP_MAX, _M_ARENA_MAX = -1, -4, -8
 _TRIM_BYTES = 1 << 30
@@ -68,7 +82,7 @@ def configure_from_env(environ=os.environ) -> bool:
     Call before JAX starts its CPU threads (the `jaxrl` CLI does, before importing jax).
     Raises ValueError for a value outside auto / keep / default.
     """
-    mode = environ.get(ENV_VAR, "auto").strip().lower() or "auto"
+    mode = environ.get(ENV_VAR, DEFAULT_MODE).strip().lower() or DEFAULT_MODE
     if mode not in _MODES:
         raise ValueError(f"{ENV_VAR}={environ[ENV_VAR]!r} is not one of {', '.join(_MODES)}")
     if mode == "default" or (mode == "auto" and accelerator_visible()):
