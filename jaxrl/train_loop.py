@@ -70,6 +70,17 @@ def sft_warm_start(run: trainer.Run, state: TrainState, records, encoder, *, ste
     return TrainState(sft_state.params, state.opt_state, state.step), curve
 
 
+def _save_adapters(run: trainer.Run, cfg: ExperimentConfig, adapters, out: Path) -> None:
+    """The latest adapters in the `jaxrl.lora_io` layout with their base's path and sha256, so that
+    `jaxrl export-hf --checkpoint RUN/adapters --merge | --peft` exports them (a preset base has no path:
+    pass --base)."""
+    from jaxrl import lora_io
+
+    base_path = cfg.model.hf_path or cfg.model.checkpoint or ""
+    lora_io.save_adapters(out, adapters, cfg.model.lora, {"path": str(base_path), "sha256": run.base_sha256},
+                          overwrite=True)
+
+
 def train(cfg: ExperimentConfig, run_dir: str | Path, checkpoint_dir: str | None = None) -> dict[str, Any]:
     """Runs (or resumes) the experiment in `run_dir`; returns the last metrics row.
 
@@ -171,6 +182,8 @@ def _train(cfg: ExperimentConfig, run_dir: str | Path, checkpoint_dir: str | Non
             too_many = nonfinite_run >= cfg.optimizer.max_nonfinite_steps
             if ckpt.should_save(step) or stop or too_many or step == cfg.train.steps:
                 ckpt.save(step, state.params, state.opt_state, extra())
+                if cfg.model.lora is not None:  # export-ready adapters: export-hf --checkpoint RUN/adapters
+                    _save_adapters(run, cfg, state.params, run_dir / "adapters")
             if too_many:
                 ckpt.close()
                 raise trainer.NonFiniteError(
