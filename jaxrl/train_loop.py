@@ -100,7 +100,8 @@ def train(cfg: ExperimentConfig, run_dir: str | Path, checkpoint_dir: str | None
 def _train(cfg: ExperimentConfig, run_dir: str | Path, checkpoint_dir: str | None) -> dict[str, Any]:
     run_dir = Path(run_dir)
     run, state, model = trainer.setup(cfg, run_dir)  # validates rewards first, before any model is built
-    trainer.write_resolved_config(cfg, run_dir)
+    model_cfg = model.cfg
+    del model  # its arrays live on in `state` (sharded copies); only the config is needed below
     d, w = cfg.data, cfg.sft_warmup
     train_records, eval_records = make_splits(d.source, train_size=d.train_size, eval_size=d.eval_size,
                                               seed=d.seed, params=d.params, prompt_field=d.prompt_field,
@@ -118,8 +119,6 @@ def _train(cfg: ExperimentConfig, run_dir: str | Path, checkpoint_dir: str | Non
                                            batch_size=d.prompts_per_step, sampled=sampled, seed=run.seed)
     ckpt = ckpt_lib.Checkpointer(checkpoint_dir or run_dir / "checkpoints", every=cfg.checkpoint.every,
                                  keep=cfg.checkpoint.keep, async_save=cfg.checkpoint.async_save)
-    trainer.save_model_config(ckpt, model, run.tokenizer)
-    del model
     start, nonfinite_run = 0, 0
     initial = state
     restored = ckpt.restore_latest(state.params, state.opt_state) if cfg.checkpoint.resume else None
@@ -150,6 +149,10 @@ def _train(cfg: ExperimentConfig, run_dir: str | Path, checkpoint_dir: str | Non
         if run.ref_params is not None and run.base is None:  # KL to the policy RL starts from (LoRA: the base)
             run.ref_params = jax.tree.map(jnp.copy, state.params)
     del initial
+    # Only now, with the checkpoint restored (or none to restore), does the run directory change: a resume
+    # that fails leaves config.yaml and model_config.json as they were.
+    trainer.write_resolved_config(cfg, run_dir)
+    trainer.save_model_config(ckpt, model_cfg, run.tokenizer)
     last: dict[str, Any] = {}
     reward_failures = rewards_lib.RewardFailureTracker(cfg.train.max_failed_reward_steps)
 
@@ -192,7 +195,7 @@ def _train(cfg: ExperimentConfig, run_dir: str | Path, checkpoint_dir: str | Non
                     f"{step} with a checkpoint in {ckpt.directory}")
             if stop:
                 log.warning("stopping after step %d (preemption); checkpoint saved", step)
-                last["stopped_by_signal"] = getattr(guard, "signal", None) or True
+                last["stopped_by_signal"] = guard.signal
                 break
     ckpt.close()
     return last

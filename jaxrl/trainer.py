@@ -313,5 +313,5 @@ def write_resolved_config(cfg: ExperimentConfig, run_dir: Path) -> None:
         (run_dir / "config.yaml").write_text(dump_config(cfg))
 
 
-def save_model_config(ckpt: ckpt_lib.Checkpointer, model, tokenizer) -> None:
-    ckpt.write_model_config(model_io.config_to_json(model.cfg), tokenizer)
+def save_model_config(ckpt: ckpt_lib.Checkpointer, model_cfg, tokenizer) -> None:
+    ckpt.write_model_config(model_io.config_to_json(model_cfg), tokenizer)
