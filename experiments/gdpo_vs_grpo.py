@@ -35,6 +35,7 @@ import numpy as np
 from experiments import common
 
 NAMES = ("answer", "format", "length")
+EXTRA: list[str] = []  # extra overrides of every run (main's --sft-steps)
 
 
 def length_budget(prompts: list[str], completions: list[str], *, completion_length: list[int],
@@ -117,6 +118,7 @@ def overrides(method: str, seed: int, steps: int, *, budget: int, small: bool) -
            "checkpoint.every=100000", "checkpoint.async_save=false", "logging.tensorboard=false",
            "logging.progress_bar=false", "logging.sample_every=100000", "data.prompts_per_step=4",
            "data.eval_size=32"]
+    out += EXTRA
     if small:  # CI: a smaller model and warm start
         out += ["model.overrides={hidden_size: 64, num_layers: 2, num_heads: 4, num_kv_heads: 4, head_dim: 16,"
                 " mlp_dim: 192}", "sft_warmup.steps=150", "data.eval_size=16"]
@@ -212,16 +214,42 @@ def report(runs: dict[str, list[dict]], seeds: Sequence[int], out_dir: Path, *, 
     return text
 
 
+def save_run(path: Path, run: dict) -> None:
+    """One finished run as an .npz (rewards [T, N, K], group size, held-out accuracy by step)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    acc = np.asarray(sorted(run["eval_accuracy"].items()), np.float64).reshape(-1, 2)
+    np.savez(path, rewards_TNK=run["rewards_TNK"], group_size=run["group_size"], eval_accuracy=acc)
+
+
+def load_run(path: Path) -> dict:
+    """Inverse of `save_run`."""
+    z = np.load(path)
+    return {"rewards_TNK": z["rewards_TNK"], "group_size": int(z["group_size"]),
+            "eval_accuracy": {int(s): float(a) for s, a in z["eval_accuracy"]}}
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--steps", type=int, default=15)
     p.add_argument("--budget", type=int, default=20)
     p.add_argument("--small", action="store_true", help="the CI model (D=64, 2 layers, 150 SFT steps)")
+    p.add_argument("--sft-steps", type=int, default=None, help="SFT warm-start steps (default: the config's)")
     p.add_argument("--out", type=Path, default=common.DOCS)
+    p.add_argument("--raw", type=Path, default=None, help="keep each finished run here as .npz")
+    p.add_argument("--report-only", action="store_true", help="report the seeds whose runs are in --raw")
     a = p.parse_args(argv)
     timer = common.Timer()
     runs: dict[str, list[dict]] = {"grpo": [], "gdpo": []}
+    if a.report_only:
+        seeds = [s for s in a.seeds if all((a.raw / f"{m}{s}.npz").is_file() for m in runs)]
+        for m in runs:
+            runs[m] = [load_run(a.raw / f"{m}{s}.npz") for s in seeds]
+        print(report(runs, seeds, a.out, seconds=float("nan"), budget=a.budget, steps=a.steps))
+        return
+    if a.sft_steps is not None:
+        global EXTRA
+        EXTRA = [f"sft_warmup.steps={a.sft_steps}"]
     with tempfile.TemporaryDirectory() as tmp:
         for seed in a.seeds:
             init = warm_start(seed, Path(tmp) / f"warm{seed}", small=a.small)
@@ -229,6 +257,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             for method in runs:
                 runs[method].append(run_one(method, seed, a.steps, Path(tmp) / f"{method}{seed}",
                                             budget=a.budget, small=a.small, init=init))
+                if a.raw is not None:
+                    save_run(a.raw / f"{method}{seed}.npz", runs[method][-1])
                 print(f"{method} seed {seed} done at {timer.elapsed():.0f} s", flush=True)
     print(report(runs, a.seeds, a.out, seconds=timer.elapsed(), budget=a.budget, steps=a.steps))
 
