@@ -1,8 +1,8 @@
 """Claim 5, DIR vs Bradley-Terry: length bias and accuracy of a reward model, over seeds.
 
-DIR (arXiv:2512.23461, https://arxiv.org/abs/2512.23461) adds a CLUB estimate of the mutual information between
-the pair representation and a bias attribute to the Bradley-Terry loss. Task: the built-in synthetic preference
-set of docs/reward_models.md ("a+b=" with a, b <= 4; the chosen answer is correct; in 80% of training pairs
+DIR (arXiv:2512.23461, https://arxiv.org/abs/2512.23461) adds a CLUB estimate of the mutual information
+between the pair representation and a bias attribute to the Bradley-Terry loss. Task: the built-in synthetic
+preference set of docs/reward_models.md ("a+b=" with a, b <= 4; the chosen answer is correct; in 80% of training pairs
 it is also the verbose one; the 512 held-out pairs are balanced), configs/rm_length_bt.yaml and
 configs/rm_length_dir.yaml unchanged except the number of steps, the seed (model init and batch order) and the
 evaluation interval. Measured on the held-out set: pairwise accuracy and |corr(margin, chosen-is-longer)|
@@ -53,17 +53,18 @@ def report(runs: dict[str, list[dict]], seeds: Sequence[int], out_dir: Path, *, 
         corr = [abs(r["final"]["attributes"]["length"]["correlation"]) for r in rs]
         per_seed = ", ".join(f"({a:.2f}, {c:.2f})" for a, c in zip(acc, corr))
         rows.append([name, common.seed_stats(acc).cell(), common.seed_stats(corr).cell(), per_seed])
-    lower = sum(abs(d["final"]["attributes"]["length"]["correlation"])
-                < abs(b["final"]["attributes"]["length"]["correlation"]) for b, d in zip(runs["BT"], runs["DIR"]))
-    text = (f"Seeds {list(seeds)}, {steps} RM steps (DIR on from step 300), balanced held-out set of 512 pairs, "
-            f"one CPU device; mean ± std [min, max] over seeds. DIR's |corr| was lower than BT's in {lower} of "
-            f"{len(seeds)} seeds. Wall time {seconds / 60:.1f} min.\n\n"
+    corr = {n: [abs(r["final"]["attributes"]["length"]["correlation"]) for r in rs] for n, rs in runs.items()}
+    lower = sum(d < b for b, d in zip(corr["BT"], corr["DIR"]))
+    text = (f"Seeds {list(seeds)}, {steps} RM steps (DIR on from step 300), balanced held-out set of 512 "
+            f"pairs, one CPU device; mean ± std [min, max] over seeds. DIR's |corr| was lower than BT's in "
+            f"{lower} of {len(seeds)} seeds. Wall time {seconds / 60:.1f} min.\n\n"
             + common.markdown_table(["run", "accuracy", "abs corr(margin, chosen longer)",
                                      "per seed (accuracy, abs corr)"], rows))
     common.write_text(out_dir / "dir_vs_bt.md", text)
     x = runs["BT"][0]["steps"]
     panels = {"held-out accuracy": {n: np.stack([r["accuracy"] for r in rs]) for n, rs in runs.items()},
-              "|corr(margin, chosen longer)|": {n: np.stack([r["abs_corr"] for r in rs]) for n, rs in runs.items()}}
+              "|corr(margin, chosen longer)|": {n: np.stack([r["abs_corr"] for r in rs])
+                                                for n, rs in runs.items()}}
     common.plot_curves(out_dir / "dir_vs_bt.png", panels, xlabel="RM step", x=x,
                        note="line = mean over seeds, band = min..max")
     return text

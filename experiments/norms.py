@@ -3,9 +3,9 @@
 Paper (SiameseNorm, arXiv:2602.08064 as cited in docs/DESIGN.md): post-norm diverges at high learning rates,
 SiameseNorm does not, and reaches a loss no worse than pre-norm.
 
-Corpus: the documents of the fictional-entity world `jaxrl.data.entities.build_world(0, size)` ("Name\\nName is
-a city in ... founded in 1412 ..."), character-tokenised with the built-in tokenizer, joined with EOS and cut
-into rows of `seq_len` tokens; the last 10% of the rows are held out. Model: `jaxrl.models.Transformer`
+Corpus: the documents of the fictional-entity world `jaxrl.data.entities.build_world(0, size)`
+("Name\\nName is a city in ... founded in 1412 ..."), character-tokenised with the built-in tokenizer, joined
+with EOS and cut into rows of `seq_len` tokens; the last 10% of the rows are held out. Model: `jaxrl.models.Transformer`
 (`norm` in pre / post / siamese, everything else equal), trained with plain optax AdamW at a constant learning
 rate (no warm-up: warm-up is what usually rescues post-norm, so leaving it out isolates the placement) and
 no gradient clipping. All (learning rate, seed) runs of one norm are vmapped into one compiled step; each seed
@@ -104,8 +104,8 @@ def diverged(train_T: np.ndarray, eval_loss: float, ceiling: float) -> bool:
     return bool(not np.all(np.isfinite(train_T)) or not np.isfinite(eval_loss) or eval_loss > ceiling)
 
 
-def report(results: dict[str, dict], lrs: Sequence[float], seeds: Sequence[int], ceiling: float, out_dir: Path,
-           *, seconds: float, setting: str) -> str:
+def report(results: dict[str, dict], lrs: Sequence[float], seeds: Sequence[int], ceiling: float,
+           out_dir: Path, *, seconds: float, setting: str) -> str:
     """Writes norms.png and norms.md; returns the markdown."""
     s = len(seeds)
     rows = []
@@ -120,8 +120,8 @@ def report(results: dict[str, dict], lrs: Sequence[float], seeds: Sequence[int],
             row += [f"{sum(div)}/{s}", loss]
         rows.append(row)
     header = ["lr"] + [c for n in results for c in (f"{n}: diverged", f"{n}: held-out loss (not diverged)")]
-    text = (f"{setting}. Unigram-entropy ceiling {ceiling:.3f} nats. Held-out loss: mean ± std [min, max] over "
-            f"the seeds that did not diverge. Wall time {seconds / 60:.1f} min.\n\n"
+    text = (f"{setting}. Unigram-entropy ceiling {ceiling:.3f} nats. Held-out loss: mean ± std [min, max] "
+            f"over the seeds that did not diverge. Wall time {seconds / 60:.1f} min.\n\n"
             + common.markdown_table(header, rows))
     common.write_text(out_dir / "norms.md", text)
     panels = {}

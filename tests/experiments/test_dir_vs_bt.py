@@ -1,5 +1,5 @@
-"""experiments/dir_vs_bt.py: the report's statistics on hand-made runs, and a 20-step run whose evaluation curve
-ends at the final report's numbers.
+"""experiments/dir_vs_bt.py: the report's statistics on hand-made runs, and a 20-step run whose evaluation
+curve ends at the final report's numbers.
 
 The direction (DIR's mean |corr| below BT's) is asserted at 600 steps over four seeds by
 tests/reward_model/test_bias_demo.py; it is not robust at this test's 20 steps, so it is not repeated here.
@@ -12,7 +12,8 @@ from experiments import dir_vs_bt
 
 
 def _fake(acc, corr):
-    return {"steps": np.array([100, 200]), "accuracy": np.array([0.5, acc]), "abs_corr": np.array([0.9, corr]),
+    return {"steps": np.array([100, 200]), "accuracy": np.array([0.5, acc]),
+            "abs_corr": np.array([0.9, corr]),
             "final": {"accuracy": acc, "attributes": {"length": {"correlation": -corr}}}}
 
 

@@ -1,5 +1,5 @@
-"""experiments/gdpo_vs_grpo.py: the collapse counter on hand-computed groups, and a 2-step run through the real
-trainer whose recorded reward vectors match the trainer's own logged reward means.
+"""experiments/gdpo_vs_grpo.py: the collapse counter on hand-computed groups, and a 2-step run through the
+real trainer whose recorded reward vectors match the trainer's own logged reward means.
 
 No direction of the GDPO-vs-GRPO comparison is asserted: at CI scale (a 2-layer model after 150 SFT steps)
 joint success is 0 for both methods, so only the measured quantities are checked.
@@ -53,7 +53,8 @@ def test_identical_vectors_are_one_vector():
 
 
 def test_length_budget():
-    assert exp.length_budget(["p"] * 3, ["a", "b", "c"], completion_length=[19, 20, 21], budget=20) == [1., 1., 0.]
+    out = exp.length_budget(["p"] * 3, ["a", "b", "c"], completion_length=[19, 20, 21], budget=20)
+    assert out == [1.0, 1.0, 0.0]
 
 
 @pytest.mark.slow  # ~1 min idle: SFT 150 steps + 2 RL steps of a 2-layer model
