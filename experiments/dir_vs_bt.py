@@ -2,8 +2,8 @@
 
 DIR (arXiv:2512.23461, https://arxiv.org/abs/2512.23461) adds a CLUB estimate of the mutual information
 between the pair representation and a bias attribute to the Bradley-Terry loss. Task: the built-in synthetic
-preference set of docs/reward_models.md ("a+b=" with a, b <= 4; the chosen answer is correct; in 80% of training pairs
-it is also the verbose one; the 512 held-out pairs are balanced), configs/rm_length_bt.yaml and
+preference set of docs/reward_models.md ("a+b=" with a, b <= 4; the chosen answer is correct; in 80% of
+training pairs it is also the verbose one; the 512 held-out pairs are balanced), configs/rm_length_bt.yaml and
 configs/rm_length_dir.yaml unchanged except the number of steps, the seed (model init and batch order) and the
 evaluation interval. Measured on the held-out set: pairwise accuracy and |corr(margin, chosen-is-longer)|
 (`jaxrl.reward_model.evaluate_pairs`, the point-biserial correlation).

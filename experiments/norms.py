@@ -5,8 +5,8 @@ SiameseNorm does not, and reaches a loss no worse than pre-norm.
 
 Corpus: the documents of the fictional-entity world `jaxrl.data.entities.build_world(0, size)`
 ("Name\\nName is a city in ... founded in 1412 ..."), character-tokenised with the built-in tokenizer, joined
-with EOS and cut into rows of `seq_len` tokens; the last 10% of the rows are held out. Model: `jaxrl.models.Transformer`
-(`norm` in pre / post / siamese, everything else equal), trained with plain optax AdamW at a constant learning
+with EOS and cut into rows of `seq_len` tokens; the last 10% of the rows are held out. Model:
+`jaxrl.models.Transformer` (`norm` in pre / post / siamese, everything else equal), trained with plain optax AdamW at a constant learning
 rate (no warm-up: warm-up is what usually rescues post-norm, so leaving it out isolates the placement) and
 no gradient clipping. All (learning rate, seed) runs of one norm are vmapped into one compiled step; each seed
 has its own initialisation and batch order.
