@@ -268,7 +268,8 @@ class PeerWatch:
                 if self.me != 0 and time.monotonic() - last_ok > min(self.timeout_s, 5 * self.period_s):
                     first = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
                     line = (f"jaxrl: lost process 0 (the coordinator at {self.coordinator}): it stopped "
-                            f"answering ({first}); stopping process {self.me} with exit code {EXIT_PEER_LOST}")
+                            f"answering ({first}); stopping process {self.me} with exit code "
+                            f"{EXIT_PEER_LOST}")
                 else:
                     continue
             if line is not None and not self._stop.is_set():

@@ -73,7 +73,8 @@ def plan_host(*, params_per_chip: int, optimizer_per_chip: int, chips_per_host: 
         if value < 1:
             raise ValueError(f"{name}={value}: must be >= 1")
     rows = rollout_rows * (1 + resample_rounds)
-    rollout = rows * (FULL_WIDTH_BYTES * (prompt_len + completion_len) + COMPLETION_WIDTH_BYTES * completion_len)
+    width = prompt_len + completion_len
+    rollout = rows * (FULL_WIDTH_BYTES * width + COMPLETION_WIDTH_BYTES * completion_len)
     return HostPlan(chips_per_host=chips_per_host, runtime=int(runtime_gib * GIB),
                     staging=chips_per_host * (params_per_chip + optimizer_per_chip),
                     load=num_params * param_bytes, rollout=rollout)

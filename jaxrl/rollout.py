@@ -115,8 +115,8 @@ def collect(graphdef, params, records: list[dict[str, Any]], tokenizer, rewards,
         completions[i] = text
     fields = {k: [rep[i][k] for i in mine] for k in records[0] if k not in _INTERNAL}
     fields["completion_length"] = [int(lengths[i]) for i in mine]
-    own_NK, info = rewards_lib.score(rewards, [rep[i]["prompt"] for i in mine], [completions[i] for i in mine],
-                                     fields)
+    own_NK, info = rewards_lib.score(rewards, [rep[i]["prompt"] for i in mine],
+                                     [completions[i] for i in mine], fields)
     rewards_NK = np.zeros((len(rep), own_NK.shape[1]), np.float32)
     rewards_NK[mine] = own_NK
     rewards_NK = hosts.gather_owned(rewards_NK, owners)

@@ -47,8 +47,8 @@ def main() -> None:
     rng = np.random.default_rng(0)
     tokens = rng.integers(3, 100, (n, w + t)).astype(np.int32)
     zeros, ones = np.zeros((n, t), np.float32), np.ones((n,), np.float32)
-    batch = trainer.shard_batch(run, TrainBatch(tokens, np.ones((n, w + t), bool), np.ones((n, t), bool), zeros,
-                                                zeros, zeros, ones * 0.2, ones * 0.2, ones * 0))
+    batch = trainer.shard_batch(run, TrainBatch(tokens, np.ones((n, w + t), bool), np.ones((n, t), bool),
+                                                zeros, zeros, zeros, ones * 0.2, ones * 0.2, ones * 0))
     logp_BT = run.logprob_fn(state.params, batch.tokens_BL, batch.mask_BL, t)  # compiles and runs
     jax.block_until_ready(logp_BT)
     print("compiled log-prob pass", flush=True)
@@ -56,7 +56,8 @@ def main() -> None:
     jax.block_until_ready(metrics)
     print("compiled train step", flush=True)
     prompts = [list(rng.integers(3, 100, 5 + i % 7)) for i in range(8)]
-    gen = generate_from_state(run.graphdef, state.params, prompts, run.sampling, eos_ids=(2,), seed=0, pad_id=0)
+    gen = generate_from_state(run.graphdef, state.params, prompts, run.sampling, eos_ids=(2,), seed=0,
+                              pad_id=0)
     jax.block_until_ready(gen.tokens)
     print("compiled rollout", flush=True)
 

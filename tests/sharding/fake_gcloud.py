@@ -67,7 +67,8 @@ def main(argv) -> int:
         rc = 0
         for i in range(WORKERS) if which == "all" else [int(which)]:
             cmd = install(command, i) if "uv venv" in command else command
-            rc = max(rc, subprocess.run(["bash", "-c", cmd], env=worker_env(i), cwd=ROOT / f"w{i}").returncode)
+            done = subprocess.run(["bash", "-c", cmd], env=worker_env(i), cwd=ROOT / f"w{i}")
+            rc = max(rc, done.returncode)
         return rc
     print(f"fake gcloud: unsupported {argv}", file=sys.stderr)
     return 2

@@ -69,4 +69,5 @@ def test_no_involuntary_rematerialization(name):
     assert p.returncode == 0, p.stderr[-3000:]
     assert p.stdout.split() == "compiled log-prob pass compiled train step compiled rollout".split()
     warnings = [line[:400] for line in p.stderr.splitlines() if WARNING in line]
-    assert not warnings, f"{name} on data x fsdp x tensor = {data} x {fsdp} x {tensor}:\n" + "\n".join(warnings)
+    where = f"{name} on data x fsdp x tensor = {data} x {fsdp} x {tensor}"
+    assert not warnings, where + ":\n" + "\n".join(warnings)

@@ -52,7 +52,9 @@ def _children(pid: int) -> list[int]:
 
 def _steps(run_dir: Path) -> list[int]:
     path = run_dir / "metrics.jsonl"
-    return [json.loads(x)["step"] for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+    if not path.exists():
+        return []
+    return [json.loads(x)["step"] for x in path.read_text().splitlines() if x.strip()]
 
 
 @pytest.mark.slow
@@ -61,7 +63,8 @@ def test_launch_preemption_relaunch_resume(tmp_path):
     bin_dir.mkdir()
     state.mkdir()
     gcloud = bin_dir / "gcloud"
-    gcloud.write_text(f"#!{sys.executable}\nimport runpy\nrunpy.run_path({str(FAKE)!r}, run_name='__main__')\n")
+    gcloud.write_text(f"#!{sys.executable}\nimport runpy\n"
+                      f"runpy.run_path({str(FAKE)!r}, run_name='__main__')\n")
     gcloud.chmod(0o755)
     config = tmp_path / "tiny.yaml"
     _tiny_config(config)

@@ -32,13 +32,15 @@ JAXRL = [sys.executable, "-m", "jaxrl.cli", "train"]
 TIMEOUT_S = 400
 
 BASE = [
-    "model.overrides={hidden_size: 32, num_layers: 1, num_heads: 2, num_kv_heads: 2, head_dim: 16, mlp_dim: 64}",
+    "model.overrides={hidden_size: 32, num_layers: 1, num_heads: 2, num_kv_heads: 2, head_dim: 16,"
+    " mlp_dim: 64}",
     "sft_warmup.steps=0", "train.steps=2", "train.eval_every=1",
     "data.prompts_per_step=4", "data.eval_size=8", "data.train_size=200",
     "rollout.group_size=2", "rollout.max_new_tokens=8", "rollout.gen_buckets=[8]",
     "rewards=[{name: digit, type: format, weight: 1.0, params: {pattern: '.*[0-9].*'}},"
     " {name: short, type: length, weight: 0.5, params: {target: 4}}]",
-    "logging.progress_bar=false", "logging.tensorboard=false", "logging.sample_every=1", "logging.num_samples=2",
+    "logging.progress_bar=false", "logging.tensorboard=false", "logging.sample_every=1",
+    "logging.num_samples=2",
     "checkpoint.every=1", "mesh.data=1", "mesh.fsdp=-1",
 ]
 
