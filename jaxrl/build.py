@@ -16,6 +16,7 @@ from flax import nnx
 from jaxrl.config import ModelConfig, TokenizerConfig
 from jaxrl.errors import ConfigError
 from jaxrl.models import Transformer, TransformerConfig
+from jaxrl.models.hf_io import config_from_hf
 from jaxrl.sharding import Constrain, no_constraint
 
 # Presets of `TransformerConfig` selectable by name in `model.preset` (explicit table, no getattr magic).
@@ -69,7 +70,7 @@ def model_config(cfg: ModelConfig) -> TransformerConfig:
     if cfg.hf_path is not None:
         file = Path(cfg.hf_path).expanduser() / "config.json"
         try:
-            base = TransformerConfig.from_hf_config(json.loads(file.read_text()))
+            base = config_from_hf(json.loads(file.read_text()))
         except OSError as e:
             raise ConfigError(f"model.hf_path: cannot read {file}: {e.strerror}") from None
     else:

@@ -25,7 +25,7 @@ from flax import nnx
 
 from jaxrl._safetensors_dir import TensorReader, parse_size, write_tensors
 from jaxrl.errors import CheckpointError
-from jaxrl.model_io import model_from_params, token_ids
+from jaxrl.model_params import model_from_params, token_ids
 from jaxrl.models import Transformer, TransformerConfig
 from jaxrl.models import hf_io
 from jaxrl.run_dir import owns_hf_export, replace_owned_files

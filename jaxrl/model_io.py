@@ -27,6 +27,7 @@ import orbax.checkpoint as ocp
 from flax import nnx
 
 from jaxrl.errors import CheckpointError
+from jaxrl.model_params import model_from_params, token_ids  # noqa: F401 -- re-exported
 from jaxrl.models import Llama3RopeScaling, Transformer, TransformerConfig
 from jaxrl.run_dir import owns_model_checkpoint, replace_owned_files
 
@@ -58,37 +59,6 @@ def config_from_json(data: dict[str, Any], *, where: str = "model_config.json") 
 def abstract_model(cfg: TransformerConfig) -> Transformer:
     """The model with ShapeDtypeStruct leaves: structure only, no memory, no random init."""
     return Transformer.abstract(cfg)
-
-
-def model_from_params(cfg: TransformerConfig, params: dict, *, where: str) -> Transformer:
-    """A Transformer holding `params` (pure dict of `nnx.state(model, nnx.Param)`), cast to cfg.param_dtype.
-
-    A missing / unexpected parameter or a wrong shape is a CheckpointError naming the parameter and `where`.
-    """
-    try:
-        return Transformer.from_params(cfg, params)
-    except (KeyError, ValueError) as e:
-        raise CheckpointError(f"{where}: {e.args[0] if e.args else e}") from e
-
-
-
-def token_ids(tokenizer, config_eos: Any = None) -> dict[str, Any]:
-    """bos/eos/pad ids for a saved config, from the tokenizer actually used (None where it has none).
-
-    A preset's defaults may name other tokens (the `tiny` preset says eos=2, the built-in tokenizer's end
-    token is 1, so transformers' `generate` ran past it). The tokenizer's eos comes first; a multi-id
-    `config_eos` (e.g. Llama 3's end-of-turn and end-of-text) keeps its other ids after it.
-    """
-    def tid(name):
-        value = getattr(tokenizer, f"{name}_token_id", None)
-        return None if value is None else int(value)
-
-    eos = tid("eos")
-    if isinstance(config_eos, (list, tuple)) and len(config_eos) > 1 and eos is not None:
-        eos = (eos, *(int(i) for i in config_eos if int(i) != eos))
-    elif eos is None:
-        eos = config_eos
-    return {"bos_token_id": tid("bos"), "eos_token_id": eos, "pad_token_id": tid("pad")}
 
 
 def save_model_checkpoint(model: Transformer, path: str | os.PathLike, tokenizer=None, *,

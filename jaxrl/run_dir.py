@@ -1,11 +1,8 @@
 """Run and output directories: what may be written where, checked before any model is built or any
 file is written.
 
-* `validate_train(cfg, run_dir, checkpoint_dir)` (called by `jaxrl train` before `train()`): the run
-  directory is a writable directory, an HF model has its tokenizer files, and an existing run can be resumed
-  by this config (`check_resume`). A failure raises a `UserError` naming every differing field, and nothing in
-  the run directory has been touched (a failed resume used to rewrite `config.yaml` and `model_config.json`
-  first, after which `sample` and `export-hf` failed on the original checkpoints).
+* `check_writable_dir`, `check_output_dir`: the directory checks of `jaxrl train` (`jaxrl.run_checks`) and of
+  the exporters.
 * `replace_owned_files(path, owns=..., overwrite=...)` (used by `export-hf` / `import-hf`): writes into a
   fresh sibling directory, then moves the new files into `path`. With `--overwrite` only files the exporter
   writes are replaced; a run or checkpoint directory, or any file the exporter did not write, is refused (the
@@ -20,9 +17,9 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Callable, Iterator
 
-from jaxrl.errors import ConfigError, OutputDirError, RunDirError
+from jaxrl.errors import OutputDirError, RunDirError
 
 # TransformerConfig fields that change how the forward pass runs but not the parameters; they may change on
 # resume. Token ids are compared through the tokenizer.
@@ -122,128 +119,3 @@ def replace_owned_files(path: str | os.PathLike, *, owns: Callable[[str], bool],
         shutil.rmtree(trash, ignore_errors=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-def check_tokenizer_source(cfg: Any) -> None:
-    """An HF directory or checkpoint as the model needs its own tokenizer files unless `tokenizer:` names one
-    (a 49k-vocabulary model must not silently train with the 102-character built-in tokenizer)."""
-    from jaxrl import model_io
-
-    if cfg.tokenizer.kind == "hf":
-        return
-    source = cfg.model.hf_path or cfg.model.checkpoint
-    if source is None:
-        return
-    key = "model.hf_path" if cfg.model.hf_path else "model.checkpoint"
-    candidates = [Path(source)]
-    if cfg.model.checkpoint:
-        with contextlib.suppress(Exception):
-            candidates.insert(0, model_io.resolve_checkpoint(source)[0])
-    if not any(model_io.has_tokenizer_files(c) for c in candidates):
-        raise ConfigError(f"{key}={source}: no tokenizer files there ({', '.join(TOKENIZER_FILES[:2])}); "
-                          "set tokenizer.kind=hf and tokenizer.path=DIR to the model's tokenizer")
-
-
-def validate_train(cfg: Any, run_dir: str | os.PathLike, checkpoint_dir: str | None = None) -> None:
-    """Everything `jaxrl train` checks before building a model: writable run directory, tokenizer presence,
-    resume compatibility."""
-    check_writable_dir(run_dir, "run directory")
-    check_tokenizer_source(cfg)
-    check_resume(cfg, run_dir, checkpoint_dir)
-
-
-def _stored_steps(ckpt_dir) -> list[int]:
-    return sorted(int(p.name) for p in ckpt_dir.iterdir() if p.name.isdigit() and p.is_dir())
-
-
-def _name(value: Any) -> Any:
-    return getattr(value, "value", value)  # enums as their YAML spelling
-
-
-def _diff(prefix: str, stored: dict, new: dict, keys) -> list[str]:
-    return [f"{prefix}{k}: {stored.get(k)!r} in the run, {new.get(k)!r} in this config"
-            for k in keys if stored.get(k) != new.get(k)]
-
-
-def _expected_model(cfg: Any, tokenizer) -> dict:
-    """The TransformerConfig (as JSON) `jaxrl.build.build_model` would produce, without loading weights."""
-    from jaxrl import build, hf, model_io
-
-    m = cfg.model
-    if m.preset is not None:
-        model_cfg = build.preset_config(m, len(tokenizer))
-    elif m.hf_path is not None:  # as `build_model` loads them: dtype and param_dtype follow model.dtype
-        model_cfg = hf.config_from_pretrained(m.hf_path, dtype=m.dtype)
-    else:
-        stored = model_io.load_config(model_io.resolve_checkpoint(m.checkpoint)[0])
-        model_cfg = stored.replace(dtype=m.dtype, param_dtype=m.dtype)
-    return model_io.config_to_json(model_cfg)
-
-
-def _tokenizer_summary(tok) -> dict:
-    vocab = tok.get_vocab()
-    return {"vocab_size": len(tok), "bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id,
-            "pad_token_id": tok.pad_token_id, "vocabulary": hash(tuple(sorted(vocab.items())))}
-
-
-def check_resume(cfg: Any, run_dir: str | os.PathLike, checkpoint_dir: str | None = None) -> None:
-    """Refuses (ConfigError) to continue a run whose checkpoints this config cannot resume, naming every
-    differing field: model config, tokenizer, algorithm; and checks that the stored model's parameters divide
-    over this config's mesh. Reads only; does nothing when the run has no checkpoint step yet.
-
-    Args:
-      cfg: the `ExperimentConfig` about to train.
-      run_dir: the run directory (holds `config.yaml` of the previous run).
-      checkpoint_dir: where the checkpoints are (default RUN/checkpoints; may be gs://...).
-    """
-    import json
-
-    import yaml
-    from etils import epath
-
-    from jaxrl import build, model_io
-
-    ckpt_dir = epath.Path(checkpoint_dir) if checkpoint_dir else epath.Path(Path(run_dir) / "checkpoints")
-    stored_file = ckpt_dir / model_io.CONFIG_FILE
-    if not stored_file.exists() or not _stored_steps(ckpt_dir):
-        return
-    try:
-        stored = json.loads(stored_file.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ConfigError(f"cannot read {stored_file} of the run being resumed: {e}") from None
-    tokenizer = build.build_tokenizer(cfg.model, cfg.tokenizer)
-    problems = _diff("model ", stored, _expected_model(cfg, tokenizer),
-                     [k for k in stored if k not in EXECUTION_ONLY])
-    if Path(os.fspath(ckpt_dir)).is_dir():  # local checkpoints: compare the tokenizer saved with them
-        old_tok = model_io.load_tokenizer(Path(os.fspath(ckpt_dir)))
-        if old_tok is not None:
-            old, new = _tokenizer_summary(old_tok), _tokenizer_summary(tokenizer)
-            problems += _diff("tokenizer ", old, new, [k for k in old if k != "vocabulary"])
-            if old["vocabulary"] != new["vocabulary"] and old["vocab_size"] == new["vocab_size"]:
-                problems.append("tokenizer vocabulary: same size, different tokens")
-    config_yaml = Path(run_dir) / "config.yaml"
-    if config_yaml.is_file():
-        try:
-            previous = yaml.safe_load(config_yaml.read_text()) or {}
-        except yaml.YAMLError:
-            previous = {}
-        old_algo = (previous.get("algorithm") or {}).get("name")
-        if old_algo is not None and old_algo != _name(cfg.algorithm.name):
-            problems.append(f"algorithm.name: {old_algo!r} in the run, {_name(cfg.algorithm.name)!r} in this "
-                            "config")
-    if problems:
-        raise ConfigError(f"cannot resume the run in {run_dir} with this config: {'; '.join(problems)}; "
-                          "use a new --run-dir, or the run's own settings (its config.yaml)")
-    _check_mesh(cfg, model_io.config_from_json(stored, where=str(stored_file)))
-
-
-def _check_mesh(cfg: Any, model_cfg) -> None:
-    """The stored model's parameters must split evenly over this config's mesh (ConfigError naming the
-    tensor)."""
-    from flax import nnx
-
-    from jaxrl.models import Transformer
-    from jaxrl.sharding import RULES, make_mesh, state_shardings
-
-    state_shardings(nnx.state(Transformer.abstract(model_cfg), nnx.Param), make_mesh(cfg.mesh),
-                    RULES[cfg.mesh.rules])

@@ -115,13 +115,6 @@ class TransformerConfig:
             return ()
         return self.eos_token_id if isinstance(self.eos_token_id, tuple) else (self.eos_token_id,)
 
-    @classmethod
-    def from_hf_config(cls, hf_config: dict) -> "TransformerConfig":
-        """From an HF `config.json` dict; see `jaxrl.models.hf_io.config_from_hf`."""
-        from jaxrl.models.hf_io import config_from_hf  # local: hf_io imports this module
-
-        return config_from_hf(hf_config)
-
     # ---------------------------------------------------------------- presets (HF config.json values)
 
     @classmethod

@@ -39,20 +39,9 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl.errors import ConfigError
+from jaxrl.models import quant
 from jaxrl.models.config import TransformerConfig
-
-TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-# target -> (block submodule, number of leading input axes of the per-layer kernel, kernel logical names)
-SITES: dict[str, tuple[str, int, tuple[str, ...]]] = {
-    "q_proj": ("self_attn", 1, ("embed", "heads", "head_dim")),
-    "k_proj": ("self_attn", 1, ("embed", "kv_heads", "head_dim")),
-    "v_proj": ("self_attn", 1, ("embed", "kv_heads", "head_dim")),
-    "o_proj": ("self_attn", 2, ("heads", "head_dim", "embed")),
-    "gate_proj": ("mlp", 1, ("embed", "mlp")),
-    "up_proj": ("mlp", 1, ("embed", "mlp")),
-    "down_proj": ("mlp", 1, ("mlp", "embed")),
-}
-
+from jaxrl.models.projections import SITES, TARGETS, kernel_path  # noqa: F401 -- re-exported
 
 @dataclasses.dataclass(frozen=True)
 class LoraConfig:
@@ -83,11 +72,6 @@ class LoraConfig:
     def scale(self) -> float:
         """s = α / r."""
         return float(self.alpha) / self.rank
-
-
-def kernel_path(target: str) -> tuple[str, ...]:
-    """Path of a target's kernel in the params tree, e.g. ('layers', 'self_attn', 'q_proj', 'kernel')."""
-    return ("layers", SITES[target][0], target, "kernel")
 
 
 def adapter_shapes(model_cfg: TransformerConfig, target: str, rank: int) -> tuple[tuple, tuple]:
@@ -169,8 +153,6 @@ def merge(params: Mapping, adapters: Mapping, cfg: LoraConfig) -> dict:
     Returns:
       a new nested dict of plain arrays (the input is not modified); differentiable in `adapters`.
     """
-    from jaxrl.models import quant  # local: quant imports nothing from here, keep the import graph flat
-
     def copy(node):
         if isinstance(node, Mapping):
             return {k: copy(v) for k, v in node.items()}
@@ -215,7 +197,7 @@ def lora_memory(model_cfg: TransformerConfig, lora_cfg: LoraConfig, *,
       "merged_cotangent" (∂L/∂W′ of the targets, formed in the backward pass before ∂L/∂A, ∂L/∂B),
       "total"}: bytes; all of them live at the peak of a train step, activations excluded.
     """
-    from jaxrl.models import hf_io, quant
+    from jaxrl.models import hf_io
 
     width = 2 if model_cfg.param_dtype == "bfloat16" else 4
     base = 0

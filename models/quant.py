@@ -26,6 +26,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from jaxrl.models.projections import SITES, kernel_path
+
 from jaxrl.errors import ConfigError
 
 KINDS = ("int8", "nf4")
@@ -103,7 +105,6 @@ def dequantize(q: QuantizedKernel, dtype=None) -> jax.Array:
 
 def quantize_params(params: Mapping, kind: str, *, block: int = NF4_BLOCK) -> dict:
     """A copy of `params` with the seven projection kernels of `layers` as `QuantizedKernel`s."""
-    from jaxrl.models.lora import SITES, kernel_path  # local: lora imports this module lazily too
 
     out = jax.tree.map(lambda x: x, dict(params), is_leaf=lambda x: not isinstance(x, Mapping))
     for target, (_, num_in, _) in SITES.items():

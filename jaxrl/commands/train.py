@@ -1,6 +1,6 @@
 """`jaxrl train [CONFIG] [--set key=value]... [--run-dir DIR]`: RL post-training from a YAML config.
 
-Before anything is written, `jaxrl.run_dir.validate_train` checks the run directory (writable, tokenizer
+Before anything is written, `jaxrl.run_checks.validate_train` checks the run directory (writable, tokenizer
 present, an existing run resumable by this config); then the trainer holds the run directory's lock
 (`jaxrl.run_lock`) for the whole run. Exit codes (`jaxrl.errors`): 0 finished; 2 a user error (one line);
 75 stopped by SIGTERM and 130 stopped by SIGINT, in both cases after saving a checkpoint when training steps
@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     import jax
 
-    from jaxrl import checkpoint, run_dir as run_dir_lib, run_lock
+    from jaxrl import checkpoint, run_checks, run_lock
 
     name = Path(args.config).stem if args.config else "quickstart"
     local = Path("runs") / name
@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     run_dir = local if remote or not args.run_dir else Path(args.run_dir)
     checkpoint_dir = f"{remote.rstrip('/')}/checkpoints" if remote else None
     # Before anything in the run directory is written: writable, tokenizer present, resumable by this config.
-    run_dir_lib.validate_train(cfg, run_dir, checkpoint_dir)
+    run_checks.validate_train(cfg, run_dir, checkpoint_dir)
     previous = signal.signal(signal.SIGTERM, _raise_on_sigterm)
     try:
         with run_lock.hold(run_dir, primary=jax.process_index() == 0):
