@@ -39,7 +39,9 @@ def run(args: argparse.Namespace) -> int:
         name = f"synthetic_{bias}"
     else:
         records, name = data_lib.load_pairs(args.data), Path(args.data).stem  # before the model loads
-    model, tokenizer = _load(args.checkpoint)
+    from jaxrl.rewards.model_reward import load_scorer_model
+
+    model, tokenizer = load_scorer_model(args.checkpoint)
     report = evaluate_pairs(model, data_lib.encode_pairs(records, tokenizer, args.max_len), args.batch_size)
     report.update(checkpoint=str(args.checkpoint), data=str(args.data))
     out = Path(args.out) if args.out else _run_dir(Path(args.checkpoint)) / f"eval_rm_{name}.json"
@@ -56,24 +58,6 @@ def synthetic_bias(data: str) -> str | None:
     if Path(data).exists() or not (data == "synthetic" or data.startswith("synthetic:")):
         return None
     return data.partition(":")[2] or "length"  # checked by `synthetic_pairs` (before the model loads)
-
-
-def _load(path: str):
-    from jaxrl.errors import CheckpointError
-    from jaxrl.model_io import load_tokenizer
-
-    p = Path(path)
-    if (p / "config.json").is_file():
-        from jaxrl.reward_model.export import import_reward_model
-
-        model, tokenizer = import_reward_model(p), load_tokenizer(p)
-    else:
-        from jaxrl.reward_model.model import load_reward_model
-
-        model, tokenizer = load_reward_model(p)
-    if tokenizer is None:
-        raise CheckpointError(f"{path}: no tokenizer saved with the reward model")
-    return model, tokenizer
 
 
 def _run_dir(checkpoint: Path) -> Path:
