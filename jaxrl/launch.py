@@ -156,18 +156,27 @@ def install_cmd(spec: LaunchSpec) -> Argv:
     return ssh_cmd(spec, "all", install_script(spec))
 
 
+# SIGTERM to the process group of train.pid (see `start_script`), then wait until the group is gone.
+_STOP_GROUP = ("p=$(cat train.pid 2>/dev/null) && [ -n \"$p\" ] && kill -TERM -\"$p\" 2>/dev/null && "
+               "while kill -0 -\"$p\" 2>/dev/null; do sleep 1; done")
+
+
 def start_script(spec: LaunchSpec) -> str:
     """Starts training in the background. The user's `--run-dir` is quoted for the inner `sh -c` and the whole
     inner command again for the ssh shell, so `$(...)`, `;` or quotes in it stay literal on the workers; the
     `~` paths are ours and left unquoted so that the shell expands them. Only `nohup` goes to the background
     (braces): a bare `a && b && nohup c &` backgrounds the whole list, whose `kill $(cat train.pid)` then
-    races with the `echo $! > train.pid` after it and can kill the new run itself."""
+    races with the `echo $! > train.pid` after it and can kill the new run itself. `setsid` makes the wrapper
+    shell a process-group leader whose pid is train.pid, so stopping signals the whole group (the wrapper alone
+    would die and orphan the trainer); the wrapper traps TERM/INT with a no-op (reset to default in the
+    trainer by exec) so that it outlives the trainer and records its exit code (75 after a preemption)."""
     train = f"{REMOTE_VENV}/bin/python -m jaxrl.cli train {REMOTE_RUN}/config.yaml --run-dir "
-    inner = f"{train}{shlex.quote(spec.run_dir)}; echo $? > {REMOTE_RUN}/train.rc"
+    inner = f"trap : TERM INT; {train}{shlex.quote(spec.run_dir)}; echo $? > {REMOTE_RUN}/train.rc"
     return (
-        # A relaunch on a live VM first stops the previous run, so two trainers never share the chips.
-        f"cd {REMOTE_RUN} && (kill $(cat train.pid 2>/dev/null) 2>/dev/null; true) && rm -f train.rc && "
-        f"{{ nohup sh -c {shlex.quote(inner)} > {REMOTE_RUN}/train.log 2>&1 < /dev/null & "
+        # A relaunch on a live VM first stops the previous run (and waits for its checkpoint), so two trainers
+        # never share the chips.
+        f"cd {REMOTE_RUN} && ({_STOP_GROUP}; true) && rm -f train.rc && "
+        f"{{ setsid nohup sh -c {shlex.quote(inner)} > {REMOTE_RUN}/train.log 2>&1 < /dev/null & "
         f"echo $! > {REMOTE_RUN}/train.pid; }}"
     )
 
@@ -187,7 +196,8 @@ def stream_cmd(spec: LaunchSpec) -> Argv:
 
 
 def stop_cmd(spec: LaunchSpec) -> Argv:
-    return ssh_cmd(spec, "all", f"kill $(cat {REMOTE_RUN}/train.pid) 2>/dev/null; true")
+    """SIGTERM to the training process group on every worker (the trainer saves a checkpoint, then exits)."""
+    return ssh_cmd(spec, "all", f"cd {REMOTE_RUN} && ({_STOP_GROUP}; true)")
 
 
 def status_cmds(spec: LaunchSpec) -> list[Argv]:

@@ -36,9 +36,11 @@ EXPECTED_V5P_64 = [
         "~/.local/bin/uv pip install -q --python ~/jaxrl-venv/bin/python -e ~/jaxrl 'jax[tpu]==0.10.2'"
     ) + f" {WHERE}",
     "gcloud compute tpus tpu-vm ssh grpo-8b --worker=all " + shlex.quote(
-        "--command=cd ~/jaxrl-run && (kill $(cat train.pid 2>/dev/null) 2>/dev/null; true) && "
+        "--command=cd ~/jaxrl-run && (p=$(cat train.pid 2>/dev/null) && [ -n \"$p\" ] && "
+        "kill -TERM -\"$p\" 2>/dev/null && while kill -0 -\"$p\" 2>/dev/null; do sleep 1; done; true) && "
         "rm -f train.rc && "
-        "{ nohup sh -c '~/jaxrl-venv/bin/python -m jaxrl.cli train ~/jaxrl-run/config.yaml --run-dir "
+        "{ setsid nohup sh -c 'trap : TERM INT; ~/jaxrl-venv/bin/python -m jaxrl.cli train "
+        "~/jaxrl-run/config.yaml --run-dir "
         "gs://bkt/runs/8b; echo $? > ~/jaxrl-run/train.rc' > ~/jaxrl-run/train.log 2>&1 < /dev/null & "
         "echo $! > ~/jaxrl-run/train.pid; }"
     ) + f" {WHERE}",
@@ -64,7 +66,7 @@ def test_queued_v5e_and_stop_delete():
         "gcloud", "compute", "tpus", "queued-resources", "delete", "grpo-8b", "--force", "--quiet",
         "--zone", "us-east5-a",
     ]
-    assert stop_cmd(spec)[-3] == "--command=kill $(cat ~/jaxrl-run/train.pid) 2>/dev/null; true"
+    assert stop_cmd(spec)[-3].startswith("--command=cd ~/jaxrl-run && (p=$(cat train.pid")
 
 
 @pytest.mark.parametrize(
@@ -197,3 +199,28 @@ def test_remote_run_dir_is_shell_quoted(tmp_path):
     argv = (home / "argv").read_text().splitlines()
     assert argv == ["-m", "jaxrl.cli", "train", f"{home}/jaxrl-run/config.yaml", "--run-dir", hostile]
     assert not list(home.glob("pwned-*"))
+
+
+def test_stop_reaches_the_trainer_and_its_exit_code_is_recorded(tmp_path):
+    """`stop` (and a relaunch) signals the trainer itself, not only the wrapper shell whose pid is train.pid;
+    the wrapper survives to record the trainer's exit code (75: preempted, checkpoint saved)."""
+    from jaxrl.launch import start_script
+
+    home = tmp_path / "home"
+    (home / "jaxrl-venv" / "bin").mkdir(parents=True)
+    (home / "jaxrl-run").mkdir()
+    fake_python = home / "jaxrl-venv" / "bin" / "python"
+    fake_python.write_text('#!/bin/sh\ntrap \'echo term > "$HOME/got-term"; exit 75\' TERM\n'
+                           'touch "$HOME/started"\nwhile :; do sleep 0.05; done\n')
+    fake_python.chmod(0o755)
+    env = {"HOME": str(home), "PATH": "/usr/bin:/bin"}
+    subprocess.run(["sh", "-c", start_script(_spec(run_dir="gs://b/r"))], env=env, check=True, timeout=30)
+    for _ in range(600):
+        if (home / "started").exists():
+            break
+        time.sleep(0.02)
+    assert (home / "started").exists()
+    stop = next(a for a in stop_cmd(_spec()) if a.startswith("--command=")).removeprefix("--command=")
+    subprocess.run(["sh", "-c", stop], env=env, check=True, timeout=60)  # returns once the group is gone
+    assert (home / "got-term").read_text().strip() == "term"
+    assert (home / "jaxrl-run" / "train.rc").read_text().strip() == "75"
