@@ -6,15 +6,16 @@ SiameseNorm does not, and reaches a loss no worse than pre-norm.
 Corpus: the documents of the fictional-entity world `jaxrl.data.entities.build_world(0, size)`
 ("Name\\nName is a city in ... founded in 1412 ..."), character-tokenised with the built-in tokenizer, joined
 with EOS and cut into rows of `seq_len` tokens; the last 10% of the rows are held out. Model:
-`jaxrl.models.Transformer` (`norm` in pre / post / siamese, everything else equal), trained with plain optax AdamW at a constant learning
-rate (no warm-up: warm-up is what usually rescues post-norm, so leaving it out isolates the placement) and
-no gradient clipping. All (learning rate, seed) runs of one norm are vmapped into one compiled step; each seed
-has its own initialisation and batch order.
+`jaxrl.models.Transformer` (`norm` in pre / post / siamese, everything else equal), trained with plain optax
+AdamW at a constant learning rate (no warm-up: warm-up is what usually rescues post-norm, so leaving it out
+isolates the placement) and no gradient clipping. All (learning rate, seed) runs of one norm are vmapped into
+one compiled step; each seed has its own initialisation and batch order.
 
 Diverged: a non-finite training loss at any step, or a final held-out loss above the corpus's unigram entropy
 (the loss of a model that predicts character frequencies only).
 
-Run: python -m experiments.norms [--seeds 0 1 2] [--steps 300] [--lrs 1e-3 3e-3 1e-2 3e-2]
+Run: python -m experiments.norms [--seeds 0 1 2] [--steps 300] [--lrs 1e-3 3e-3 1e-2 3e-2] [--raw DIR]
+(--raw keeps each norm's sweep as DIR/<norm>.npz; --report-only rewrites the table and PNG from them)
 """
 
 from __future__ import annotations
@@ -144,18 +145,29 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--dim", type=int, default=64)
     p.add_argument("--world", default="tiny")
     p.add_argument("--out", type=Path, default=common.DOCS)
+    p.add_argument("--raw", type=Path, default=None, help="keep each norm's finished sweep here as .npz")
+    p.add_argument("--report-only", action="store_true", help="report from the sweeps kept in --raw")
     a = p.parse_args(argv)
     timer = common.Timer()
     rows_RL, vocab = corpus_rows(a.seq_len, size=a.world)
     ceiling = unigram_entropy(rows_RL)
     results = {}
     for norm in NORMS:
+        path = None if a.raw is None else a.raw / f"{norm}.npz"
+        if a.report_only:
+            with np.load(path) as f:
+                results[norm] = {k: f[k] for k in f.files}
+            continue
         results[norm] = sweep(norm, a.lrs, a.seeds, steps=a.steps, batch=a.batch, seq_len=a.seq_len,
                               layers=a.layers, dim=a.dim, rows_RL=rows_RL, vocab=vocab)
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            np.savez(path, **results[norm])
         print(f"{norm} done at {timer.elapsed():.0f} s", flush=True)
     setting = (f"{a.layers} layers, D={a.dim}, {a.steps} AdamW steps of {a.batch}x{a.seq_len} tokens, entity "
                f"world '{a.world}' ({len(rows_RL)} rows), seeds {a.seeds}")
-    print(report(results, a.lrs, a.seeds, ceiling, a.out, seconds=timer.elapsed(), setting=setting))
+    seconds = float("nan") if a.report_only else timer.elapsed()  # the training time is not in --raw
+    print(report(results, a.lrs, a.seeds, ceiling, a.out, seconds=seconds, setting=setting))
 
 
 if __name__ == "__main__":
