@@ -253,6 +253,19 @@ class EnvConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class MultiAgentConfig:
+    """A multi-agent system played by the one policy (`jaxrl.multi_agent`): `system` is a built-in (`march`),
+    `params` go to its constructor (checked at setup). It replaces the collect stage; the SFT warm start
+    trains on its role-format demonstrations."""
+
+    system: str
+    params: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self):
+        _check(bool(self.system), "multi_agent.system", self.system, "must name a system")
+
+
+@dataclasses.dataclass(frozen=True)
 class OptimizerConfig:
     """optax AdamW; linear warm-up, then cosine decay to `lr * final_lr_frac` (or constant); clip by norm."""
 
@@ -384,8 +397,11 @@ class ExperimentConfig:
     sft_warmup: SFTWarmupConfig = SFTWarmupConfig()
     train: TrainConfig = TrainConfig()
     env: EnvConfig | None = None
+    multi_agent: MultiAgentConfig | None = None
 
     def __post_init__(self):
+        _check(self.env is None or self.multi_agent is None, "multi_agent", self.multi_agent and
+               self.multi_agent.system, "a multi-agent system collects its own rows; remove the env section")
         names = [r.name for r in self.rewards]
         dup = sorted({n for n in names if names.count(n) > 1})
         _check(not dup, "rewards", dup, "reward names must be unique")

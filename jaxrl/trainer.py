@@ -93,10 +93,16 @@ class Run:
     policy: Any = lambda params: params  # trained params -> the policy's full parameters (LoRA: merged)
     env_factory: Any = None  # `jaxrl.envs.EnvFactory` when the run collects multi-turn episodes
     episode_spec: Any = None  # `jaxrl.envs.EpisodeSpec` (turn and token budgets, cache policy)
+    multi_agent: Any = None  # a `jaxrl.multi_agent` system when several roles share the policy
 
 
 def collect(run: Run, params, records, spec: SamplingSpec, key) -> rollout_lib.Rollout:
-    """The collect stage: single-turn completions (`jaxrl.rollout`) or multi-turn episodes (`jaxrl.agentic`)."""
+    """The collect stage: single-turn completions (`jaxrl.rollout`), multi-turn episodes (`jaxrl.agentic`) or
+    a multi-agent system's joint rows (`jaxrl.multi_agent`; its trained roles under the run's own sampling
+    spec, the evaluation rows under any other spec)."""
+    if run.multi_agent is not None:
+        return run.multi_agent.collect(run.graphdef, params, records, run.rewards, spec, key,
+                                       train=spec is run.sampling)
     if run.env_factory is not None:
         return agentic.collect_env(run.graphdef, params, records, run.tokenizer, run.rewards, run.env_factory,
                                    run.episode_spec, spec, key)
@@ -215,11 +221,29 @@ def setup(cfg: ExperimentConfig, run_dir: Path) -> tuple[Run, TrainState, Any]:
         run.episode_spec = EpisodeSpec(group_size=r.group_size, max_turns=e.max_turns,
                                        max_new_tokens=r.max_new_tokens, max_total_tokens=e.max_total_tokens,
                                        cache=e.cache, **buckets)
+    if cfg.multi_agent is not None:
+        _multi_agent_setup(run, cfg)
     if algorithm.shaper is not None:
         run.shapers.append(algorithm.shaper(run, settings))
     if cfg.algorithm.kl.beta > 0 and cfg.algorithm.kl.where is KLWhere.REWARD:
         run.shapers.append(KLRewardPenalty(run, cfg.algorithm.kl.beta, cfg.algorithm.kl.kind))
     return run, state, model
+
+
+def _multi_agent_setup(run: Run, cfg: ExperimentConfig) -> None:
+    """The system (invalid params fail here); its role-format demonstrations are the SFT warm start's
+    environment (one single-turn episode per record, laid out like the rows it samples)."""
+    from jaxrl.envs import EpisodeSpec
+    from jaxrl.multi_agent import make_system
+
+    r = cfg.rollout
+    run.multi_agent = make_system(cfg.multi_agent.system, cfg.multi_agent.params, run.tokenizer)
+    run.env_factory = run.multi_agent.demonstration_env
+    rows = tuple(sorted({*r.prompt_buckets, *r.gen_buckets}))
+    buckets = {"row_buckets": rows} if r.prompt_buckets else {}
+    run.episode_spec = EpisodeSpec(group_size=1, max_turns=1, max_new_tokens=r.max_new_tokens,
+                                   max_total_tokens=max(r.prompt_buckets or [1024]) + r.max_new_tokens,
+                                   **buckets)
 
 
 def _lora_setup(cfg: ExperimentConfig, params, mesh, rules):

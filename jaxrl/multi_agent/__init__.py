@@ -1,0 +1,46 @@
+"""Multi-agent systems played by one shared policy (MARCH; SSP not yet): `multi_agent:` in the config.
+
+    multi_agent: {system: march, params: {...}}     -> make_system(name, params, tokenizer)
+
+A system is resolved once in `jaxrl.trainer.setup`; its `collect(graphdef, params, records, rewards, spec,
+key, train=...)` replaces the collect stage of the RL step and returns one `jaxrl.rollout.Rollout` of the
+trained roles' rows (`jaxrl.multi_agent.roles`), so the rest of the step (advantages, assemble, update) is
+unchanged. `demonstration_env` gives the SFT warm start its role-format demonstrations.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+from typing import Any, Mapping
+
+from jaxrl.errors import ConfigError
+from jaxrl.multi_agent.march import MarchSystem
+from jaxrl.multi_agent.roles import RoleRows, joint_rollout, role_metrics, role_rows, row_roles
+
+SYSTEMS = {"march": MarchSystem}
+
+
+def make_system(name: str, params: Mapping[str, Any] | None, tokenizer):
+    """The system `name` built with `params` (unknown or invalid keys raise ConfigError naming the key)."""
+    if name not in SYSTEMS:
+        close = difflib.get_close_matches(str(name), list(SYSTEMS), n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(f"multi_agent.system={name!r}: unknown system{hint} "
+                          f"(built-in: {', '.join(SYSTEMS)})")
+    cls = SYSTEMS[name]
+    accepted = list(inspect.signature(cls.__init__).parameters)[2:]
+    for key in params or {}:
+        if key not in accepted:
+            close = difflib.get_close_matches(key, accepted, n=1, cutoff=0.6)
+            hint = f"; did you mean 'multi_agent.params.{close[0]}'?" if close else ""
+            raise ConfigError(f"unknown key 'multi_agent.params.{key}'{hint} (valid keys of {name!r}: "
+                              f"{', '.join(accepted)})")
+    try:
+        return cls(tokenizer, **dict(params or {}))
+    except ValueError as e:
+        raise ConfigError(f"multi_agent.params of {name!r}: {e}") from None
+
+
+__all__ = ["SYSTEMS", "MarchSystem", "RoleRows", "joint_rollout", "make_system", "role_metrics", "role_rows",
+           "row_roles"]

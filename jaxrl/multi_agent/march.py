@@ -1,0 +1,240 @@
+"""MARCH as a collect stage: Solver -> Proposer -> Checker x S, rewards from `losses.research.march`.
+
+MARCH, "Multi-Agent Reinforced self-Check for Hallucination", arXiv:2603.24579 (reference:
+Qwen-Applications/MARCH, `ray_trainer_with_fact_check_march.py::fit / generate_fact_check_batch`); the
+pipeline of /work/shared/spec/multi-agent.md §1, with its critic-free variant (§1.7, `march.estimator =
+"grpo"`): one policy, G Solver answers per prompt, each with its own Proposer and Checker x S chain.
+
+Per chain i (Solver answer i of prompt p):
+
+    v[s][q] = +1 if Checker sample s answers question q like the Proposer, else -1
+    r_fc(i) = fact_check_reward(v, mode)                 ZTR: -1 if some c_q = sum_s v[s][q] < 0, else 0
+    Solver row:  R = r_RM + r_fc      r_RM = the config's `rewards:` on the Solver answer (weighted sum)
+    Checker row (sample S only): R = r_fc(i)  (the Solver's penalty: spec §1.6 and quirk Q1)
+    hallucination rate = #{claims q with c_q < 0} / #claims   (claims of fact-checked rows)
+
+Rows are grouped per role (`jaxrl.multi_agent.roles`): GRPO over the G Solver answers of a prompt, and over
+the G trained Checker rows of the same prompt. The Proposer and Checker samples 1..S-1 are never trained.
+Checker rows of chains with no claim (unlabelled rows, or no parsable pair) get a NaN reward and no trained
+token (the spec's `fixed` option of quirk Q6). Greedy evaluation (`train=False`) returns the Solver rows only.
+
+Deviations (see docs/multi_agent.md): GRPO instead of PPO+GAE with a critic; S Checker samples drawn as S
+samples of one prompt (same distribution as S identical calls); `fixed` options of quirks Q2, Q3 and Q6.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Mapping, Sequence
+
+import jax
+import numpy as np
+
+from jaxrl import rewards as rewards_lib
+from jaxrl.data.entities import build_world
+from jaxrl.envs.base import StepResult, prompt_ids
+from jaxrl.losses.research.march import checker_votes, fact_check_reward
+from jaxrl.multi_agent import march_text as mt
+from jaxrl.multi_agent.roles import RoleRows, joint_rollout, role_metrics, role_rows
+from jaxrl.rollout import Rollout
+from jaxrl.sampling import SamplingSpec, generate_from_state
+
+ROLES = ("solver", "proposer", "checker")
+ROLE_IDS = {name: i for i, name in enumerate(ROLES)}
+TRAINABLE = ("solver", "checker")
+FACT_CHECK = "fact_check"
+HALLUCINATION = "hallucination"
+_INTERNAL = ("prompt", "prompt_ids", "sft_target", "target_ids")
+
+
+@dataclasses.dataclass(frozen=True)
+class Chains:
+    """Everything one collect call generated, role by role (N = P·G chains, S Checker samples each)."""
+
+    solver: RoleRows  # N rows
+    proposer: RoleRows  # N rows
+    checker: RoleRows  # N·S rows, chain i's samples at i·S .. i·S + S-1
+    pairs: list[list[tuple[str, str]]]  # the Proposer's (question, answer) pairs of each chain
+    votes_NSQ: np.ndarray
+    qmask_NQ: np.ndarray
+    labelled_N: np.ndarray
+
+
+def chain_rewards(votes_NSQ: np.ndarray, qmask_NQ: np.ndarray, labelled_N: np.ndarray, mode: str
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(r_fc per chain, refuted claims per chain, claims per chain), `losses.research.march` arithmetic."""
+    r_N = np.asarray(fact_check_reward(votes_NSQ, qmask_NQ, mode=mode, labelled_B=labelled_N), np.float32)
+    c_NQ = votes_NSQ.sum(axis=1)
+    checked_N = labelled_N.astype(bool)[:, None]
+    refuted_N = ((c_NQ < 0) & qmask_NQ & checked_N).sum(axis=1)
+    claims_N = (qmask_NQ & checked_N).sum(axis=1)
+    return r_N, refuted_N, claims_N
+
+
+def vote_matrix(checker_texts: Sequence[str], pairs: Sequence[Sequence[tuple[str, str]]], samples: int,
+                max_questions: int) -> tuple[np.ndarray, np.ndarray]:
+    """(votes [N, S, Q], question mask [N, Q]) from the decoded Checker samples (chain i at rows i·S + s)."""
+    n = len(pairs)
+    q = max(max_questions, 1)
+    votes = -np.ones((n, samples, q), np.int32)
+    qmask = np.zeros((n, q), bool)
+    for i, chain in enumerate(pairs):
+        if not chain:
+            continue
+        answers = [mt.parse_checker(checker_texts[i * samples + s], len(chain)) for s in range(samples)]
+        votes[i, :, : len(chain)] = np.asarray(checker_votes(answers, [a for _, a in chain]), np.int32)
+        qmask[i, : len(chain)] = True
+    return votes, qmask
+
+
+class MarchDemoEnv:
+    """One role-format demonstration per record, for the SFT warm start (`jaxrl.agentic.demonstration_rows`):
+    the role is a function of the question (crc32 over the roles the record has: numeric answers have all
+    three, others the Solver only), so the prompt and the demonstrated text always belong together."""
+
+    stop_strings: tuple[str, ...] = ()
+
+    def __init__(self, tokenizer, system: "MarchSystem"):
+        self.tokenizer, self.system = tokenizer, system
+
+    def _demo(self, record: Mapping[str, Any]) -> tuple[str, str]:
+        demos = self.system.demonstrations(record)
+        roles = [r for r in ROLES if r in demos]
+        return demos[roles[mt._crc(str(record["question"])) % len(roles)]]
+
+    def reset(self, record: Mapping[str, Any]) -> list[int]:
+        return prompt_ids(self.tokenizer, [{"role": "user", "content": self._demo(record)[0]}])
+
+    def step(self, action) -> StepResult:
+        return StepResult([], 0.0, True, {})
+
+    def demonstration(self, record: Mapping[str, Any]) -> list[str]:
+        return [self._demo(record)[1] + self.tokenizer.eos_token]
+
+
+class MarchSystem:
+    """MARCH on the fictional-entity world (`jaxrl.data.entities`) with distractor passages.
+
+    Args:
+      tokenizer: the policy's tokenizer.
+      corpus_seed, corpus_size: the world the records' questions come from (data.source: entities).
+      num_distractors: distractor passages per question (near-twins first: `march_text.passages`).
+      train_roles: which of "solver", "checker" get trained rows (the reference trains both).
+      checker_samples: S, the Checker's votes per chain (3 in the reference).
+      mode: "ztr" (zero tolerance, default) or "error_rate" (`losses.research.march.fact_check_reward`).
+      max_questions: at most this many Proposer pairs are checked per chain.
+    """
+
+    def __init__(self, tokenizer, *, corpus_seed: int = 0, corpus_size: str = "tiny",
+                 num_distractors: int = 1, train_roles: Sequence[str] = TRAINABLE, checker_samples: int = 3,
+                 mode: str = "ztr", max_questions: int = 4):
+        bad = [r for r in train_roles if r not in TRAINABLE]
+        if bad or not train_roles:
+            raise ValueError(f"train_roles={list(train_roles)!r}: a non-empty subset of {list(TRAINABLE)} "
+                             "(the Proposer is never trained, as in the reference)")
+        if mode not in ("ztr", "error_rate"):
+            raise ValueError(f"mode={mode!r}: allowed values are 'ztr', 'error_rate'")
+        if int(checker_samples) < 1 or int(max_questions) < 1 or int(num_distractors) < 0:
+            raise ValueError("checker_samples and max_questions must be >= 1, num_distractors >= 0")
+        self.tokenizer = tokenizer
+        self.world = build_world(int(corpus_seed), str(corpus_size))
+        self.num_distractors, self.train_roles = int(num_distractors), tuple(train_roles)
+        self.checker_samples, self.mode, self.max_questions = int(checker_samples), mode, int(max_questions)
+
+    @functools.lru_cache(maxsize=4096)  # noqa: B019 -- a pure function of the question; one system per run
+    def _context(self, question: str, chain: tuple[str, ...]) -> tuple[tuple[str, ...], int]:
+        docs, gold = mt.passages({"question": question, "chain": chain}, self.world, self.num_distractors)
+        return tuple(docs), gold
+
+    def context(self, record: Mapping[str, Any]) -> tuple[tuple[str, ...], int]:
+        """(passages, index of the answering passage) of a record."""
+        return self._context(str(record["question"]), tuple(record["chain"]))
+
+    def demonstrations(self, record: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
+        docs, gold = self.context(record)
+        return mt.demonstrations(record, docs, gold)
+
+    def demonstration_env(self, tokenizer) -> MarchDemoEnv:
+        return MarchDemoEnv(tokenizer, self)
+
+    def _ids(self, text: str) -> list[int]:
+        return prompt_ids(self.tokenizer, [{"role": "user", "content": text}])
+
+    def _generate(self, name, graphdef, params, ids, spec: SamplingSpec, samples: int, key) -> RoleRows:
+        spec = dataclasses.replace(spec, num_samples=samples)
+        tok = self.tokenizer
+        gen = generate_from_state(graphdef, params, ids, spec, eos_ids=(int(tok.eos_token_id),), seed=key,
+                                  pad_id=int(tok.pad_token_id))
+        return role_rows(name, ids, gen, samples, tok, spec.prompt_buckets)
+
+    def chains(self, graphdef, params, records: Sequence[Mapping[str, Any]], spec: SamplingSpec,
+               key) -> Chains:
+        """Solver (G per record) -> Proposer (1 per answer) -> Checker (S per chain), strictly in order.
+
+        The Proposer and Checker prompts are built from the *decoded* Solver prompt (`parse_solver_prompt`),
+        the Checker's from the passages and the question texts only."""
+        g, s = spec.num_samples, self.checker_samples
+        keys = [jax.random.fold_in(key, i) for i in range(3)]
+        solver_ids = [self._ids(mt.solver_text(self.context(r)[0], str(r["question"]))) for r in records]
+        solver = self._generate("solver", graphdef, params, solver_ids, spec, g, keys[0])
+        parsed = [mt.parse_solver_prompt(self.tokenizer.decode(ids, skip_special_tokens=True))
+                  for ids in solver_ids]
+        n = len(solver.completions)
+        prop_ids = [self._ids(mt.proposer_text(parsed[i // g][1], mt.answer_part(solver.completions[i])))
+                    for i in range(n)]
+        proposer = self._generate("proposer", graphdef, params, prop_ids, spec, 1, keys[1])
+        pairs = [mt.parse_pairs(t, self.max_questions) for t in proposer.completions]
+        chk_ids = [self._ids(mt.checker_text(parsed[i // g][0], [q for q, _ in pairs[i]])) for i in range(n)]
+        checker = self._generate("checker", graphdef, params, chk_ids, spec, s, keys[2])
+        votes, qmask = vote_matrix(checker.completions, pairs, s, self.max_questions)
+        labelled = np.asarray([mt.label(records[i // g]) == mt.FACT_LABEL for i in range(n)])
+        return Chains(solver, proposer, checker, pairs, votes, qmask, labelled)
+
+    def collect(self, graphdef, params, records: Sequence[Mapping[str, Any]], rewards, spec: SamplingSpec,
+                key, *, train: bool = True) -> Rollout:
+        """The joint rollout of the trained roles (train) or of the Solver alone (evaluation).
+
+        Reward columns: [the config's rewards (r_RM, Solver rows; 0 on Checker rows) | fact_check (r_fc) |
+        hallucination (refuted share of the chain's claims, weight 0: a metric)]."""
+        if isinstance(key, (int, np.integer)):
+            key = jax.random.key(int(key))
+        g, s = spec.num_samples, self.checker_samples
+        ch = self.chains(graphdef, params, records, spec, key)
+        rep = [dict(r) for r in records for _ in range(g)]
+        n = len(rep)
+        fields = {k: [r[k] for r in rep] for k in rep[0] if k not in _INTERNAL}
+        fields["completion_length"] = [int(x) for x in ch.solver.lengths_N]
+        prompts = [mt.solver_text(self.context(r)[0], str(r["question"])) for r in rep]
+        rm_NK, info = rewards_lib.score(rewards, prompts, ch.solver.completions, fields)
+        r_fc, refuted, claims = chain_rewards(ch.votes_NSQ, ch.qmask_NQ, ch.labelled_N, self.mode)
+        frac = np.where(claims > 0, refuted / np.maximum(claims, 1), 0.0).astype(np.float32)
+        names = (*info.names, FACT_CHECK, HALLUCINATION)
+        weights = np.concatenate([np.asarray(info.weights_K, np.float32), [1.0, 0.0]]).astype(np.float32)
+        solver_NK = np.concatenate([rm_NK, r_fc[:, None], frac[:, None]], axis=1)
+        r_rm = (np.nan_to_num(rm_NK) * weights[None, : rm_NK.shape[1]]).sum(1)
+        has_claims = ch.labelled_N & (ch.qmask_NQ.sum(1) > 0)
+        checker_NK = np.zeros_like(solver_NK)
+        checker_NK[:, -2] = np.where(has_claims, r_fc, np.nan)
+        last = ch.checker.take(np.arange(n) * s + s - 1)
+        parts = []
+        if not train or "solver" in self.train_roles:
+            parts.append((ch.solver, rep, solver_NK))
+        if train and "checker" in self.train_roles:
+            parts.append((last, rep, checker_NK))
+        metrics = dict(info.metrics)
+        metrics.update(role_metrics("solver", r_rm + r_fc, ch.solver.lengths_N))
+        metrics.update(role_metrics("checker", checker_NK[:, -2], last.lengths_N))
+        metrics.update(role_metrics("proposer", np.full((n,), np.nan), ch.proposer.lengths_N))
+        metrics["role/solver/correct/mean"] = float(r_rm.mean())
+        metrics["role/proposer/pairs/mean"] = float(np.mean([len(p) for p in ch.pairs]))
+        metrics[f"reward/{FACT_CHECK}/mean"] = float(r_fc.mean())
+        metrics["march/hallucination_rate"] = float(refuted.sum() / max(claims.sum(), 1))
+        metrics["march/claims/mean"] = float(claims.mean())
+        metrics["march/fault_frac"] = float(np.mean(r_fc < 0))
+        metrics["march/labelled_frac"] = float(ch.labelled_N.mean())
+        ro = joint_rollout(parts, role_ids=ROLE_IDS, reward_names=names, weights_K=weights,
+                           pad_id=int(self.tokenizer.pad_token_id), metrics=metrics, score_infos=(info,))
+        ro.metrics["response_length/mean"] = float(ro.lengths_N.mean())
+        ro.metrics["response/finished_frac"] = float(ro.finished_N.mean())
+        return ro

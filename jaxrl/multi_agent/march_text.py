@@ -1,0 +1,157 @@
+"""MARCH's texts: the three roles' prompts, their parsers, and the fictional-entity passages with distractors.
+
+MARCH, arXiv:2603.24579; formats of /work/shared/spec/multi-agent.md §1.2-1.5 (paraphrased, shortened for a
+character-level tiny model; no reference text copied):
+
+    Solver    user: "Passages:\\nDoc 1: …\\nDoc 2: …\\nQuestion: {query}\\n" -> free answer
+    Proposer  user: query + the Solver's *answer part*                    -> "- Question: q [Answer: n]"
+    Checker   user: the passages + the numbered question texts            -> "k. Evidence: … [Answer: n]"
+
+Information asymmetry (the point of the method, spec §1.2): `checker_text` takes the passages and the
+question texts only; nothing of the Solver's response or the Proposer's answers can reach it.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from typing import Any, Mapping, Sequence
+
+PROPOSER_TASK = "Ask for each number of the response: - Question: q [Answer: n]"
+CHECKER_TASK = "Answer from the materials only (else Cannot answer): k. Evidence: doc [Answer: n]"
+FACT_LABEL = "rag_for_digit_fact"
+
+_PAIR = re.compile(r"-\s*Question:([^\n]*?)\[Answer:([^\n]*?)\]")
+_ITEM = re.compile(r"(\d+)\.\s*Evidence:(.*?)\[Answer:(.*?)\]", re.DOTALL)
+_BLOCK = re.compile(r"Passages:[ \t]*\n(.*?)\nQuestion:([^\n]*)", re.DOTALL)
+_NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
+
+
+def solver_text(passages: Sequence[str], query: str) -> str:
+    """The Solver's user text: a `Passages:` block (one `Doc i:` line per passage) then `Question:`."""
+    docs = "\n".join(f"Doc {i + 1}: {p}" for i, p in enumerate(passages))
+    return f"Passages:\n{docs}\nQuestion: {query}\n"
+
+
+def parse_solver_prompt(text: str) -> tuple[str, str]:
+    """(passages, query) cut out of a decoded Solver prompt (spec §1.5): the block after `Passages:` and a
+    newline, up to the next line starting with `Question:`, and the rest of that line (a trailing
+    `assistant` of the chat template removed). A missing block gives empty strings."""
+    m = _BLOCK.search(text)
+    if m is None:
+        return "", ""
+    query = m.group(2).strip()
+    if query.endswith("assistant"):
+        query = query[: -len("assistant")].strip()
+    return m.group(1), query
+
+
+def answer_part(text: str) -> str:
+    """The text after `</think>` when there is exactly one `<think>\\n…\\n</think>` block, else all of it."""
+    if text.count("<think>") == 1 and text.count("</think>") == 1 and "<think>\n" in text \
+            and "\n</think>" in text:
+        return text.split("</think>", 1)[1]
+    return text
+
+
+def proposer_text(query: str, answer: str) -> str:
+    """The Proposer's user text: the query and the Solver's answer part (never the passages)."""
+    return f"{PROPOSER_TASK}\nUser Query: {query}\nModel Response: {answer}"
+
+
+def checker_text(passages: str, questions: Sequence[str]) -> str:
+    """The Checker's user text: the passages and the question texts, `- Question {k}:{text}` (k from 1).
+
+    The signature is the information barrier: no Solver response, no Proposer answer."""
+    listed = "\n".join(f"- Question {k + 1}:{q}" for k, q in enumerate(questions))
+    return f"{CHECKER_TASK}\nReference Materials:\n{passages}\nQuestions:\n{listed}"
+
+
+def parse_pairs(text: str, max_pairs: int) -> list[tuple[str, str]]:
+    """The Proposer's (question, answer) pairs, each on one line, stripped; at most `max_pairs`."""
+    return [(q.strip(), a.strip()) for q, a in _PAIR.findall(answer_part(text))][:max_pairs]
+
+
+def parse_checker(text: str, num_questions: int) -> list[str | None]:
+    """The Checker's answer to questions 1..Q (None when item k is missing); later duplicates win.
+
+    A response not starting with "1." gets "1." prepended (the spec's `fixed` option of quirk Q3)."""
+    body = text.lstrip()
+    if not body.startswith("1."):
+        body = "1." + body
+    found = {int(k): a.strip() for k, _, a in _ITEM.findall(body)}
+    return [found.get(k + 1) for k in range(num_questions)]
+
+
+def is_numeric(answer: str) -> bool:
+    return bool(re.fullmatch(r"\d[\d,]*(?:\.\d+)?", answer.strip()))
+
+
+def bare_number(text: str) -> str:
+    """A number as the Proposer must write it: no thousands separators."""
+    return text.replace(",", "")
+
+
+def _crc(text: str) -> int:
+    return zlib.crc32(text.encode("utf-8"))
+
+
+def passages(record: Mapping[str, Any], world, num_distractors: int) -> tuple[list[str], int]:
+    """The documents of the record's entity chain plus `num_distractors` distractors, and the index of the
+    answering (last chain) document. Distractors are the near-twin documents of the chain's entities when the
+    world has them (a name one letter away, other numbers: `jaxrl.data.entities`), then documents of other
+    entities of the answering entity's type; order and choice are a function of the question (crc32)."""
+    bodies = {d["contents"].split("\n", 1)[0]: d["contents"].split("\n", 1)[1] for d in world.docs}
+    chain = list(record["chain"])
+    gold = [bodies[name] for name in chain]
+    key = _crc(record["question"])
+    last = chain[-1]
+    kind = world.entities[last]["type"]
+    twins = [n for n in bodies if n not in world.entities and _near(n, last)]
+    same = sorted(n for n, e in world.entities.items() if e["type"] == kind and n not in chain)
+    pool = twins + [same[(key + 7 * i) % len(same)] for i in range(len(same))]
+    extra = []
+    for name in pool:
+        if len(extra) == num_distractors:
+            break
+        if bodies[name] not in extra:
+            extra.append(bodies[name])
+    docs = gold + extra
+    order = sorted(range(len(docs)), key=lambda i: _crc(f"{key}:{i}"))
+    shuffled = [docs[i] for i in order]
+    return shuffled, order.index(len(gold) - 1)
+
+
+def _near(a: str, b: str) -> bool:
+    """Names of equal length one character apart (a twin's name)."""
+    return len(a) == len(b) and sum(x != y for x, y in zip(a, b)) == 1
+
+
+def label(record: Mapping[str, Any]) -> str:
+    """The fact-check label: numeric answers are checked (`rag_for_digit_fact`), others are not."""
+    return FACT_LABEL if is_numeric(str(record["answers"][0])) else "rag"
+
+
+def demonstrations(record: Mapping[str, Any], docs: Sequence[str], gold_doc: int
+                   ) -> dict[str, tuple[str, str]]:
+    """Role-format demonstrations of one record: role -> (user text, target text).
+
+    Solver: `<answer>{gold}</answer>`. Proposer: fed an answer that is the gold number or, for one record in
+    two, the number a distractor passage states (so it learns to transcribe the Solver's number, right or
+    wrong). Checker: the gold number and the passage that states it. Non-numeric records: Solver only."""
+    gold = str(record["answers"][0])
+    query = record["question"]
+    out = {"solver": (solver_text(docs, query), f"<answer>{gold}</answer>")}
+    if not is_numeric(gold):
+        return out
+    shown = gold
+    if _crc(query) % 2:
+        others = [n for j, d in enumerate(docs) if j != gold_doc for n in _NUMBER.findall(d)
+                  if bare_number(n) != bare_number(gold) and len(bare_number(n)) == len(bare_number(gold))]
+        shown = others[_crc(query) % len(others)] if others else shown
+    out["proposer"] = (proposer_text(query, f"<answer>{shown}</answer>"),
+                       f"- Question: {query} [Answer: {bare_number(shown)}]")
+    passages_text = "\n".join(f"Doc {i + 1}: {p}" for i, p in enumerate(docs))
+    out["checker"] = (checker_text(passages_text, [query]),
+                      f"1. Evidence: Doc {gold_doc + 1} [Answer: {bare_number(gold)}]")
+    return out

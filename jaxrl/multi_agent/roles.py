@@ -1,0 +1,119 @@
+"""Roles played by one shared policy, and the joint rollout of their trained rows.
+
+A multi-agent system (MARCH, SSP; /work/shared/spec/multi-agent.md §0) samples several *roles* with the same
+weights. Each role has its own prompt builder, its own group definition and its own reward; the rows of the
+roles that are trained are laid out in one completion-space `jaxrl.rollout.Rollout`:
+
+    rows  = [role 0: P groups of G rows | role 1: P groups of G rows | ...]
+    record["role"], record["role_id"]   the role of every row (kept through DAPO's select_groups / concat)
+
+Groups are G consecutive rows of one role, so the RL step's group estimator (GRPO: per-group mean and std,
+arXiv:2402.03300) never mixes roles (spec §3.8) and needs no change: a group of Solver rows holds the G
+answers to one prompt, a group of Checker rows the G trained Checker samples of that prompt's chains.
+Rows whose reward is NaN are left out of their group's statistics (`nan_aware` group advantages) and carry
+no trained tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import numpy as np
+
+from jaxrl.rollout import Rollout, sequences
+from jaxrl.sampling import Generation
+
+
+@dataclasses.dataclass(frozen=True)
+class RoleRows:
+    """One role's rows: tokens laid out like `jaxrl.rollout.sequences` (left-padded prompt | completion)."""
+
+    name: str
+    tokens_BL: np.ndarray
+    mask_BL: np.ndarray
+    completion_mask_BT: np.ndarray
+    old_logp_BT: np.ndarray
+    lengths_N: np.ndarray
+    finished_N: np.ndarray
+    completions: list[str]
+
+    @property
+    def prompt_width(self) -> int:
+        return self.tokens_BL.shape[1] - self.completion_mask_BT.shape[1]
+
+    def take(self, rows: np.ndarray) -> "RoleRows":
+        rows = np.asarray(rows, np.int64)
+        return RoleRows(self.name, self.tokens_BL[rows], self.mask_BL[rows], self.completion_mask_BT[rows],
+                        self.old_logp_BT[rows], self.lengths_N[rows], self.finished_N[rows],
+                        [self.completions[i] for i in rows])
+
+
+def role_rows(name: str, prompt_ids: Sequence[Sequence[int]], gen: Generation, group_size: int, tokenizer,
+              prompt_buckets: Sequence[int] | None) -> RoleRows:
+    """The rows of one generation call of a role (G = `group_size` samples per prompt, rows p·G + g)."""
+    from jaxrl.rollout import decode
+    from jaxrl.sharding import hosts
+
+    pad = int(tokenizer.pad_token_id)
+    tokens, mask, cmask, old_logp = sequences(prompt_ids, gen, group_size, pad, prompt_buckets)
+    lengths = hosts.to_host(gen.lengths).astype(np.int32)
+    texts = decode(tokenizer, tokens[:, -cmask.shape[1]:], lengths)
+    return RoleRows(name, tokens, mask, cmask, old_logp, lengths, hosts.to_host(gen.finished), texts)
+
+
+def _pad_to(x: np.ndarray, left: int, right: int, fill) -> np.ndarray:
+    return np.pad(x, ((0, 0), (left, right)), constant_values=fill) if left or right else x
+
+
+def joint_rollout(parts: Sequence[tuple[RoleRows, list[dict[str, Any]], np.ndarray]], *,
+                  role_ids: dict[str, int], reward_names: tuple[str, ...], weights_K: np.ndarray, pad_id: int,
+                  metrics: dict[str, float], score_infos: tuple = ()) -> Rollout:
+    """Concatenates the trained roles' rows into one `Rollout`.
+
+    Args:
+      parts: (rows, records, rewards_NK) per trained role, in row order; records are the rows' dataset
+        records (one per row); a row whose combined reward is NaN gets no trained tokens.
+      role_ids: role name -> id (the system's fixed numbering); written into each row's record.
+      reward_names, weights_K: the K reward columns shared by every role (0 where a column is not the role's).
+      score_infos: the `jaxrl.rewards.ScoreInfo` of the scoring calls (the run's reward-failure tracker).
+    """
+    if not parts:
+        raise ValueError("joint_rollout: no trained role has rows")
+    width = max(r.prompt_width for r, _, _ in parts)
+    comp = max(r.completion_mask_BT.shape[1] for r, _, _ in parts)
+    cols = {k: [] for k in ("tokens", "mask", "cmask", "logp", "rewards", "lengths", "finished")}
+    records: list[dict[str, Any]] = []
+    completions: list[str] = []
+    for rows, recs, r_NK in parts:
+        n = rows.tokens_BL.shape[0]
+        if len(recs) != n or r_NK.shape != (n, len(reward_names)):
+            raise ValueError(f"role {rows.name}: {n} rows, {len(recs)} records, rewards {r_NK.shape}")
+        left, right = width - rows.prompt_width, comp - rows.completion_mask_BT.shape[1]
+        trained_N = ~np.isnan((r_NK * weights_K[None]).sum(1))
+        cols["tokens"].append(_pad_to(rows.tokens_BL, left, right, pad_id))
+        cols["mask"].append(_pad_to(rows.mask_BL, left, right, False))
+        cols["cmask"].append(_pad_to(rows.completion_mask_BT, 0, right, False) & trained_N[:, None])
+        cols["logp"].append(_pad_to(rows.old_logp_BT, 0, right, 0.0))
+        cols["rewards"].append(r_NK.astype(np.float32))
+        cols["lengths"].append(rows.lengths_N)
+        cols["finished"].append(rows.finished_N)
+        records += [dict(rec, role=rows.name, role_id=role_ids[rows.name]) for rec in recs]
+        completions += rows.completions
+    cat = {k: np.concatenate(v, axis=0) for k, v in cols.items()}
+    return Rollout(cat["tokens"].astype(np.int32), cat["mask"], cat["cmask"], cat["logp"].astype(np.float32),
+                   cat["rewards"], np.asarray(weights_K, np.float32), tuple(reward_names), records,
+                   completions, cat["lengths"], cat["finished"], dict(metrics), tuple(score_infos))
+
+
+def row_roles(ro: Rollout) -> np.ndarray:
+    """The role id of every row of a multi-agent rollout."""
+    return np.asarray([r["role_id"] for r in ro.records], np.int32)
+
+
+def role_metrics(name: str, rewards_N: np.ndarray, lengths_N: np.ndarray) -> dict[str, float]:
+    """`role/<name>/reward/mean` (NaN rows left out) and `role/<name>/response_length/mean`."""
+    finite = rewards_N[~np.isnan(rewards_N)]
+    return {f"role/{name}/reward/mean": float(finite.mean()) if finite.size else float("nan"),
+            f"role/{name}/response_length/mean":
+                float(np.mean(lengths_N)) if len(lengths_N) else float("nan")}

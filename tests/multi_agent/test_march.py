@@ -1,0 +1,249 @@
+"""MARCH pipeline (jaxrl.multi_agent.march) with scripted roles: no model, every text chosen by the test.
+
+A scripted policy replaces the sampler (`MarchSystem._generate`): the Solver answers the gold number for
+some questions and a distractor's number for others, the Proposer transcribes the Solver's number, the
+Checker reads the gold passage. The rewards, role rows, groups and the information barrier are then checked
+against `losses.research.march` computed here from the texts.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+
+import jax
+import numpy as np
+import pytest
+
+from jaxrl import rewards as rewards_lib
+from jaxrl.config import RewardSpec
+from jaxrl.data.tasks import entities
+from jaxrl.losses.research.march import answers_match, fact_check_reward
+from jaxrl.multi_agent import march_text as mt
+from jaxrl.multi_agent.march import ROLE_IDS, MarchSystem
+from jaxrl.multi_agent.roles import role_rows, row_roles
+from jaxrl.sampling import Generation, SamplingSpec
+from jaxrl.tokenizer import load_tokenizer
+
+MARKER = "zqxj"  # a string only the Solver writes: it must never reach a Checker prompt
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer("builtin")
+
+
+def numeric_records(n: int) -> list[dict]:
+    recs = [r for r in entities(200, 0, max_hops=1) if mt.is_numeric(r["answer"])]
+    return recs[:n]
+
+
+class Script:
+    """The scripted roles; `prompts[role]` records every prompt text each role was shown."""
+
+    def __init__(self, system: MarchSystem, records, wrong: set[int],
+                 checker_wrong: tuple[int, int] = (-1, -1)):
+        self.system, self.records, self.wrong, self.checker_wrong = system, records, wrong, checker_wrong
+        self.prompts: dict[str, list[str]] = {"solver": [], "proposer": [], "checker": []}
+        self.solver_answers: list[str] = []
+
+    def solver(self, text: str, p: int, g: int) -> str:
+        rec = self.records[p]
+        docs, gold = self.system.context(rec)
+        number = rec["answer"]
+        if (p * 10 + g) in self.wrong:  # a hallucination: a number from the distractor passage
+            number = next(n for j, d in enumerate(docs) if j != gold for n in re.findall(r"\d[\d,]*", d)
+                          if n.replace(",", "") != rec["answer"].replace(",", ""))
+        out = f"<answer>{number}</answer> {MARKER}"
+        self.solver_answers.append(out)
+        return out
+
+    def proposer(self, text: str) -> str:
+        query = re.search(r"User Query: (.*)\n", text).group(1)
+        number = re.search(r"<answer>(.*?)</answer>", text).group(1).replace(",", "")
+        return f"- Question: {query} [Answer: {number}]\n- Question: How old? [Answer: 7]"
+
+    def checker(self, text: str, chain: int, s: int) -> str:
+        m = re.search(r"- Question 1:(.*)", text)
+        if m is None:  # a chain without claims: the prompt lists no question
+            return "1. Evidence: none [Answer: Cannot answer]"
+        q = m.group(1)
+        rec = next(r for r in self.records if r["question"] == q)
+        ans = rec["answer"].replace(",", "")
+        if (chain, s) == self.checker_wrong:
+            ans = "Cannot answer"
+        return f"1. Evidence: Doc 1 [Answer: {ans}]\n2. Evidence: none [Answer: Cannot answer]"
+
+    def generate(self, name, graphdef, params, ids, spec, samples, key):
+        tok = self.system.tokenizer
+        texts = []
+        for p, prompt in enumerate(ids):
+            text = tok.decode(prompt, skip_special_tokens=True)
+            self.prompts[name].append(text)
+            for s in range(samples):
+                if name == "solver":
+                    texts.append(self.solver(text, p, s))
+                elif name == "proposer":
+                    texts.append(self.proposer(text))
+                else:
+                    texts.append(self.checker(text, p, s))
+        return role_rows(name, ids, fake_generation(tok, texts, spec.max_new_tokens), samples, tok,
+                         spec.prompt_buckets)
+
+
+def fake_generation(tok, texts, width) -> Generation:
+    rows = [list(tok.encode(t, add_special_tokens=False))[: width - 1] + [tok.eos_token_id] for t in texts]
+    tokens = np.full((len(rows), width), tok.pad_token_id, np.int32)
+    logp = np.zeros((len(rows), width), np.float32)
+    for i, r in enumerate(rows):
+        tokens[i, : len(r)] = r
+        logp[i, : len(r)] = -0.5
+    lengths = np.asarray([len(r) for r in rows], np.int32)
+    return Generation(tokens, lengths, logp, np.ones(len(rows), bool), np.zeros(len(rows), np.int32))
+
+
+def run_collect(tok, monkeypatch, *, train=True, train_roles=("solver", "checker"), wrong=frozenset(),
+                checker_wrong=(-1, -1), g=2, p=3):
+    system = MarchSystem(tok, train_roles=train_roles, max_questions=3)
+    records = numeric_records(p)
+    script = Script(system, records, set(wrong), checker_wrong)
+    monkeypatch.setattr(system, "_generate", script.generate)
+    rewards = rewards_lib.resolve((RewardSpec(name="answer", type="exact_answer"),))
+    spec = SamplingSpec(max_new_tokens=160, num_samples=g, prompt_buckets=(512,))
+    ro = system.collect(None, None, records, rewards, spec, jax.random.key(0), train=train)
+    return ro, script, records
+
+
+def test_checker_prompt_structurally_excludes_solver_output(tok, monkeypatch):
+    params = list(inspect.signature(mt.checker_text).parameters)
+    assert params == ["passages", "questions"]
+    _, script, records = run_collect(tok, monkeypatch)
+    assert all(MARKER in p for p in script.prompts["proposer"])  # the Proposer does see the answer
+    for text in script.prompts["checker"]:
+        assert MARKER not in text and "<answer>" not in text and "[Answer:" not in text.split("Questions:")[1]
+        assert "Passages:" not in text and "User Query" not in text
+    for text, rec in zip(script.prompts["checker"][::2], records):  # the passages are the Solver's
+        assert all(d in text for d in MarchSystem(tok).context(rec)[0])
+
+
+def test_rewards_equal_losses_march_on_scripted_chains(tok, monkeypatch):
+    wrong = {0, 11}  # chain (p=0, g=0) and (p=1, g=1) state a distractor's number
+    ro, _, records = run_collect(tok, monkeypatch, wrong=wrong, checker_wrong=(2, 1))
+    n = 6
+    roles = row_roles(ro)
+    np.testing.assert_array_equal(roles, [ROLE_IDS["solver"]] * n + [ROLE_IDS["checker"]] * n)
+    assert ro.reward_names == ("answer", "fact_check", "hallucination")
+    np.testing.assert_array_equal(ro.weights_K, [1.0, 1.0, 0.0])
+    # Expected votes from the texts: question 1 holds iff the Solver was right (each Checker reads the gold
+    # number; chain 2's sample 1 cannot answer); question 2 ("How old? 7") is always refuted.
+    votes = -np.ones((n, 3, 3), np.int32)
+    qmask = np.zeros((n, 3), bool)
+    qmask[:, :2] = True
+    for i in range(n):
+        p, g = divmod(i, 2)
+        right = (p * 10 + g) not in wrong
+        for s in range(3):
+            votes[i, s, 0] = 1 if right and (i, s) != (2, 1) else -1
+    r_fc = np.asarray(fact_check_reward(votes, qmask, mode="ztr"))
+    np.testing.assert_array_equal(r_fc, -np.ones(n))  # question 2 is a fault in every chain
+    correct = np.asarray([float((p * 10 + g) not in wrong) for p in range(3) for g in range(2)])
+    np.testing.assert_allclose(ro.rewards_NK[:n, 0], correct)
+    np.testing.assert_allclose(ro.rewards_NK[:n, 1], r_fc)
+    np.testing.assert_allclose(ro.rewards_NK[n:, 1], r_fc)  # the Checker row carries the Solver's r_fc
+    np.testing.assert_allclose(ro.rewards_NK[n:, 0], 0.0)
+    refuted = np.asarray([1 + ((p * 10 + g) in wrong) for p in range(3) for g in range(2)])
+    np.testing.assert_allclose(ro.rewards_NK[:n, 2], refuted / 2)
+    assert ro.metrics["march/hallucination_rate"] == pytest.approx(refuted.sum() / (2 * n))
+    assert ro.metrics["role/solver/reward/mean"] == pytest.approx((correct + r_fc).mean())
+    assert ro.metrics["role/checker/reward/mean"] == pytest.approx(r_fc.mean())
+    assert answers_match("1,173", "1173")  # the Proposer's bare numbers match the passages' numbers
+
+
+def test_error_rate_mode_and_one_claim(tok, monkeypatch):
+    system = MarchSystem(tok, mode="error_rate", max_questions=1)  # only "question 1" is checked
+    records = numeric_records(2)
+    script = Script(system, records, {1})
+    monkeypatch.setattr(system, "_generate", script.generate)
+    rewards = rewards_lib.resolve((RewardSpec(name="answer", type="exact_answer"),))
+    spec = SamplingSpec(max_new_tokens=160, num_samples=2, prompt_buckets=(512,))
+    ro = system.collect(None, None, records, rewards, spec, jax.random.key(0))
+    np.testing.assert_allclose(ro.rewards_NK[:4, 1], [0.0, -0.1, 0.0, 0.0], atol=1e-7)
+    assert ro.metrics["march/hallucination_rate"] == pytest.approx(1 / 4)
+
+
+def test_row_layout_masks_and_groups(tok, monkeypatch):
+    ro, script, _ = run_collect(tok, monkeypatch)
+    n = 6
+    w = ro.prompt_width
+    assert ro.tokens_BL.shape[0] == 2 * n
+    assert ro.completion_mask_BT.shape == (2 * n, ro.tokens_BL.shape[1] - w)
+    # completion tokens are exactly the decoded texts; the trained Checker row is sample S (the last)
+    for i, text in enumerate(ro.completions):
+        k = int(ro.lengths_N[i])
+        ids = ro.tokens_BL[i, w:w + k]
+        assert tok.decode(ids, skip_special_tokens=True) == text
+        assert ro.completion_mask_BT[i, :k].all() and not ro.completion_mask_BT[i, k:].any()
+        assert (ro.old_logp_BT[i, :k] == -0.5).all()
+    assert ro.completions[:n] == script.solver_answers
+    # groups are G = 2 consecutive rows of one role and one prompt
+    groups = np.asarray(row_roles(ro)).reshape(-1, 2)
+    assert (groups == groups[:, :1]).all()
+    qs = np.asarray([r["question"] for r in ro.records]).reshape(-1, 2)
+    assert (qs == qs[:, :1]).all()
+
+
+def test_train_roles_and_evaluation_rows(tok, monkeypatch):
+    ro, _, _ = run_collect(tok, monkeypatch, train_roles=("checker",))
+    assert set(row_roles(ro)) == {ROLE_IDS["checker"]}
+    ro, _, _ = run_collect(tok, monkeypatch, train_roles=("solver",))
+    assert set(row_roles(ro)) == {ROLE_IDS["solver"]}
+    ro, _, _ = run_collect(tok, monkeypatch, train=False)  # evaluation: the Solver's answers only
+    assert set(row_roles(ro)) == {ROLE_IDS["solver"]} and len(ro.completions) == 6
+    with pytest.raises(ValueError, match="train_roles"):
+        MarchSystem(tok, train_roles=("proposer",))
+
+
+def test_checker_rows_without_claims_are_not_trained(tok, monkeypatch):
+    system = MarchSystem(tok)
+    records = numeric_records(2)
+    script = Script(system, records, set())
+    script.proposer = lambda text: "no numbers here"
+    monkeypatch.setattr(system, "_generate", script.generate)
+    rewards = rewards_lib.resolve((RewardSpec(name="answer", type="exact_answer"),))
+    spec = SamplingSpec(max_new_tokens=160, num_samples=2, prompt_buckets=(512,))
+    ro = system.collect(None, None, records, rewards, spec, jax.random.key(0))
+    assert np.isnan(ro.rewards_NK[4:, 1]).all() and not ro.completion_mask_BT[4:].any()
+    np.testing.assert_allclose(ro.rewards_NK[:4, 1], 0.0)  # no claim: r_fc = 0 for the Solver
+    assert ro.completion_mask_BT[:4].any(axis=1).all()
+
+
+def test_parsers_follow_the_spec():
+    text = "<|user|>Passages:\nDoc 1: A b.\nDoc 2: C d.\nQuestion: Who? assistant"
+    assert mt.parse_solver_prompt(text) == ("Doc 1: A b.\nDoc 2: C d.", "Who?")
+    assert mt.parse_solver_prompt("no block") == ("", "")
+    assert mt.answer_part("<think>\nx\n</think>\nY") == "\nY"
+    assert mt.answer_part("<think>x</think>Y") == "<think>x</think>Y"
+    assert mt.parse_pairs("- Question: a?\n[Answer: 1]\n-Question: b? [Answer: 2 ]", 5) == [("b?", "2")]
+    assert mt.parse_checker("Evidence: e [Answer: 4]\n2. Evidence: f\n[Answer: 5]", 3) == ["4", "5", None]
+    assert mt.parse_checker("1. Evidence: e [Answer: 4]\n1. Evidence: g [Answer: 6]", 1) == ["6"]
+
+
+def test_demonstrations_cover_roles_and_distractors(tok):
+    system = MarchSystem(tok)
+    recs = numeric_records(30)
+    shown_wrong = 0
+    for rec in recs:
+        docs, gold = system.context(rec)
+        assert len(docs) == 2 and rec["answer"] in docs[gold]
+        demos = system.demonstrations(rec)
+        assert set(demos) == {"solver", "proposer", "checker"}
+        assert demos["checker"][1].endswith(f"[Answer: {rec['answer'].replace(',', '')}]")
+        shown_wrong += f"[Answer: {rec['answer'].replace(',', '')}]" not in demos["proposer"][1]
+    assert 0 < shown_wrong < len(recs)  # the Proposer also transcribes wrong numbers
+    env = system.demonstration_env(tok)
+    ids = env.reset(recs[0])
+    role_text = tok.decode(ids, skip_special_tokens=True)
+    target = env.demonstration(recs[0])[0]
+    assert target.endswith(tok.eos_token)
+    demos = system.demonstrations(recs[0]).values()
+    assert any(u in role_text and target == t + tok.eos_token for u, t in demos)
