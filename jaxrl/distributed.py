@@ -182,20 +182,18 @@ def is_primary() -> bool:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The multi-host flags shared by `jaxrl train` (and anything else that may run on a pod)."""
+    """The multi-host flags shared by every command that can run as N processes (`train`, `train-rm`)."""
     group = parser.add_argument_group("multi-host (jax.distributed)")
     group.add_argument("--coordinator", metavar="HOST:PORT", help="address of process 0's coordinator")
     group.add_argument("--num-processes", type=int, metavar="N", help="total number of processes")
     group.add_argument("--process-id", type=int, metavar="I", help="index of this process in [0, N)")
-    group.add_argument("--distributed-timeout", type=float, default=300.0, metavar="S",
+    group.add_argument("--init-timeout", type=float, default=300.0, metavar="S",
                        help="seconds to wait for every process to connect before exiting with code 3")
 
 
 def initialize_from_args(args: argparse.Namespace) -> ClusterSpec | None:
     """`initialize` from the flags of `add_arguments`."""
-    return initialize(
-        args.coordinator, args.num_processes, args.process_id, timeout_s=args.distributed_timeout
-    )
+    return initialize(args.coordinator, args.num_processes, args.process_id, timeout_s=args.init_timeout)
 
 
 def peer_verdict(states: Mapping[int, str], seen: dict[int, tuple[str, float]], now: float, me: int,

@@ -24,11 +24,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run-dir", default=None,
                         help="run directory (default: runs/<config name>); a gs:// URL keeps the checkpoints "
                              "there (so a re-created TPU VM resumes) and the metrics in runs/<config name>")
-    parser.add_argument("--coordinator", default=None, help="multi-host: coordinator HOST:PORT")
-    parser.add_argument("--num-processes", type=int, default=None, help="multi-host: number of processes")
-    parser.add_argument("--process-id", type=int, default=None, help="multi-host: this process's index")
-    parser.add_argument("--init-timeout", type=int, default=300,
-                        help="multi-host: seconds to wait for all processes before exiting with an error")
+    from jaxrl import distributed
+
+    distributed.add_arguments(parser)
 
 
 class _StoppedBeforeSteps(BaseException):
@@ -59,8 +57,7 @@ def run(args: argparse.Namespace) -> int:
     from jaxrl.config import load_config
 
     cfg = load_config(args.config, args.overrides)  # config errors exit 2 before anything heavy starts
-    distributed.initialize(coordinator=args.coordinator, num_processes=args.num_processes,
-                           process_id=args.process_id, timeout_s=args.init_timeout)
+    distributed.initialize_from_args(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("absl", "jax", "orbax"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

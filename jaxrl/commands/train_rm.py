@@ -15,15 +15,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", nargs="?", help="RM experiment YAML (default: embedded rm_length_bt.yaml)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
     parser.add_argument("--run-dir", default="runs/rm", help="run directory (metrics, checkpoints, eval)")
+    from jaxrl import distributed
+
+    distributed.add_arguments(parser)  # N processes: data-parallel over every device (`jaxrl.reward_model.run`)
 
 
 def run(args: argparse.Namespace) -> int:
     from jaxrl.reward_model.config import load_rm_config
 
+    from jaxrl import distributed
+
     cfg = load_rm_config(args.config, args.set)
+    distributed.initialize_from_args(args)
+    import jax
+
     from jaxrl.reward_model.run import train_rm
 
     report = train_rm(cfg, args.run_dir)
+    if jax.process_index() != 0:
+        return 0
     attr = cfg.debias.attribute
     stats = report["attributes"][attr]
     print(json.dumps({"accuracy": report["accuracy"], f"{attr}_correlation": stats["correlation"],

@@ -8,6 +8,13 @@ Run directory (same layout and rules as `jaxrl train`):
     RUN/eval_rm.json                the final `evaluate_pairs` report on the held-out set
 Resume: with `checkpoint.resume`, the newest restorable step is loaded (RM params, both optimiser states and
 the classifier); batches are a pure function of (seed, step), so a resumed run sees the same batches.
+
+Multi-host (`jaxrl train-rm ... --coordinator --num-processes --process-id`): every process builds the same
+data and the same initial state; the step is data-parallel over every device of every host (the batch split
+over a `data` mesh axis, the state replicated, gradients reduced by XLA), so each host computes only its
+rows. Evaluation runs on each host's copy of the replicated parameters (the same report everywhere);
+process 0 alone writes config.yaml, the metrics and eval_rm.json, and orbax writes the checkpoints. A single
+process keeps its state on its default device.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from typing import Any
 import jax
 import numpy as np
 from flax import nnx
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from jaxrl import model_io
 from jaxrl.checkpoint import Checkpointer
@@ -32,6 +40,7 @@ from jaxrl.reward_model.evaluate import evaluate_pairs
 from jaxrl.reward_model.model import RM_MARKER, RewardModel, load_reward_model, write_marker
 from jaxrl.reward_model.train import (Batch, RMState, debias_gamma, init_classifier,
                                       make_train_step)
+from jaxrl.sharding.hosts import host_to_global
 from jaxrl.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -96,8 +105,10 @@ def train_rm(cfg: RMExperimentConfig, run_dir: str | Path) -> dict[str, Any]:
     """Trains a reward model into `run_dir`; returns the final evaluation report (also in
     RUN/eval_rm.json)."""
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(dump_rm_config(cfg))
+    primary = jax.process_index() == 0
+    if primary:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(dump_rm_config(cfg))
     tokenizer = load_tokenizer(cfg.tokenizer.kind, cfg.tokenizer.path)
     model = build_model(cfg, tokenizer)
     train_records, eval_records = load_data(cfg)
@@ -114,12 +125,14 @@ def train_rm(cfg: RMExperimentConfig, run_dir: str | Path) -> dict[str, Any]:
     optimizer = build_optimizer(cfg.optimizer, steps)
     clf, clf_opt = (init_classifier(debias, model.cfg.hidden_size, jax.random.key(cfg.train.seed + 1))
                     if debias.enabled else ({}, ()))
-    state = RMState(params, optimizer.init(params), clf, clf_opt)
+    mesh = _data_mesh(cfg.data.batch_size)
+    state = _place(RMState(params, optimizer.init(params), clf, clf_opt), mesh, P())
     ck = cfg.checkpoint
     checkpointer = Checkpointer(run_dir / "checkpoints", every=ck.every, keep=ck.keep,
                                 async_save=ck.async_save)
     checkpointer.write_model_config(model_io.config_to_json(model.cfg), tokenizer)
-    write_marker(checkpointer.directory)
+    if primary:
+        write_marker(checkpointer.directory)
     start = 0
     if ck.resume:
         restored = checkpointer.restore_latest(state.params, _opt_item(state))
@@ -136,22 +149,46 @@ def train_rm(cfg: RMExperimentConfig, run_dir: str | Path) -> dict[str, Any]:
                        tensorboard=cfg.logging.tensorboard, postfix_keys=("rm/loss", "rm/acc")) as writer:
         for step in range(start, steps):
             idx = data_lib.batch_indices(step, len(train.records), cfg.data.batch_size, cfg.data.seed)
-            batch = Batch(train.chosen_BL[idx], train.rejected_BL[idx], attr[idx])
+            batch = _place(Batch(train.chosen_BL[idx], train.rejected_BL[idx], attr[idx]), mesh, P("data"))
             state, metrics = step_fn(state, batch, np.float32(debias_gamma(debias, step)))
             done = step + 1
             row = dict(jax.device_get(metrics)) if done % cfg.logging.every == 0 or done == steps else {}
             if every and done % every == 0 and done != steps:
-                report = evaluate_pairs(nnx.merge(graphdef, state.params), held)
+                report = evaluate_pairs(_local_model(graphdef, state.params, mesh), held)
                 row.update(_eval_metrics(report, debias.attribute))
             if row:
                 writer.write(done, row)
             if checkpointer.should_save(done) or done == steps:
                 checkpointer.save(done, state.params, _opt_item(state), {"data_seed": cfg.data.seed})
-        report = evaluate_pairs(nnx.merge(graphdef, state.params), held)
+        report = evaluate_pairs(_local_model(graphdef, state.params, mesh), held)
         writer.write(max(steps, start), _eval_metrics(report, debias.attribute))
     checkpointer.close()
-    (run_dir / EVAL_FILE).write_text(json.dumps(report, indent=2) + "\n")
+    if primary:
+        (run_dir / EVAL_FILE).write_text(json.dumps(report, indent=2) + "\n")
     return report
+
+
+def _data_mesh(batch_size: int) -> Mesh | None:
+    """Multi-host: a `data` mesh over every device of every process; one process: None (default device)."""
+    if jax.process_count() == 1:
+        return None
+    if batch_size % jax.device_count():
+        raise ConfigError(f"data.batch_size={batch_size}: a multi-host train-rm splits each batch over all "
+                          f"{jax.device_count()} devices; use a multiple of {jax.device_count()}")
+    return jax.make_mesh((jax.device_count(),), ("data",), axis_types=(AxisType.Auto,))
+
+
+def _place(tree: Any, mesh: Mesh | None, spec: P) -> Any:
+    """`tree` as global arrays with `spec` on `mesh` (every process holds the same values); as is without."""
+    if mesh is None:
+        return tree
+    sharding = NamedSharding(mesh, spec)
+    return jax.tree.map(lambda x: host_to_global(np.asarray(x), sharding), tree)
+
+
+def _local_model(graphdef: nnx.GraphDef, params: Any, mesh: Mesh | None) -> RewardModel:
+    """The model on this process's default device (a replicated global state is fetched whole)."""
+    return nnx.merge(graphdef, params if mesh is None else jax.device_get(params))
 
 
 def _opt_item(state: RMState) -> dict[str, Any]:

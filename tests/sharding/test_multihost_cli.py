@@ -5,7 +5,8 @@ A pod run is N processes with D devices each; on one machine that is N subproces
 The same mesh (fsdp over all devices) on 2 processes x 2 devices and on 1 process x 4 devices runs the same
 global program, so the metrics must agree step by step (rtol 1e-5: only the cross-process reduction order may
 differ). Also: kill -9 of every process after a checkpoint and a relaunch resumes to identical metrics; a
-process killed mid-step stops its peer within the heartbeat with one line naming it; 4 x 2 with data x fsdp.
+process killed mid-step stops its peer within the heartbeat with one line naming it; 4 x 2 with data x fsdp;
+`jaxrl sample` / `export-hf` on a two-process checkpoint; `jaxrl train-rm` as two processes against one.
 
 The model is the quickstart's at hidden 32 and one layer; rewards are chosen to vary on a random policy
 (a digit anywhere, and a length penalty), so equal losses are not equal zeros.
@@ -50,6 +51,7 @@ CASES = {
     "gdpo": ["algorithm.name=gdpo"],
     "clipo": ["algorithm.name=clipo"],
     "kl": ["algorithm.name=grpo", "algorithm.kl.beta=0.05"],
+    "sft": ["algorithm.name=grpo", "sft_warmup.steps=4", "sft_warmup.batch_size=8", "train.steps=1"],
 }
 COMPARED = ("loss", "reward/mean", "eval/accuracy")
 
@@ -234,6 +236,72 @@ def test_four_hosts_data_by_fsdp_trains_two_steps(tmp_root):
     assert [r["step"] for r in rows] == [1, 2]
     assert all(np.isfinite(r["loss"]) for r in rows)
     assert (run_dir / "checkpoints" / "2").is_dir()
+
+
+def test_sample_and_export_read_a_two_process_checkpoint(tmp_root, tmp_path):
+    """A checkpoint written by two processes loads in one process: `export-hf` gives the weights of the
+    one-process run (same global program, rtol 1e-5) and `jaxrl sample` generates from it."""
+    from safetensors.numpy import load_file
+
+    run_case("grpo", 1, tmp_root)
+    run_case("grpo", 2, tmp_root)
+    exported = {}
+    for n in (1, 2):
+        out = tmp_path / f"hf{n}"
+        proc = subprocess.run([sys.executable, "-m", "jaxrl.cli", "export-hf", "--checkpoint",
+                               str(tmp_root / f"grpo-{n}"), "--out", str(out)], env=_env(1),
+                              capture_output=True, text=True, timeout=TIMEOUT_S)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        exported[n] = {k: v for f in sorted(out.glob("*.safetensors")) for k, v in load_file(f).items()}
+    assert exported[1] and exported[1].keys() == exported[2].keys()
+    for k in exported[1]:
+        np.testing.assert_allclose(exported[2][k], exported[1][k], rtol=1e-5, atol=1e-6, err_msg=k)
+    proc = subprocess.run([sys.executable, "-m", "jaxrl.cli", "sample", "--checkpoint", str(tmp_root / "grpo-2"),
+                           "--prompt", "What is 2 + 3?", "--max-new-tokens", "4", "--temperature", "0"],
+                          env=_env(1), capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert proc.returncode == 0 and proc.stdout.strip(), proc.stderr[-3000:]
+
+
+RM_ARGS = ["train.steps=4", "train.eval_every=2", "logging.every=1", "checkpoint.every=2", "data.train_size=256",
+           "data.eval_size=64", "data.batch_size=8"]
+
+
+def _train_rm(run_dir: Path, processes: int, devices: int, extra: list[str]) -> list[dict]:
+    argv = [sys.executable, "-m", "jaxrl.cli", "train-rm", "--run-dir", str(run_dir)]
+    argv += [a for o in RM_ARGS + extra for a in ("--set", o)]
+    if processes > 1:
+        argv += ["--coordinator", f"127.0.0.1:{_free_port()}", "--num-processes", str(processes)]
+    procs = []
+    for pid in range(processes):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        log = open(run_dir.parent / f"{run_dir.name}.log.{pid}", "w")
+        p = subprocess.Popen(argv + (["--process-id", str(pid)] if processes > 1 else []), env=_env(devices),
+                             stdout=log, stderr=subprocess.STDOUT)
+        p.log_path = Path(log.name)  # type: ignore[attr-defined]
+        procs.append(p)
+    wait_all(procs)
+    merged: dict[int, dict] = {}  # the final eval row shares the last step's number
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        merged.setdefault(row["step"], {}).update(row)
+    return [merged[k] for k in sorted(merged)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("debias", [False, True])
+def test_train_rm_two_hosts_match_one_host(debias, tmp_path):
+    """`jaxrl train-rm` as two processes (data-parallel over 2 x 2 devices) follows the one-process run step by
+    step (BT and DIR), and only process 0 writes the run's files."""
+    extra = ["debias.enabled=true", "debias.warmup_steps=1"] if debias else []
+    one = _train_rm(tmp_path / "one", 1, 4, extra)
+    two = _train_rm(tmp_path / "two", 2, 2, extra)
+    keys = ("rm/loss", "rm/acc", "eval/accuracy") + (("dir/club_mi",) if debias else ())
+    assert_same_metrics(two, one, keys=keys)
+    assert sum(1 for r in one if "eval/accuracy" in r) == 2
+    assert json.loads((tmp_path / "two" / "eval_rm.json").read_text())["accuracy"] == pytest.approx(
+        json.loads((tmp_path / "one" / "eval_rm.json").read_text())["accuracy"], rel=1e-5)
+    steps = sorted(p.name for p in (tmp_path / "two" / "checkpoints").iterdir() if p.name.isdigit())
+    assert steps == ["4"]  # checkpoint.keep=1 of the embedded config
 
 
 def test_host_rows_on_one_process_are_the_identity():
