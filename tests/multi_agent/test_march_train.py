@@ -1,0 +1,65 @@
+"""`jaxrl train configs/march_tiny.yaml`, shortened: the MARCH pipeline runs from the config alone.
+
+One CPU device in a subprocess (as tests/train), a few SFT warm-start steps on the role demonstrations and two
+RL steps. The assertions are on the wiring, not on learning (too short for that; docs/multi_agent.md has the
+full run): every RL step logs the three roles' metrics, the Solver's mean reward is its answer reward plus
+the fact-check reward (R = r_RM + r_fc, the reference's sum), rates are rates, and greedy evaluation reports
+the answer, fact-check and hallucination columns (accuracy = the answer reward's mean).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CACHE = ROOT / ".cache" / "jax_train_tests"
+SHORT = ("sft_warmup.steps=4", "sft_warmup.batch_size=6", "train.steps=2", "train.eval_every=2",
+         "data.prompts_per_step=2", "data.eval_size=4", "rollout.group_size=2", "rollout.max_new_tokens=40",
+         "rollout.gen_buckets=[40]", "logging.progress_bar=false", "logging.tensorboard=false",
+         "checkpoint.every=1000", "checkpoint.async_save=false",
+         "model.overrides={hidden_size: 64, num_layers: 2, num_heads: 2, num_kv_heads: 2, head_dim: 32, "
+         "mlp_dim: 128, max_position_embeddings: 512}")
+ROLE_KEYS = ("role/solver/reward/mean", "role/checker/reward/mean", "role/proposer/pairs/mean",
+             "role/solver/response_length/mean", "role/checker/response_length/mean",
+             "role/proposer/response_length/mean", "march/hallucination_rate", "reward/fact_check/mean")
+
+
+def _env() -> dict[str, str]:
+    e = dict(os.environ)
+    e.update(XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu",
+             JAX_COMPILATION_CACHE_DIR=str(CACHE), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+             HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    return e
+
+
+@pytest.mark.slow  # ~1.5 minutes on 2 idle cores (compiles dominate)
+def test_march_tiny_trains_from_config(tmp_path):
+    run_dir = tmp_path / "march"
+    cmd = [sys.executable, "-m", "jaxrl.cli", "train", str(ROOT / "configs" / "march_tiny.yaml"),
+           *[a for o in SHORT for a in ("--set", o)], "--run-dir", str(run_dir)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    train = [r for r in rows if "reward/mean" in r]
+    assert [r["step"] for r in train] == [1, 2]
+    for r in train:
+        missing = [k for k in ROLE_KEYS if k not in r]
+        assert not missing, missing
+        assert r["role/solver/reward/mean"] == pytest.approx(
+            r["role/solver/correct/mean"] + r["reward/fact_check/mean"], abs=1e-5)
+        assert 0.0 <= r["march/hallucination_rate"] <= 1.0 and -1.0 <= r["reward/fact_check/mean"] <= 0.0
+        assert r["march/labelled_frac"] in (0.0, 0.5, 1.0)  # 2 prompts: each is fact-checked or not
+        if r["role/checker/reward/mean"] is not None:  # NaN (written as null): no chain had a claim
+            assert -1.0 <= r["role/checker/reward/mean"] <= 0.0
+    evals = {r["step"]: r for r in rows if "eval/accuracy" in r}
+    assert sorted(evals) == [0, 2]
+    for r in evals.values():
+        assert r["eval/accuracy"] == pytest.approx(r["eval/reward/answer/mean"])
+        assert -1.0 <= r["eval/reward/fact_check/mean"] <= 0.0
+        assert 0.0 <= r["eval/reward/hallucination/mean"] <= 1.0
