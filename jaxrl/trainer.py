@@ -232,18 +232,19 @@ def setup(cfg: ExperimentConfig, run_dir: Path) -> tuple[Run, TrainState, Any]:
 
 def _multi_agent_setup(run: Run, cfg: ExperimentConfig) -> None:
     """The system (invalid params fail here); its role-format demonstrations are the SFT warm start's
-    environment (one single-turn episode per record, laid out like the rows it samples)."""
+    environment (one episode per record, laid out like the rows it samples; the system's `max_turns` and
+    `max_total_tokens` when it has them, else one turn)."""
     from jaxrl.envs import EpisodeSpec
     from jaxrl.multi_agent import make_system
 
     r = cfg.rollout
-    run.multi_agent = make_system(cfg.multi_agent.system, cfg.multi_agent.params, run.tokenizer)
-    run.env_factory = run.multi_agent.demonstration_env
-    rows = tuple(sorted({*r.prompt_buckets, *r.gen_buckets}))
+    system = run.multi_agent = make_system(cfg.multi_agent.system, cfg.multi_agent.params, run.tokenizer)
+    run.env_factory = system.demonstration_env
+    total = getattr(system, "max_total_tokens", max(r.prompt_buckets or [1024]) + r.max_new_tokens)
+    rows = tuple(sorted({*r.prompt_buckets, *r.gen_buckets, total}))
     buckets = {"row_buckets": rows} if r.prompt_buckets else {}
-    run.episode_spec = EpisodeSpec(group_size=1, max_turns=1, max_new_tokens=r.max_new_tokens,
-                                   max_total_tokens=max(r.prompt_buckets or [1024]) + r.max_new_tokens,
-                                   **buckets)
+    run.episode_spec = EpisodeSpec(group_size=1, max_turns=getattr(system, "max_turns", 1),
+                                   max_new_tokens=r.max_new_tokens, max_total_tokens=total, **buckets)
 
 
 def _lora_setup(cfg: ExperimentConfig, params, mesh, rules):

@@ -1,4 +1,4 @@
-"""Multi-agent systems played by one shared policy (MARCH; SSP not yet): `multi_agent:` in the config.
+"""Multi-agent systems played by one shared policy (MARCH; an SSP skeleton): `multi_agent:` in the config.
 
     multi_agent: {system: march, params: {...}}     -> make_system(name, params, tokenizer)
 
@@ -16,9 +16,10 @@ from typing import Any, Mapping
 
 from jaxrl.errors import ConfigError
 from jaxrl.multi_agent.march import MarchSystem
+from jaxrl.multi_agent.ssp import SspSystem
 from jaxrl.multi_agent.roles import RoleRows, joint_rollout, role_metrics, role_rows, row_roles
 
-SYSTEMS = {"march": MarchSystem}
+SYSTEMS = {"march": MarchSystem, "ssp": SspSystem}
 
 
 def make_system(name: str, params: Mapping[str, Any] | None, tokenizer):
@@ -42,5 +43,6 @@ def make_system(name: str, params: Mapping[str, Any] | None, tokenizer):
         raise ConfigError(f"multi_agent.params of {name!r}: {e}") from None
 
 
-__all__ = ["SYSTEMS", "MarchSystem", "RoleRows", "joint_rollout", "make_system", "role_metrics", "role_rows",
+__all__ = ["SYSTEMS", "MarchSystem", "SspSystem", "RoleRows", "joint_rollout", "make_system", "role_metrics",
+           "role_rows",
            "row_roles"]

@@ -63,3 +63,29 @@ def test_march_tiny_trains_from_config(tmp_path):
         assert r["eval/accuracy"] == pytest.approx(r["eval/reward/answer/mean"])
         assert -1.0 <= r["eval/reward/fact_check/mean"] <= 0.0
         assert 0.0 <= r["eval/reward/hallucination/mean"] <= 1.0
+
+
+SSP_SHORT = ("sft_warmup.steps=4", "sft_warmup.batch_size=6", "train.steps=2", "train.eval_every=2",
+             "data.prompts_per_step=2", "data.eval_size=4", "rollout.group_size=2",
+             "logging.progress_bar=false", "logging.tensorboard=false", "checkpoint.every=1000",
+             "checkpoint.async_save=false")
+REASONS = ("format", "length", "leak", "materials", "searches")
+
+
+@pytest.mark.slow  # ~1.5 minutes on 2 idle cores
+def test_ssp_tiny_trains_from_config(tmp_path):
+    """The SSP skeleton from configs/ssp_tiny.yaml: curriculum metrics logged, every proposal is valid,
+    rejected by one rule or by the RAG check (the shares sum to 1)."""
+    run_dir = tmp_path / "ssp"
+    cmd = [sys.executable, "-m", "jaxrl.cli", "train", str(ROOT / "configs" / "ssp_tiny.yaml"),
+           *[a for o in SSP_SHORT for a in ("--set", o)], "--run-dir", str(run_dir)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    train = [r for r in rows if "reward/mean" in r]
+    assert [r["step"] for r in train] == [1, 2]
+    for r in train:
+        shares = [r[f"ssp/invalid/{k}"] for k in REASONS] + [r["ssp/rag_rejected"], r["ssp/valid_frac"]]
+        assert sum(shares) == pytest.approx(1.0)
+        assert 0.0 <= r["role/solver/reward/mean"] <= 1.0 and 0.0 <= r["role/proposer/reward/mean"] <= 1.0
+    assert sorted(r["step"] for r in rows if "eval/accuracy" in r) == [0, 2]

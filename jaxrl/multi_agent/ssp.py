@@ -1,0 +1,256 @@
+"""SSP (Search Self-Play) skeleton as a collect stage: Proposer (search -> question) -> RAG check -> Solver.
+
+"Search Self-Play", arXiv:2510.18821 (reference: Alibaba-Quark/SSP, `ssp_ray_trainer.py::fit`); the loop of
+/work/shared/spec/multi-agent.md §2 on the fictional-entity world (`jaxrl.data.entities`, BM25 search of
+`jaxrl.envs.SearchEnv`). Per answer record (a* with k = its hop count), one step:
+
+    Proposer  G search episodes ending in <question>q</question>                 (multi-turn, `ProposerEnv`)
+    validity  first <question> tag; >= min_words words; a* not in q; non-empty results; >= k distinct
+              searches; RAG check: the policy answers q greedily from this episode's results mixed with up
+              to 4 other episodes' results, and must match a* (spec §2.5; verifier = "policy")
+    Solver    G search episodes per problem (an invalid slot gets a dummy problem, spec §2.6)
+    rewards   R_s = losses.research.ssp.solver_reward(exact match, answer-tag counts)
+              R_p = proposer_reward(R_s of its problem, "1-acc", valid, format_penalty)
+
+Rows (`jaxrl.multi_agent.roles`): Proposer rows in groups of the G questions proposed for one a*, Solver rows
+in groups of the G answers to one problem. Deviation: the reference's Proposer has a group of 1 (A = R);
+here GRPO normalises over the G proposals of one answer (the run's one estimator, fixed group size). The
+roles are updated together, not Proposer first. Curriculum metrics: `ssp/valid_frac`, `ssp/solver_success`.
+Greedy evaluation (`train=False`) runs the Solver on the dataset's own questions (held-out accuracy).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import zlib
+from typing import Any, Mapping, Sequence
+
+import jax
+import numpy as np
+
+from jaxrl.data.entities import build_world
+from jaxrl.envs.base import StepResult, prompt_ids
+from jaxrl.envs.episodes import EpisodeSpec, Episodes, collect_episodes
+from jaxrl.envs.search import SearchEnv, ToolEnv, exact_match, oracle_actions
+from jaxrl.losses.research.ssp import answer_tag_counts, proposer_reward, solver_reward
+from jaxrl.multi_agent.roles import RoleRows, joint_rollout, role_metrics, role_rows
+from jaxrl.rollout import Rollout
+from jaxrl.sampling import SamplingSpec, generate_from_state
+
+ROLES = ("proposer", "solver")
+ROLE_IDS = {name: i for i, name in enumerate(ROLES)}
+DUMMY = "This is a dummy problem; reply with an empty answer."
+_QUESTION = re.compile(r"<question>(.*?)</question>", re.DOTALL)
+_RESULT = re.compile(r"<result>\n?(.*?)\n?</result>", re.DOTALL)
+_SEARCH = re.compile(r"<search>(.*?)</search>", re.DOTALL)
+_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+
+def proposer_text(answer: str, hops: int) -> str:
+    """The Proposer's user text (spec §2.2, paraphrased and shortened): the answer and the search count."""
+    return (f"Write a question whose answer is {answer}, needing {hops} search(es). Search with "
+            f"<search>name</search>, then write <question>...</question>.")
+
+
+def verifier_text(materials: str, question: str) -> str:
+    """The RAG check's prompt: materials and question only (no search, single turn)."""
+    return f"Materials:\n{materials}\nAnswer from the materials: <answer>...</answer>\nQuestion: {question}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """A proposed question after extraction: `valid` is False with the first failed rule in `reason`."""
+
+    question: str | None
+    materials: str
+    searches: tuple[str, ...]
+    valid: bool
+    reason: str
+
+
+def extract_problem(transcript: str, answer: str, *, min_searches: int, min_words: int) -> Problem:
+    """Rules of spec §2.5 (1-6, 8) in order; the RAG check (7) is the caller's (it needs the policy)."""
+    found = _QUESTION.search(transcript)
+    materials = "\n\n".join(m.strip() for m in _RESULT.findall(transcript) if m.strip())
+    searches = tuple(s.strip() for s in _SEARCH.findall(transcript))
+    if found is None:
+        return Problem(None, materials, searches, False, "format")
+    q = found.group(1).strip()
+    if len(q) < 10 or len(q.split()) < min_words:
+        return Problem(q, materials, searches, False, "length")
+    if answer.lower() in q.lower():
+        return Problem(q, materials, searches, False, "leak")
+    if not materials:
+        return Problem(q, materials, searches, False, "materials")
+    if len(searches) < min_searches or len(set(searches)) != len(searches):
+        return Problem(q, materials, searches, False, "searches")
+    return Problem(q, materials, searches, True, "ok")
+
+
+def noisy_materials(own: str, others: Sequence[str], key: int, max_others: int = 4) -> str:
+    """This episode's materials with up to `max_others` distinct other ones, order a function of `key`."""
+    pool = sorted({m for m in others if m and m != own})
+    rng = np.random.default_rng(key)
+    picked = [pool[i] for i in rng.permutation(len(pool))[:max_others]] if pool else []
+    parts = picked + [own]
+    return "\n\n".join(parts[i] for i in rng.permutation(len(parts)))
+
+
+class ProposerEnv(ToolEnv):
+    """Search the world, then `<question>…</question>` ends the episode (reward 0: scored after solving)."""
+
+    def __init__(self, tokenizer, *, corpus_seed: int = 0, corpus_size: str = "tiny", top_k: int = 1):
+        world = build_world(int(corpus_seed), str(corpus_size))
+        super().__init__(tokenizer, tools=("search",), tool_kwargs={"search": {"contents": world.contents,
+                                                                                "top_k": top_k}})
+        self.stop_strings = ("</search>", "</question>")
+
+    def reset(self, record: Mapping[str, Any]) -> list[int]:
+        text = proposer_text(str(record["answers"][0]), int(record.get("hops", 1)))
+        return prompt_ids(self.tokenizer, [{"role": "user", "content": text}])
+
+    def step(self, action) -> StepResult:
+        if "<question>" in action.text:
+            return StepResult([], 0.0, True, {})
+        res = super().step(action)
+        return StepResult(res.observation, 0.0, res.done, res.info)
+
+    def demonstration(self, record: Mapping[str, Any]) -> list[str]:
+        return proposer_demonstration(record)
+
+
+def proposer_demonstration(record: Mapping[str, Any]) -> list[str]:
+    """Search the chain, then ask the world's own question about a* (valid: a* is not in it)."""
+    return [f"<search>{n}</search>" for n in record["chain"]] + [f"<question>{record['question']}</question>"]
+
+
+def episode_rows(name: str, eps: Episodes) -> RoleRows:
+    w = eps.prompt_width
+    return RoleRows(name, eps.tokens_BL, eps.mask_BL, eps.loss_mask_BL[:, w:], eps.old_logp_BL[:, w:],
+                    eps.lengths_N.astype(np.int32), eps.finished_N, list(eps.completions))
+
+
+class SspDemoEnv:
+    """SFT warm start: each record demonstrates one role (crc32 of its question), searches served live."""
+
+    def __init__(self, tokenizer, system: "SspSystem"):
+        self.tokenizer, self.system, self.inner = tokenizer, system, None
+        self.stop_strings = ("</search>", "</question>", "</answer>")
+
+    def _role(self, record) -> str:
+        return ROLES[zlib.crc32(str(record["question"]).encode()) % 2]
+
+    def reset(self, record):
+        make = self.system.proposer_env if self._role(record) == "proposer" else self.system.solver_env
+        self.inner = make(self.tokenizer)
+        return self.inner.reset(record)
+
+    def step(self, action):
+        return self.inner.step(action)
+
+    def demonstration(self, record) -> list[str]:
+        return proposer_demonstration(record) if self._role(record) == "proposer" else oracle_actions(record)
+
+
+class SspSystem:
+    """SSP on the fictional-entity world.
+
+    Args:
+      tokenizer: the policy's tokenizer.
+      corpus_seed, corpus_size, top_k: the searched world (as `SearchEnv`).
+      max_turns, max_total_tokens: episode budgets of both roles.
+      min_words: rule 3 (reference: 10 words; short for the tiny world's questions).
+      min_searches: rule 6 (reference: 2); None: the record's hop count.
+      format_penalty: R_p of an invalid problem (script 0, config default -1).
+      rag_check: run rule 7 with the policy as verifier.
+    """
+
+    def __init__(self, tokenizer, *, corpus_seed: int = 0, corpus_size: str = "tiny", top_k: int = 1,
+                 max_turns: int = 4, max_total_tokens: int = 512, min_words: int = 4,
+                 min_searches: int | None = None, format_penalty: float = 0.0, rag_check: bool = True):
+        self.tokenizer = tokenizer
+        self.world = dict(corpus_seed=int(corpus_seed), corpus_size=str(corpus_size), top_k=int(top_k))
+        self.max_turns, self.max_total_tokens = int(max_turns), int(max_total_tokens)
+        self.min_words, self.min_searches = int(min_words), min_searches
+        self.format_penalty, self.rag_check = float(format_penalty), bool(rag_check)
+
+    def proposer_env(self, tokenizer) -> ProposerEnv:
+        return ProposerEnv(tokenizer, **self.world)
+
+    def solver_env(self, tokenizer) -> SearchEnv:
+        return SearchEnv(tokenizer, **self.world)
+
+    def demonstration_env(self, tokenizer) -> SspDemoEnv:
+        return SspDemoEnv(tokenizer, self)
+
+    def _episodes(self, name, graphdef, params, records, factory, spec: SamplingSpec, g: int,
+                  key) -> Episodes:
+        es = EpisodeSpec(group_size=g, max_turns=self.max_turns, max_new_tokens=spec.max_new_tokens,
+                         max_total_tokens=self.max_total_tokens, temperature=spec.temperature,
+                         top_k=spec.top_k, top_p=spec.top_p)
+        return collect_episodes(graphdef, params, records, self.tokenizer, factory, es, key)
+
+    def verify(self, graphdef, params, problems: Sequence[Problem], answers: Sequence[str], spec, key
+               ) -> np.ndarray:
+        """Rule 7: greedy single-turn answers from noisy materials; valid when they match a*."""
+        ok = np.asarray([p.valid for p in problems])
+        idx = np.flatnonzero(ok)
+        if not self.rag_check or not len(idx):
+            return ok
+        others = [p.materials for p in problems]
+        texts = [verifier_text(noisy_materials(problems[i].materials, others, int(i)), problems[i].question)
+                 for i in idx]
+        ids = [prompt_ids(self.tokenizer, [{"role": "user", "content": t}]) for t in texts]
+        greedy = dataclasses.replace(spec, temperature=0.0, num_samples=1)
+        tok = self.tokenizer
+        gen = generate_from_state(graphdef, params, ids, greedy, eos_ids=(int(tok.eos_token_id),), seed=key,
+                                  pad_id=int(tok.pad_token_id))
+        rows = role_rows("verifier", ids, gen, 1, tok, spec.prompt_buckets)
+        for i, text in zip(idx, rows.completions):
+            said = _ANSWER.findall(text)
+            ok[i] = bool(said) and exact_match(said[-1], [answers[i]])
+        return ok
+
+    def collect(self, graphdef, params, records: Sequence[Mapping[str, Any]], rewards, spec: SamplingSpec,
+                key, *, train: bool = True) -> Rollout:
+        """Proposer -> checks -> Solver rows (train), or the Solver on the records' questions (evaluation).
+        `rewards` (the config's) are not used: SSP's rewards are its own."""
+        del rewards
+        if isinstance(key, (int, np.integer)):
+            key = jax.random.key(int(key))
+        keys = [int(jax.random.randint(jax.random.fold_in(key, i), (), 0, 2**31 - 1)) for i in range(3)]
+        g = spec.num_samples
+        names, weights = ("ssp",), np.ones((1,), np.float32)
+        if not train:
+            eps = self._episodes("solver", graphdef, params, records, self.solver_env, spec, g, keys[2])
+            r = solver_reward(eps.rewards_N > 0, *answer_tag_counts(eps.completions))
+            rows = episode_rows("solver", eps)
+            return joint_rollout([(rows, list(eps.records), np.asarray(r)[:, None])], role_ids=ROLE_IDS,
+                                 reward_names=names, weights_K=weights,
+                                 pad_id=int(self.tokenizer.pad_token_id),
+                                 metrics=role_metrics("solver", np.asarray(r), rows.lengths_N))
+        prop = self._episodes("proposer", graphdef, params, records, self.proposer_env, spec, g, keys[0])
+        answers = [str(r["answers"][0]) for r in prop.records]
+        problems = [extract_problem(t, a, min_words=self.min_words,
+                                    min_searches=self.min_searches or int(r.get("hops", 1)))
+                    for t, a, r in zip(prop.completions, answers, prop.records)]
+        valid = self.verify(graphdef, params, problems, answers, spec, jax.random.fold_in(key, 9))
+        solver_records = [{"question": p.question if ok else DUMMY, "answers": [a], "valid": bool(ok)}
+                          for p, a, ok in zip(problems, answers, valid)]
+        sol = self._episodes("solver", graphdef, params, solver_records, self.solver_env, spec, g, keys[1])
+        r_s = np.asarray(solver_reward(sol.rewards_N > 0, *answer_tag_counts(sol.completions)))
+        r_p = np.asarray(proposer_reward(r_s.reshape(-1, g), mode="1-acc", valid_P=valid,
+                                         format_penalty=self.format_penalty))
+        p_rows, s_rows = episode_rows("proposer", prop), episode_rows("solver", sol)
+        metrics = {**role_metrics("proposer", r_p, p_rows.lengths_N),
+                   **role_metrics("solver", r_s, s_rows.lengths_N)}
+        solved = (r_s.reshape(-1, g) > 0).mean(1)
+        metrics["ssp/valid_frac"] = float(valid.mean())
+        metrics["ssp/solver_success"] = float(solved[valid].mean()) if valid.any() else float("nan")
+        for reason in ("format", "length", "leak", "materials", "searches"):
+            metrics[f"ssp/invalid/{reason}"] = float(np.mean([p.reason == reason for p in problems]))
+        metrics["ssp/rag_rejected"] = float(np.mean([p.valid and not v for p, v in zip(problems, valid)]))
+        parts = [(p_rows, list(prop.records), r_p[:, None]), (s_rows, list(sol.records), r_s[:, None])]
+        return joint_rollout(parts, role_ids=ROLE_IDS, reward_names=names, weights_K=weights,
+                             pad_id=int(self.tokenizer.pad_token_id), metrics=metrics)

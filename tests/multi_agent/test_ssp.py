@@ -1,0 +1,105 @@
+"""SSP skeleton (jaxrl.multi_agent.ssp) with scripted episodes: no model, every action chosen by the test.
+
+`SspSystem._episodes` is replaced by `jaxrl.envs.scripted_episodes` on the real environments (searches are
+served by BM25 over the world), so extraction, validity, the dummy problems, the rewards of
+`losses.research.ssp` and the role rows are checked on transcripts the test controls.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+from jaxrl.data.tasks import entities
+from jaxrl.envs.episodes import EpisodeSpec, scripted_episodes
+from jaxrl.multi_agent.roles import row_roles
+from jaxrl.multi_agent.ssp import (DUMMY, ROLE_IDS, SspSystem, extract_problem, noisy_materials,
+                                   proposer_demonstration)
+from jaxrl.sampling import SamplingSpec
+from jaxrl.tokenizer import load_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer("builtin")
+
+
+def scripted(system: SspSystem, proposer_policy, solver_policy):
+    def episodes(name, graphdef, params, records, factory, spec, g, key):
+        es = EpisodeSpec(group_size=g, max_turns=system.max_turns, max_new_tokens=spec.max_new_tokens,
+                         max_total_tokens=system.max_total_tokens)
+        return scripted_episodes(records, system.tokenizer, factory,
+                                 proposer_policy if name == "proposer" else solver_policy, es)
+    return episodes
+
+
+def test_extract_problem_rules_in_order():
+    ok = "<search>Bubris</search>\n<result>\nBubris\nfounded 1173\n</result>\n<question>When was Bubris founded?"
+    ok += "</question>"
+    p = extract_problem(ok, "1173", min_searches=1, min_words=4)
+    assert p.valid and p.question == "When was Bubris founded?" and p.searches == ("Bubris",)
+    assert extract_problem("no tags", "1173", min_searches=1, min_words=4).reason == "format"
+    assert extract_problem(ok, "1173", min_searches=1, min_words=6).reason == "length"
+    assert extract_problem(ok, "bubris", min_searches=1, min_words=4).reason == "leak"
+    assert extract_problem(ok, "1173", min_searches=2, min_words=4).reason == "searches"
+    no_result = "<search>Bubris</search><question>When was Bubris founded?</question>"
+    assert extract_problem(no_result, "1173", min_searches=1, min_words=4).reason == "materials"
+    twice = "<search>A</search><search>A</search>" + ok
+    assert extract_problem(twice, "1173", min_searches=1, min_words=4).reason == "searches"
+
+
+def test_noisy_materials_keep_own_and_at_most_four_others():
+    others = ["m1", "m2", "m3", "m4", "m5", "own", "m1"]
+    text = noisy_materials("own", others, key=3)
+    parts = text.split("\n\n")
+    assert "own" in parts and len(parts) == 5 and len(set(parts)) == 5
+
+
+def test_collect_rewards_rows_and_curriculum(tok, monkeypatch):
+    system = SspSystem(tok, rag_check=False, max_total_tokens=768)
+    records = [r for r in entities(200, 0, max_hops=1)][:3]
+    g = 2
+    bad = records[1]["question"]  # the Proposer of record 1 writes no question tag: invalid, dummy problem
+
+    def proposer(rec):
+        acts = proposer_demonstration(rec)
+        return acts[:-1] + ["no question"] if rec["question"] == bad else acts
+
+    def solver(rec):  # right on the first record's problems only
+        first = rec["question"] == records[0]["question"]
+        return [f"<answer>{rec['answers'][0] if first else 'nothing'}</answer>"]
+
+    monkeypatch.setattr(system, "_episodes", scripted(system, proposer, solver))
+    spec = SamplingSpec(max_new_tokens=64, num_samples=g)
+    ro = system.collect(None, None, records, None, spec, jax.random.key(0))
+    n_p, n_s = len(records) * g, len(records) * g * g
+    np.testing.assert_array_equal(row_roles(ro), [ROLE_IDS["proposer"]] * n_p + [ROLE_IDS["solver"]] * n_s)
+    solver_qs = [r["question"] for r in ro.records[n_p:]]
+    assert solver_qs[:g * g] == [records[0]["question"]] * (g * g)
+    assert solver_qs[g * g:2 * g * g] == [DUMMY] * (g * g)
+    r_s = ro.rewards_NK[n_p:, 0]
+    np.testing.assert_allclose(r_s, [1.0] * (g * g) + [0.0] * (2 * g * g))
+    # R_p = 1 - success of its problem; the invalid proposal gets the format penalty (0 here)
+    np.testing.assert_allclose(ro.rewards_NK[:n_p, 0], [0.0, 0.0, 0.0, 0.0, 1.0, 1.0])
+    assert ro.metrics["ssp/valid_frac"] == pytest.approx(4 / 6)
+    assert ro.metrics["ssp/invalid/format"] == pytest.approx(2 / 6)
+    assert ro.metrics["ssp/solver_success"] == pytest.approx(0.5)
+    # observation tokens (search results) are never trained
+    for i, text in enumerate(ro.completions[:n_p]):
+        if "<result>" in text:
+            w = ro.prompt_width
+            trained = tok.decode(ro.tokens_BL[i, w:][ro.completion_mask_BT[i]], skip_special_tokens=True)
+            assert "<result>" not in trained and "<search>" in trained
+
+
+def test_demonstration_env_serves_searches(tok):
+    system = SspSystem(tok)
+    records = entities(40, 0, max_hops=1)[:8]
+    factory = system.demonstration_env
+    es = EpisodeSpec(group_size=1, max_turns=4, max_total_tokens=768)
+    probe = factory(tok)
+    eps = scripted_episodes(records, tok, factory, probe.demonstration, es)
+    kinds = {"<question>" in c for c in eps.completions}
+    assert kinds == {True, False}  # both roles are demonstrated
+    assert all("<result>" in c for c in eps.completions)  # the searches were served
