@@ -45,3 +45,21 @@ def test_sweep_matches_single_runs_and_learns(norm):
     assert both["train_CT"][0, 0] != pytest.approx(both["train_CT"][1, 0], rel=1e-4)
     # lr 1e-2 lowers the training loss within 6 steps, for both seeds
     assert np.all(both["train_CT"][2:, -1] < both["train_CT"][2:, 0] - 0.3), both["train_CT"]
+
+
+def test_report_only_reads_the_kept_sweeps(tmp_path):
+    # hand-made sweeps of 2 lrs x 1 seed: pre learns at both, post has a NaN at lr 1e-1, siamese ends above
+    # the ceiling at lr 1e-1
+    curve = np.array([[4.0, 2.0], [4.0, 2.5]])
+    kept = {"pre": (curve, [1.5, 2.0]), "post": (np.array([[4.0, 2.0], [4.0, np.nan]]), [1.6, 1.0]),
+            "siamese": (curve, [1.4, 9.0])}
+    for norm, (train_CT, eval_C) in kept.items():
+        np.savez(tmp_path / f"{norm}.npz", train_CT=train_CT, eval_C=np.asarray(eval_C))
+    norms.main(["--seeds", "0", "--lrs", "1e-3", "1e-1", "--raw", str(tmp_path), "--report-only",
+                "--out", str(tmp_path / "out")])
+    text = (tmp_path / "out" / "norms.md").read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| 0.")]
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in rows]
+    assert cells[0][0] == "0.001" and cells[0][1::2] == ["0/1", "0/1", "0/1"]
+    assert cells[1][0] == "0.1" and cells[1][1::2] == ["0/1", "1/1", "1/1"]
+    assert cells[0][2].startswith("1.500 ± 0.000") and cells[1][4] == "—"
