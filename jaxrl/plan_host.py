@@ -7,7 +7,9 @@ A multi-host job keeps in each host's RAM (tpu/README.md, "How a step is split a
 * staging     orbax copies the host's shards of parameters and AdamW moments to RAM before writing a
               checkpoint (and reads them back on restore): Σ over the host's chips of (params + optimizer)
               per chip, i.e. chips_per_host · (P_dev + O_dev) with P_dev, O_dev from `jaxrl.plan.Plan`
-              (the reference copy of a KL run is not checkpointed).
+              (the reference copy of a KL run is not checkpointed). Under LoRA / QLoRA a checkpoint holds the
+              adapters and their moments only: pass `lora_plan`'s adapters bytes (`jaxrl.commands.plan`) and
+              the Plan's optimizer row, not the base.
 * load        the initial weights read from safetensors / orbax on every host before they are placed:
               num_params · bytes(param dtype), the whole model (an upper bound; not at the same time as a
               checkpoint save).
@@ -61,7 +63,8 @@ def plan_host(*, params_per_chip: int, optimizer_per_chip: int, chips_per_host: 
 
     Args:
       params_per_chip, optimizer_per_chip: bytes per chip of the trained parameters (one copy, without a
-        reference model) and of the AdamW moments (`jaxrl.plan.Plan.optimizer`).
+        reference model; the adapters alone under LoRA) and of the AdamW moments
+        (`jaxrl.plan.Plan.optimizer`).
       chips_per_host: devices attached to one host (4 on v4 / v5p / multi-host v5e and v6e slices).
       num_params: parameter count; param_bytes: bytes per parameter of the stored weights.
       rollout_rows: prompts per step × group size; prompt_len: padded prompt width (the prompt bucket);

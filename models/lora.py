@@ -84,6 +84,12 @@ def adapter_shapes(model_cfg: TransformerConfig, target: str, rank: int) -> tupl
     return (c.num_layers,) + shape[:num_in] + (rank,), (c.num_layers, rank) + shape[num_in:]
 
 
+def kernel_shape_and_names(model_cfg: TransformerConfig, target: str) -> tuple[tuple, tuple]:
+    """(shape [Y, in…, out…], logical names) of a target's stacked base kernel (`jaxrl plan` shards it)."""
+    a, b = adapter_shapes(model_cfg, target, 1)
+    return a[:-1] + b[2:], ("layers",) + SITES[target][2]
+
+
 def adapter_logical_names(target: str) -> tuple[tuple, tuple]:
     """Logical axis names of (A, B): the kernel's input / output names, `layers` first, rank never split."""
     _, num_in, names = SITES[target]

@@ -2,12 +2,15 @@
 
 Reads these keys of the experiment config (`jaxrl.config.ExperimentConfig`): `model.{preset, hf_path,
 checkpoint, overrides, dtype, norm, remat}`, `mesh.*`, `data.prompts_per_step`, `rollout.{group_size,
-max_new_tokens, prompt_buckets, gen_buckets}`, `algorithm.{mini_batches, grad_accum, kl.beta}`:
+max_new_tokens, prompt_buckets, gen_buckets}`, `algorithm.{mini_batches, grad_accum, kl.beta}`,
+`model.{lora, quantize}`:
 
 * rollout batch = prompts_per_step · group_size; KV-cache capacity = max(prompt_buckets) + max generation
   length (max(gen_buckets) if set, else max_new_tokens);
 * train micro-batch = rollout batch / (mini_batches · grad_accum), of the same length;
-* a reference model is held when kl.beta > 0.
+* a reference model is held when kl.beta > 0 (never with LoRA: the reference is the frozen base itself);
+* with `model.lora` the parameters, optimizer and gradient rows are those of `lora_plan` (adapters only in
+  the optimizer, the base at its quantised size with `model.quantize`).
 
 Only the model's shapes are needed, never its weights: with `model.hf_path` the HF directory's `config.json`
 alone is read; `--hf-config FILE` takes them from a `config.json` anywhere instead (a model not downloaded
@@ -19,6 +22,7 @@ Exit code 0 when the peak fits the accelerator's HBM, 1 when it does not.
 from __future__ import annotations
 
 import argparse
+import math
 
 from jaxrl.errors import ConfigError
 
@@ -78,9 +82,71 @@ def model_config(model, hf_config: str | None = None):
             raise ConfigError(f"--hf-config {hf_config}: not a supported HF model config ({e})") from None
 
 
+def _local_elements(shape: tuple, names: tuple, sizes: dict[str, int], rules) -> int:
+    """Elements of one array a device holds when `names` are placed with `rules` on mesh axis `sizes`."""
+    from jaxrl.sharding import logical_to_spec
+    from jaxrl.sharding.rules import spec_axes
+
+    spec = logical_to_spec(names, rules)
+    return math.prod(n // math.prod(sizes[a] for a in spec_axes(e)) for n, e in zip(shape, spec))
+
+
+def lora_plan(plan, model_cfg, lora_cfg, quantize: str, mesh_cfg, num_devices: int):
+    """(Plan, breakdown) of a LoRA / QLoRA run, from `plan`: the dense plan of the same run, no reference.
+
+    Per device (bytes), every array sharded by the trainer's rule tables (`jaxrl.sharding.lora`: A takes its
+    kernel's input axis names, B its output names, the rank axis is never split):
+
+    * params     base + adapters + merged. base: `plan.params`, with the seven projection kernels at
+                 `quant.quantized_bytes` when quantised (int8: 1 byte + a float32 scale per output row; nf4:
+                 ½ byte + a float32 absmax per 64 inputs; per device in the dense kernel's proportion,
+                 exact for the codes, approximate for the float32 scales). adapters: float32,
+                 Σ_targets Y·r·(in + out). merged: W′ = W + (α/r)·A·B of the targets in param_dtype (of all
+                 seven projections for a quantised base, which `lora.merge` dequantises); it lives through
+                 the rollout (the policy is merged once per step) and the train step (`lora.lora_memory`).
+    * optimizer  AdamW's two float32 moments of the adapters only: 2 · adapters.
+    * gradients  ∂L/∂A, ∂L/∂B (float32, like the adapters) + ∂L/∂W′ of the targets (param_dtype).
+
+    No reference copy: the KL reference is the base without adapters. Activations and KV cache: as dense.
+    """
+    import dataclasses
+
+    import jax.numpy as jnp
+
+    from jaxrl.models import lora, quant
+    from jaxrl.sharding import AXES, RULES
+
+    sizes = dict(zip(AXES, mesh_cfg.shape(num_devices)))
+    rules = RULES[mesh_cfg.rules]
+    width = jnp.dtype(model_cfg.param_dtype).itemsize
+    dense = {}  # target -> (per-device kernel elements, all elements, torch [out, in] shape of one layer)
+    for target in lora.TARGETS:
+        shape, names = lora.kernel_shape_and_names(model_cfg, target)
+        num_in = lora.SITES[target][1]
+        hf_shape = (math.prod(shape[1 + num_in:]), math.prod(shape[1:1 + num_in]))
+        dense[target] = (_local_elements(shape, names, sizes, rules), math.prod(shape), hf_shape)
+    base = plan.params
+    if quantize != "none":
+        for local, total, hf_shape in dense.values():
+            stored = model_cfg.num_layers * quant.quantized_bytes(hf_shape, quantize)
+            base += stored * local // total - local * width
+    adapters = 0
+    for target in lora_cfg.targets:
+        a_names, b_names = lora.adapter_logical_names(target)
+        for shape, names in zip(lora.adapter_shapes(model_cfg, target, lora_cfg.rank), (a_names, b_names)):
+            adapters += 4 * _local_elements(shape, names, sizes, rules)
+    merged_targets = lora.TARGETS if quantize != "none" else lora_cfg.targets
+    merged = sum(dense[t][0] for t in merged_targets) * width
+    cotangent = sum(dense[t][0] for t in lora_cfg.targets) * width
+    parts = {"base": base, "adapters": adapters, "merged": merged, "merged_cotangent": cotangent}
+    out = dataclasses.replace(plan, params=base + adapters + merged, optimizer=2 * adapters,
+                              gradients=adapters + cotangent)
+    return out, parts
+
+
 def run(args: argparse.Namespace) -> int:
     from jaxrl.config import load_config
-    from jaxrl.plan import plan_memory
+    from jaxrl.plan import GIB, plan_memory
 
     if args.devices < 1:
         raise ConfigError(f"--devices={args.devices}: must be >= 1")
@@ -89,15 +155,25 @@ def run(args: argparse.Namespace) -> int:
     gen = max(cfg.rollout.gen_buckets) if cfg.rollout.gen_buckets else cfg.rollout.max_new_tokens
     seq_len = max(cfg.rollout.prompt_buckets) + gen
     micro = rollout_batch // (cfg.algorithm.mini_batches * cfg.algorithm.grad_accum)
+    lora_cfg = cfg.model.lora
+    reference = cfg.algorithm.kl.beta > 0 and lora_cfg is None  # LoRA's reference is the base: no copy
+    model_cfg = model_config(cfg.model, args.hf_config)
     plan = plan_memory(
-        model_config(cfg.model, args.hf_config), cfg.mesh, args.devices,
+        model_cfg, cfg.mesh, args.devices,
         batch=args.batch or micro, seq_len=args.seq_len or seq_len,
         rollout_batch=args.rollout_batch or rollout_batch, rollout_len=args.rollout_len or seq_len,
-        remat=args.remat, accelerator=args.accelerator, reference_model=cfg.algorithm.kl.beta > 0,
+        remat=args.remat, accelerator=args.accelerator, reference_model=reference,
         logits_chunk=args.logits_chunk or None,
     )
     print(f"batch {args.batch or micro} x {args.seq_len or seq_len} tokens, rollout "
           f"{args.rollout_batch or rollout_batch} x {args.rollout_len or seq_len}, remat "
-          f"{args.remat or cfg.model.remat}{', reference model' if cfg.algorithm.kl.beta > 0 else ''}")
+          f"{args.remat or cfg.model.remat}{', reference model' if reference else ''}")
+    if lora_cfg is not None:
+        plan, parts = lora_plan(plan, model_cfg, lora_cfg, cfg.model.quantize, cfg.mesh, args.devices)
+        base = "" if cfg.model.quantize == "none" else f" ({cfg.model.quantize})"
+        print(f"LoRA r={lora_cfg.rank} on {', '.join(lora_cfg.targets)}; the KL reference is the base. "
+              f"params = base{base} {parts['base'] / GIB:.3f} + adapters {parts['adapters'] / GIB:.3f} + "
+              f"merged W' {parts['merged'] / GIB:.3f} GiB; gradients include dL/dW' "
+              f"{parts['merged_cotangent'] / GIB:.3f} GiB")
     print(plan.table())
     return 0 if plan.fits else 1
