@@ -12,6 +12,11 @@ jaxrl runs twice: with the default scanned layer loop and with `scan_layers=Fals
 With `--rounds R` the three sides run round-robin R times (jaxrl, unrolled, TRL, jaxrl, ...) and each side
 reports its best round, so a CPU shared with other work slows every side alike. `--shape smollm2` uses the
 SmolLM2-135M shape (random weights) instead of the small benchmark model, to compare peak RSS at a real size.
+`--sides` picks the sides (default jaxrl,unrolled,trl); `lora`, `qlora-int8` and `qlora-nf4` add jaxrl's
+scanned step training LoRA adapters (r = `--lora-rank`, α = 2r, all seven projections, as `model.lora`)
+over a dense float32 base or an int8 / nf4 quantised one (`model.quantize`); the optimiser then holds the
+adapters only. Each side's peak RSS includes loading the float32 model (a QLoRA base is quantised from it, as
+the trainer does).
 """
 
 from __future__ import annotations
@@ -73,32 +78,42 @@ def run_jaxrl(model_dir: str, args, out) -> None:
     model.cfg = model.cfg.replace(scan_layers=args.scan_layers)  # what `model.scan_layers` in a config does
     graphdef, params = nnx.split(model)
     params = params.to_pure_dict()
+    del model
+    spec, base = LossSpec(), None
+    if args.lora != "none":  # as `jaxrl.trainer._lora_setup`: train adapters over a frozen (quantised) base
+        from jaxrl.models import lora, quant
+
+        lora_cfg = lora.LoraConfig(rank=args.lora_rank, alpha=2.0 * args.lora_rank)
+        adapters = lora.init_adapters(params, lora_cfg, jax.random.key(3))
+        base = params if args.lora == "dense" else quant.quantize_params(params, args.lora)
+        params, spec = adapters, LossSpec(lora=lora_cfg)
     x = make_inputs(args.batch, args.prompt, args.completion)
     tokens = np.concatenate([x["prompt_ids"], x["completion_ids"]], 1).astype(np.int32)
     mask = np.concatenate([x["prompt_mask"], x["completion_mask"]], 1)
-    loss_mask = np.concatenate([np.zeros_like(x["prompt_mask"]), x["completion_mask"]], 1)
-    old = np.concatenate([np.zeros(x["prompt_mask"].shape, np.float32), x["old_logp"]], 1)
-    adv = loss_mask * x["advantages"][:, None]
+    completion_BT = x["completion_mask"]  # completion space: the loss reads only these positions
+    old_BT = x["old_logp"].astype(np.float32)
+    adv_BT = completion_BT * x["advantages"][:, None]
     b = args.batch
     clip_B = np.full((b,), 0.2, np.float32)
-    batch = TrainBatch(tokens, mask, loss_mask, old, np.zeros_like(old), adv.astype(np.float32), clip_B,
-                       clip_B, np.zeros((b,), np.float32))
+    batch = TrainBatch(tokens, mask, completion_BT, old_BT, np.zeros_like(old_BT), adv_BT.astype(np.float32),
+                       clip_B, clip_B, np.zeros((b,), np.float32))
     batch = jax.device_put(batch)
     tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-6))
-    step = jax.jit(functools.partial(train_step, graphdef=graphdef, spec=LossSpec(), tx=tx), donate_argnums=0,
+    step = jax.jit(functools.partial(train_step, graphdef=graphdef, spec=spec, tx=tx), donate_argnums=0,
                    compiler_options=update_compiler_options())  # as the trainer jits it
     state = TrainState(params, tx.init(params), jnp.zeros((), jnp.int32))
+    del params
     t0 = time.perf_counter()
-    state, m = step(state, batch)
+    state, m = step(state, batch, base)
     jax.block_until_ready(m["loss"])
     compile_s = time.perf_counter() - t0
     times = []
     for _ in range(args.steps):
         t0 = time.perf_counter()
-        state, m = step(state, batch)
+        state, m = step(state, batch, base)
         jax.block_until_ready((state.params, m["loss"]))
         times.append(time.perf_counter() - t0)
-    out.put(dict(side="jaxrl" if args.scan_layers else "jaxrl-unrolled", step_s=statistics.median(times),
+    out.put(dict(side=args.side, step_s=statistics.median(times),
                  first_call_s=compile_s,
                  loss=float(m["loss"]), peak_rss_mib=_peak_rss_mib(), step_cache_size=step._cache_size()))
 
@@ -181,6 +196,20 @@ def _best(results: list[dict]) -> dict:
     return best
 
 
+# side -> (child function, extra arguments); KEYS: the side's key in the JSON report; NAMES: its printed name.
+SIDES = {"jaxrl": (run_jaxrl, dict(scan_layers=True, lora="none")),
+         "unrolled": (run_jaxrl, dict(scan_layers=False, lora="none")),
+         "trl": (run_trl, {}),
+         "lora": (run_jaxrl, dict(scan_layers=True, lora="dense")),
+         "qlora-int8": (run_jaxrl, dict(scan_layers=True, lora="int8")),
+         "qlora-nf4": (run_jaxrl, dict(scan_layers=True, lora="nf4"))}
+KEYS = {"unrolled": "jaxrl_unrolled", "lora": "jaxrl_lora", "qlora-int8": "jaxrl_qlora_int8",
+        "qlora-nf4": "jaxrl_qlora_nf4"}
+NAMES = {"jaxrl": "jaxrl (scan_layers=true, default)", "unrolled": "jaxrl (scan_layers=false)", "trl": "TRL",
+         "lora": "jaxrl LoRA r={rank}", "qlora-int8": "jaxrl QLoRA int8 r={rank}",
+         "qlora-nf4": "jaxrl QLoRA nf4 r={rank}"}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, default=16)
@@ -189,7 +218,12 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=1, help="round-robin repeats; each side reports its best")
     ap.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
+    ap.add_argument("--sides", default="jaxrl,unrolled,trl", help=f"comma-separated, of {', '.join(SIDES)}")
+    ap.add_argument("--lora-rank", type=int, default=16, help="adapter rank of the lora / qlora sides")
     args = ap.parse_args(argv)
+    sides = args.sides.split(",")
+    if not sides or any(side not in SIDES for side in sides):
+        ap.error(f"--sides {args.sides}: choose among {', '.join(SIDES)}")
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -203,28 +237,33 @@ def main(argv=None) -> int:
         shape = dict(SHAPES[args.shape])
         shape["max_position_embeddings"] = max(shape["max_position_embeddings"], args.prompt + args.completion)
         hf.save_pretrained(Transformer(TransformerConfig(**shape), rngs=nnx.Rngs(0)), model_dir)
-        rounds: dict[str, list[dict]] = {"jx": [], "ju": [], "tr": []}
+        rounds: dict[str, list[dict]] = {side: [] for side in sides}
         for _ in range(args.rounds):
-            rounds["jx"].append(_child(run_jaxrl, model_dir, argparse.Namespace(**vars(args), scan_layers=True)))
-            rounds["ju"].append(_child(run_jaxrl, model_dir, argparse.Namespace(**vars(args), scan_layers=False)))
-            rounds["tr"].append(_child(run_trl, model_dir, args))
-    jx, ju, tr = (_best(rounds[k]) for k in ("jx", "ju", "tr"))
+            for side in sides:
+                fn, extra = SIDES[side]
+                side_args = argparse.Namespace(**vars(args), side=side, **extra)
+                rounds[side].append(_child(fn, model_dir, side_args))
+    best = {side: _best(results) for side, results in rounds.items()}
     tokens = args.batch * (args.prompt + args.completion)
-    for r in (jx, ju, tr):
+    for r in best.values():
         r["tokens_per_s"] = tokens / r["step_s"]  # 0 for a side that failed
-    vs_trl = lambda r: r["tokens_per_s"] / tr["tokens_per_s"] if tr["tokens_per_s"] else None
+    tr = best.get("trl")
+    vs_trl = lambda r: r["tokens_per_s"] / tr["tokens_per_s"] if tr and tr["tokens_per_s"] else None
     report = dict(shape=args.shape, batch=args.batch, prompt=args.prompt, completion=args.completion,
                   seq_len=args.prompt + args.completion, tokens_per_update=tokens, rounds=args.rounds,
-                  jaxrl=jx, jaxrl_unrolled=ju, trl=tr, speedup=vs_trl(jx), speedup_unrolled=vs_trl(ju))
+                  **{KEYS.get(side, side): r for side, r in best.items()})
+    if tr:
+        report.update({"speedup" + ("" if side == "jaxrl" else "_" + side): vs_trl(r)
+                       for side, r in best.items() if side != "trl"})
     print(json.dumps(report, indent=2))
     print(f"GRPO update, {args.shape} shape, B={args.batch} prompt={args.prompt} completion={args.completion}, "
           f"best of {args.rounds} round(s):")
-    sides = (("jaxrl (scan_layers=true, default)", jx), ("jaxrl (scan_layers=false)", ju), ("TRL", tr))
-    for name, r in sides:
+    for side, r in best.items():
+        name = NAMES[side].format(rank=args.lora_rank)
         if "error" in r:
             print(f"  {name:34s} failed ({r['error']})")
             continue
-        ratio = f"  -> {vs_trl(r):.2f}x TRL" if r is not tr and vs_trl(r) is not None else ""
+        ratio = f"  -> {vs_trl(r):.2f}x TRL" if side != "trl" and vs_trl(r) is not None else ""
         print(f"  {name:34s} {r['tokens_per_s']:6.0f} tok/s ({r['step_s'] * 1e3:6.1f} ms/update, peak RSS "
               f"{r['peak_rss_mib']:.0f} MiB, loss {r['loss']:.6f}){ratio}")
     return 0
