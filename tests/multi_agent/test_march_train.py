@@ -24,7 +24,7 @@ SHORT = ("sft_warmup.steps=4", "sft_warmup.batch_size=6", "train.steps=2", "trai
          "rollout.gen_buckets=[40]", "logging.progress_bar=false", "logging.tensorboard=false",
          "checkpoint.every=1000", "checkpoint.async_save=false",
          "model.overrides={hidden_size: 64, num_layers: 2, num_heads: 2, num_kv_heads: 2, head_dim: 32, "
-         "mlp_dim: 128, max_position_embeddings: 512}")
+         "mlp_dim: 128, max_position_embeddings: 640}")
 ROLE_KEYS = ("role/solver/reward/mean", "role/checker/reward/mean", "role/proposer/pairs/mean",
              "role/solver/response_length/mean", "role/checker/response_length/mean",
              "role/proposer/response_length/mean", "march/hallucination_rate", "reward/fact_check/mean")
