@@ -163,17 +163,20 @@ class SspSystem:
       min_words: rule 3 (reference: 10 words; short for the tiny world's questions).
       min_searches: rule 6 (reference: 2); None: the record's hop count.
       format_penalty: R_p of an invalid problem (script 0, config default -1).
-      rag_check: run rule 7 with the policy as verifier.
+      rag_check: run rule 7 with the policy as verifier; rag_others: other episodes' materials mixed in
+        (reference: 4; fewer keep the verifier's prompt inside a small model's prompt buckets).
     """
 
     def __init__(self, tokenizer, *, corpus_seed: int = 0, corpus_size: str = "tiny", top_k: int = 1,
                  max_turns: int = 4, max_total_tokens: int = 512, min_words: int = 4,
-                 min_searches: int | None = None, format_penalty: float = 0.0, rag_check: bool = True):
+                 min_searches: int | None = None, format_penalty: float = 0.0, rag_check: bool = True,
+                 rag_others: int = 4):
         self.tokenizer = tokenizer
         self.world = dict(corpus_seed=int(corpus_seed), corpus_size=str(corpus_size), top_k=int(top_k))
         self.max_turns, self.max_total_tokens = int(max_turns), int(max_total_tokens)
         self.min_words, self.min_searches = int(min_words), min_searches
         self.format_penalty, self.rag_check = float(format_penalty), bool(rag_check)
+        self.rag_others = int(rag_others)
 
     def proposer_env(self, tokenizer) -> ProposerEnv:
         return ProposerEnv(tokenizer, **self.world)
@@ -199,8 +202,8 @@ class SspSystem:
         if not self.rag_check or not len(idx):
             return ok
         others = [p.materials for p in problems]
-        texts = [verifier_text(noisy_materials(problems[i].materials, others, int(i)), problems[i].question)
-                 for i in idx]
+        texts = [verifier_text(noisy_materials(problems[i].materials, others, int(i), self.rag_others),
+                               problems[i].question) for i in idx]
         ids = [prompt_ids(self.tokenizer, [{"role": "user", "content": t}]) for t in texts]
         greedy = dataclasses.replace(spec, temperature=0.0, num_samples=1)
         tok = self.tokenizer
