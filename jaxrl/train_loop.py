@@ -115,7 +115,8 @@ def _train(cfg: ExperimentConfig, run_dir: str | Path, checkpoint_dir: str | Non
     k = cfg.train.eval_samples
     sampled = dataclasses.replace(run.sampling, num_samples=k) if k > 1 else None
     collect = functools.partial(trainer.collect, run)
-    evaluate_now = lambda params: evaluate(collect, params, eval_records, encoder, run.eval_sampling,
+    # The trained parameters (LoRA: the adapters) -> the policy the sampler runs (LoRA: base + adapters).
+    evaluate_now = lambda params: evaluate(collect, run.policy(params), eval_records, encoder, run.eval_sampling,
                                            batch_size=d.prompts_per_step, sampled=sampled, seed=run.seed)
     ckpt = ckpt_lib.Checkpointer(checkpoint_dir or run_dir / "checkpoints", every=cfg.checkpoint.every,
                                  keep=cfg.checkpoint.keep, async_save=cfg.checkpoint.async_save)

@@ -5,7 +5,7 @@ and a checkpoint refuses a different base.
   no second copy) is 0 up to float noise; after an update it is positive.
 * The checkpoint's `params` item holds adapter leaves (`lora_a`, `lora_b`) only.
 * Resuming on a different base (another init seed of the preset) exits 2 naming the base mismatch.
-* QLoRA (int8 base) trains: finite loss, non-zero adapter gradient, KL near 0 at step 1 (quantisation error of
+* QLoRA (int8 base) trains and evaluates (the sampler runs base + adapters): finite loss, non-zero adapter gradient, KL near 0 at step 1 (quantisation error of
   the reference equals the policy's, both read the same dequantised base).
 """
 
@@ -65,9 +65,11 @@ def test_lora_trains_adapters_only_against_the_base(tmp_path):
 @pytest.mark.slow
 def test_qlora_int8_base_trains(tmp_path):
     run = tmp_path / "qlora"
-    proc = run_train(run, *LORA, "model.quantize=int8")
+    proc = run_train(run, *LORA, "model.quantize=int8", "train.eval_every=2")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = metrics(run)
+    evals = [r for r in metrics(run) if "eval/accuracy" in r]  # evaluation samples base + adapters
+    assert [r["step"] for r in evals] == [0, 2]
+    rows = [r for r in metrics(run) if "kl" in r]
     assert abs(rows[0]["kl"]) < 1e-6 and all(r["train/grad_norm"] > 0 for r in rows)
     cfg = (run / "config.yaml").read_text()
     assert "quantize: int8" in cfg and json.dumps(rows[-1]["loss"]) != "NaN"
