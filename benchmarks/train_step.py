@@ -75,7 +75,8 @@ def run_jaxrl(model_dir: str, args, out) -> None:
     from jaxrl.train_step import LossSpec, TrainBatch, TrainState, train_step, update_compiler_options
 
     model = hf.from_pretrained(model_dir)
-    model.cfg = model.cfg.replace(scan_layers=args.scan_layers)  # what `model.scan_layers` in a config does
+    # what `model.scan_layers` / `model.remat` in a config do
+    model.cfg = model.cfg.replace(scan_layers=args.scan_layers, remat=getattr(args, "remat", "none"))
     graphdef, params = nnx.split(model)
     params = params.to_pure_dict()
     del model
@@ -200,13 +201,16 @@ def _best(results: list[dict]) -> dict:
 SIDES = {"jaxrl": (run_jaxrl, dict(scan_layers=True, lora="none")),
          "unrolled": (run_jaxrl, dict(scan_layers=False, lora="none")),
          "trl": (run_trl, {}),
+         "remat-dots": (run_jaxrl, dict(scan_layers=True, lora="none", remat="dots")),
          "lora": (run_jaxrl, dict(scan_layers=True, lora="dense")),
          "qlora-int8": (run_jaxrl, dict(scan_layers=True, lora="int8")),
          "qlora-nf4": (run_jaxrl, dict(scan_layers=True, lora="nf4"))}
-KEYS = {"unrolled": "jaxrl_unrolled", "lora": "jaxrl_lora", "qlora-int8": "jaxrl_qlora_int8",
+KEYS = {"unrolled": "jaxrl_unrolled", "remat-dots": "jaxrl_remat_dots", "lora": "jaxrl_lora",
+        "qlora-int8": "jaxrl_qlora_int8",
         "qlora-nf4": "jaxrl_qlora_nf4"}
 NAMES = {"jaxrl": "jaxrl (scan_layers=true, default)", "unrolled": "jaxrl (scan_layers=false)", "trl": "TRL",
-         "lora": "jaxrl LoRA r={rank}", "qlora-int8": "jaxrl QLoRA int8 r={rank}",
+         "remat-dots": "jaxrl (model.remat: dots)", "lora": "jaxrl LoRA r={rank}",
+         "qlora-int8": "jaxrl QLoRA int8 r={rank}",
          "qlora-nf4": "jaxrl QLoRA nf4 r={rank}"}
 
 
