@@ -175,13 +175,13 @@ def setup(cfg: ExperimentConfig, run_dir: Path) -> tuple[Run, TrainState, Any]:
     else:
         train_sharding = _pure(param_sharding)
     opt_state = tx.init(params)
+    rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     if lora_cfg is None:
         opt_sharding = state_shardings(opt_state, mesh, rules, params=params_state)
-    else:
-        opt_sharding = jax.tree.map(lambda x: getattr(x, "sharding", None) or
-                                    jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()), opt_state)
+    else:  # moments mirror their adapter's sharding; scalars (Adam's count) are replicated
+        opt_sharding = jax.tree.map(
+            lambda x: x.sharding if isinstance(x.sharding, jax.sharding.NamedSharding) else rep, opt_state)
     opt_state = jax.device_put(opt_state, opt_sharding)
-    rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     state_sharding = TrainState(params=train_sharding, opt_state=opt_sharding, step=rep)
     state = jax.device_put(TrainState(params=params, opt_state=opt_state, step=jnp.zeros((), jnp.int32)),
                            state_sharding)

@@ -52,6 +52,8 @@ CASES = {
     "clipo": ["algorithm.name=clipo"],
     "kl": ["algorithm.name=grpo", "algorithm.kl.beta=0.05"],
     "sft": ["algorithm.name=grpo", "sft_warmup.steps=4", "sft_warmup.batch_size=8", "train.steps=1"],
+    "lora": ["algorithm.name=grpo", "model.lora={rank: 4, alpha: 8}", "model.quantize=int8",
+             "algorithm.kl.beta=0.05", "optimizer.lr=5e-2"],
 }
 COMPARED = ("loss", "reward/mean", "eval/accuracy")
 
