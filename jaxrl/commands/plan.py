@@ -37,6 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hf-config", metavar="FILE", default=None,
                         help="HF config.json (or a directory holding one) to take the model shapes from "
                              "instead of the config's model section; no weights are read")
+    parser.add_argument("--chips-per-host", type=int, default=4,
+                        help="devices attached to one host, for the per-host RAM table (4 on TPU pod VMs)")
     parser.add_argument("--remat", choices=REMATS, help="override model.remat")
     parser.add_argument("--batch", type=int, help="override the train micro-batch (sequences)")
     parser.add_argument("--seq-len", type=int, help="override the train sequence length")
@@ -176,4 +178,26 @@ def run(args: argparse.Namespace) -> int:
               f"merged W' {parts['merged'] / GIB:.3f} GiB; gradients include dL/dW' "
               f"{parts['merged_cotangent'] / GIB:.3f} GiB")
     print(plan.table())
+    print(_host_plan(cfg, plan, parts["adapters"] if lora_cfg is not None else plan.params, model_cfg,
+                     min(args.chips_per_host, args.devices), rollout_rows=args.rollout_batch or rollout_batch,
+                     completion_len=gen).table())
     return 0 if plan.fits else 1
+
+
+def _host_plan(cfg, plan, checkpointed_params: int, model_cfg, chips_per_host: int, *, rollout_rows: int,
+               completion_len: int):
+    """`jaxrl.plan_host.plan_host` of this run: what one host's RAM holds (the checkpoint stages the trained
+    parameters, i.e. the adapters alone under LoRA, and their AdamW moments; the initial load reads the whole
+    model in its stored dtype; every host holds the whole rollout batch)."""
+    import jax.numpy as jnp
+
+    from jaxrl.plan_host import plan_host
+
+    if chips_per_host < 1:
+        raise ConfigError(f"--chips-per-host={chips_per_host}: must be >= 1")
+    dapo = cfg.algorithm.dapo.max_tries if cfg.algorithm.name == "dapo" else 0
+    return plan_host(params_per_chip=checkpointed_params, optimizer_per_chip=plan.optimizer,
+                     chips_per_host=chips_per_host, num_params=plan.num_params,
+                     param_bytes=jnp.dtype(model_cfg.param_dtype).itemsize, rollout_rows=rollout_rows,
+                     prompt_len=max(cfg.rollout.prompt_buckets), completion_len=completion_len,
+                     resample_rounds=dapo)

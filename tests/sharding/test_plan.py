@@ -101,3 +101,33 @@ def test_cli_prints_table_and_exit_code(tmp_path, capsys):
     assert "mesh data=1 fsdp=4 tensor=1; 0.000 B parameters" in out and "fits: peak is" in out
     assert cli.main(["plan", str(cfg), "--devices", "3"]) == 2
     assert "batch 8 is not divisible by data x fsdp = 1 x 3 = 3" in capsys.readouterr().err
+
+
+def test_cli_prints_the_per_host_ram_of_the_run(tmp_path, capsys):
+    """Issue 13 item 5: next to the per-chip table, what one host's RAM holds: 4 chips' shards of the fp32
+    parameters and both AdamW moments staged for a checkpoint, the whole model read at start, the rollout
+    arrays (8 rows: 5 bytes per position of 24 + 21 per completion position of 8 per row)."""
+    from jaxrl.commands.plan import model_config
+    from jaxrl.config import load_config
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        "model: {preset: tiny, dtype: float32, remat: none, overrides: {hidden_size: 512, num_layers: 8,"
+        " mlp_dim: 1536, num_heads: 8, num_kv_heads: 8, head_dim: 64, vocab_size: 32000}}\n"
+        "data: {prompts_per_step: 2}\n"
+        "rollout: {group_size: 4, max_new_tokens: 8, prompt_buckets: [8, 16]}\n"
+        "mesh: {data: 1, fsdp: -1, tensor: 1}\n"
+    )
+    assert cli.main(["plan", str(cfg), "--devices", "8", "--chips-per-host", "4"]) == 0
+    out = capsys.readouterr().out
+    run_cfg = load_config(str(cfg), [])
+    dev = plan_memory(model_config(run_cfg.model), run_cfg.mesh, 8, batch=8, seq_len=24, rollout_batch=8,
+                      rollout_len=24)
+    assert dev.num_params > 40_000_000  # large enough for the table's 3 decimals of GiB to be checked
+    rows = dict(line.rsplit(None, 1) for line in out.splitlines()[-5:])
+    assert "per host (4 chips)" in out
+    gib = lambda key: float(rows[key]) * GIB  # noqa: E731
+    assert gib("checkpoint staging") == pytest.approx(4 * (dev.params + dev.optimizer), rel=5e-3)
+    assert gib("initial weight load") == pytest.approx(dev.num_params * 4, rel=5e-3)
+    staged = max(4 * (dev.params + dev.optimizer), dev.num_params * 4)  # staging or load, never both at once
+    assert gib("peak") == pytest.approx(2 * GIB + 8 * (5 * 24 + 21 * 8) + staged, rel=5e-3)
