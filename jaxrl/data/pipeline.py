@@ -131,7 +131,11 @@ def train_iterator(
     shard = grain.MapDataset.source(list(records))[process_index::process_count]
     if len(shard) == 0:
         raise ConfigError(f"process {process_index} of {process_count} has no training records")
-    ds = shard.shuffle(seed=seed).repeat().map(encoder).batch(batch_size // process_count, batch_fn=_as_list)
+    per_host = batch_size // process_count
+    ds = shard.shuffle(seed=seed).repeat().map(encoder)
+    # grain's `batch` takes `len` of the endless dataset, which overflows for a batch of 1 (sys.maxsize + 1
+    # elements); a batch of one record is the same list.
+    ds = ds.batch(per_host, batch_fn=_as_list) if per_host > 1 else ds.map(lambda r: [r])
     return iter(ds.to_iter_dataset())
 
 

@@ -132,6 +132,21 @@ def test_iterator_state_restores_the_same_batches(encoder):
     assert epoch1[:30] != epoch1[30:60]  # ... reshuffled per epoch
 
 
+def test_one_prompt_per_step_is_the_same_stream(encoder):
+    """data.prompts_per_step=1 (grain's batch of 1 over the endless stream overflowed): batches of one record
+    in the order of any other batch size, and the state restores."""
+    records = arithmetic(7, 0)
+    ones = [b[0] for b in _prompts(train_iterator(records, encoder, batch_size=1, seed=3), 20)]
+    pairs = [p for b in _prompts(train_iterator(records, encoder, batch_size=2, seed=3), 10) for p in b]
+    assert ones == pairs
+    it = train_iterator(records, encoder, batch_size=1, seed=3)
+    _prompts(it, 9)
+    state = json.loads(json.dumps(it.get_state()))
+    fresh = train_iterator(records, encoder, batch_size=1, seed=3)
+    fresh.set_state(state)
+    assert _prompts(fresh, 5) == _prompts(it, 5)
+
+
 def test_per_host_shards_are_disjoint_and_cover(encoder):
     records = arithmetic(24, 1)
     seen = []
