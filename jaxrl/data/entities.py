@@ -14,7 +14,7 @@ and persons also has a near-twin distractor (a name one letter away, other numbe
 of one entity (1 hop) or follow relations (2-3 hops: "In which country was the designer of X born?"); each
 carries its `chain` of entity names, and searching those names in order reaches the answer (the oracle
 used by the tests). Names come from a syllable table, so no model knows the answers. Shapes follow the
-corpus of the multi-agent spec (/work/shared/spec/multi-agent.md §4), simplified.
+corpus of the multi-agent spec (spec/multi-agent.md §4), simplified.
 """
 
 from __future__ import annotations

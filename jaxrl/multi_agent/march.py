@@ -2,7 +2,7 @@
 
 MARCH, "Multi-Agent Reinforced self-Check for Hallucination", arXiv:2603.24579 (reference:
 Qwen-Applications/MARCH, `ray_trainer_with_fact_check_march.py::fit / generate_fact_check_batch`); the
-pipeline of /work/shared/spec/multi-agent.md §1, with its critic-free variant (§1.7, `march.estimator =
+pipeline of spec/multi-agent.md §1, with its critic-free variant (§1.7, `march.estimator =
 "grpo"`): one policy, G Solver answers per prompt, each with its own Proposer and Checker x S chain.
 
 Per chain i (Solver answer i of prompt p):

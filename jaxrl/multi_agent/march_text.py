@@ -1,6 +1,6 @@
 """MARCH's texts: the three roles' prompts, their parsers, and the fictional-entity passages with distractors.
 
-MARCH, arXiv:2603.24579; formats of /work/shared/spec/multi-agent.md §1.2-1.5 (paraphrased, shortened for a
+MARCH, arXiv:2603.24579; formats of spec/multi-agent.md §1.2-1.5 (paraphrased, shortened for a
 character-level tiny model; no reference text copied):
 
     Solver    user: "Passages:\\nDoc 1: …\\nDoc 2: …\\nQuestion: {query}\\n" -> free answer

@@ -1,6 +1,6 @@
 """Roles played by one shared policy, and the joint rollout of their trained rows.
 
-A multi-agent system (MARCH, SSP; /work/shared/spec/multi-agent.md §0) samples several *roles* with the same
+A multi-agent system (MARCH, SSP; spec/multi-agent.md §0) samples several *roles* with the same
 weights. Each role has its own prompt builder, its own group definition and its own reward; the rows of the
 roles that are trained are laid out in one completion-space `jaxrl.rollout.Rollout`:
 

@@ -1,7 +1,7 @@
 """SSP (Search Self-Play) skeleton as a collect stage: Proposer (search -> question) -> RAG check -> Solver.
 
 "Search Self-Play", arXiv:2510.18821 (reference: Alibaba-Quark/SSP, `ssp_ray_trainer.py::fit`); the loop of
-/work/shared/spec/multi-agent.md §2 on the fictional-entity world (`jaxrl.data.entities`, BM25 search of
+spec/multi-agent.md §2 on the fictional-entity world (`jaxrl.data.entities`, BM25 search of
 `jaxrl.envs.SearchEnv`). Per answer record (a* with k = its hop count), one step:
 
     Proposer  G search episodes ending in <question>q</question>                 (multi-turn, `ProposerEnv`)
