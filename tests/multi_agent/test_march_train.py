@@ -38,14 +38,18 @@ def _env() -> dict[str, str]:
     return e
 
 
-@pytest.mark.slow  # ~1.5 minutes on 2 idle cores (compiles dominate)
-def test_march_tiny_trains_from_config(tmp_path):
-    run_dir = tmp_path / "march"
-    cmd = [sys.executable, "-m", "jaxrl.cli", "train", str(ROOT / "configs" / "march_tiny.yaml"),
-           *[a for o in SHORT for a in ("--set", o)], "--run-dir", str(run_dir)]
+def _train_rows(config: str, overrides, run_dir) -> list[dict]:
+    """`jaxrl train configs/CONFIG` with `overrides` in a subprocess; the rows of its metrics.jsonl."""
+    cmd = [sys.executable, "-m", "jaxrl.cli", "train", str(ROOT / "configs" / config),
+           *[a for o in overrides for a in ("--set", o)], "--run-dir", str(run_dir)]
     proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+
+
+@pytest.mark.slow  # ~1.5 minutes on 2 idle cores (compiles dominate)
+def test_march_tiny_trains_from_config(tmp_path):
+    rows = _train_rows("march_tiny.yaml", SHORT, tmp_path / "march")
     train = [r for r in rows if "reward/mean" in r]
     assert [r["step"] for r in train] == [1, 2]
     for r in train:
@@ -76,12 +80,7 @@ REASONS = ("format", "length", "leak", "materials", "searches")
 def test_ssp_tiny_trains_from_config(tmp_path):
     """The SSP skeleton from configs/ssp_tiny.yaml: curriculum metrics logged, every proposal is valid,
     rejected by one rule or by the RAG check (the shares sum to 1)."""
-    run_dir = tmp_path / "ssp"
-    cmd = [sys.executable, "-m", "jaxrl.cli", "train", str(ROOT / "configs" / "ssp_tiny.yaml"),
-           *[a for o in SSP_SHORT for a in ("--set", o)], "--run-dir", str(run_dir)]
-    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    rows = _train_rows("ssp_tiny.yaml", SSP_SHORT, tmp_path / "ssp")
     train = [r for r in rows if "reward/mean" in r]
     assert [r["step"] for r in train] == [1, 2]
     for r in train:

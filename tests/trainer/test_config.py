@@ -182,7 +182,7 @@ def test_cli_config_error_exits_2_with_one_line(capsys):
     assert err == (
         "jaxrl train: error: unknown key 'optimzer'; did you mean 'optimizer'? (valid keys: model, "
         "tokenizer, data, rollout, algorithm, rewards, optimizer, checkpoint, logging, mesh, "
-        "sft_warmup, train, env)"
+        "sft_warmup, train, env, multi_agent)"
     )
 
 
