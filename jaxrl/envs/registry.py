@@ -15,6 +15,7 @@ import inspect
 from pathlib import Path
 from typing import Any, Mapping
 
+from jaxrl._checks import check_init_params
 from jaxrl.envs.base import Env
 from jaxrl.envs.search import SearchEnv, ToolEnv
 from jaxrl.errors import ConfigError
@@ -83,17 +84,10 @@ def make_env(name: str, params: Mapping[str, Any] | None = None, tokenizer=None)
     if missing:
         raise ConfigError(
             f"env.name={name!r}: {cls.__name__} lacks {', '.join(missing)} (see jaxrl.envs.Env)")
-    sig = inspect.signature(cls.__init__)
-    accepted = [p for p in list(sig.parameters)[2:] if sig.parameters[p].kind in (
-        inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)]
-    takes_any = any(p.kind == inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values())
-    for key in params:
-        if key not in accepted and not takes_any:
-            close = difflib.get_close_matches(key, accepted, n=1, cutoff=0.6)
-            hint = f"; did you mean 'env.params.{close[0]}'?" if close else ""
-            raise ConfigError(f"unknown key 'env.params.{key}'{hint} (valid keys of env {name!r}: "
-                              f"{', '.join(accepted) or 'none'})")
-    required = [p for p in accepted if sig.parameters[p].default is inspect.Parameter.empty]
+    sig = check_init_params(cls, params, "env.params", f"env {name!r}")
+    required = [p for p in list(sig.parameters)[2:] if sig.parameters[p].default is inspect.Parameter.empty
+                and sig.parameters[p].kind in (inspect.Parameter.KEYWORD_ONLY,
+                                               inspect.Parameter.POSITIONAL_OR_KEYWORD)]
     absent = [p for p in required if p not in params]
     if absent:
         raise ConfigError(f"env {name!r} needs env.params.{absent[0]} (required: {', '.join(required)})")

@@ -11,9 +11,9 @@ unchanged. `demonstration_env` gives the SFT warm start its role-format demonstr
 from __future__ import annotations
 
 import difflib
-import inspect
 from typing import Any, Mapping
 
+from jaxrl._checks import check_init_params
 from jaxrl.errors import ConfigError
 from jaxrl.multi_agent.march import MarchSystem
 from jaxrl.multi_agent.ssp import SspSystem
@@ -30,13 +30,7 @@ def make_system(name: str, params: Mapping[str, Any] | None, tokenizer):
         raise ConfigError(f"multi_agent.system={name!r}: unknown system{hint} "
                           f"(built-in: {', '.join(SYSTEMS)})")
     cls = SYSTEMS[name]
-    accepted = list(inspect.signature(cls.__init__).parameters)[2:]
-    for key in params or {}:
-        if key not in accepted:
-            close = difflib.get_close_matches(key, accepted, n=1, cutoff=0.6)
-            hint = f"; did you mean 'multi_agent.params.{close[0]}'?" if close else ""
-            raise ConfigError(f"unknown key 'multi_agent.params.{key}'{hint} (valid keys of {name!r}: "
-                              f"{', '.join(accepted)})")
+    check_init_params(cls, params or {}, "multi_agent.params", repr(name))
     try:
         return cls(tokenizer, **dict(params or {}))
     except ValueError as e:
