@@ -421,6 +421,11 @@ class ExperimentConfig:
             self.rollout.group_size,
             "group-relative algorithms need group_size >= 2",
         )
+        for r in self.rewards:  # a pairwise judge compares the G completions of one prompt: its groups
+            if r.type == "pairwise" and "group_size" in r.params:  # are the rollout's groups
+                _check(r.params["group_size"] == self.rollout.group_size,
+                       f"rewards[{r.name}].params.group_size", r.params["group_size"],
+                       f"must equal rollout.group_size={self.rollout.group_size}")
 
 
 DEFAULT_CONFIG = "quickstart.yaml"

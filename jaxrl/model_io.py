@@ -142,10 +142,11 @@ def load_tokenizer(directory: str | os.PathLike):
 
 
 def restore_params(params_dir: Path, abstract: nnx.Module, what: str) -> dict:
-    """The orbax `params` item at `params_dir`, restored onto the first device in the shapes and dtypes of the
-    abstract module's parameters; an unreadable or mismatching item is a CheckpointError naming `what`."""
+    """The orbax `params` item at `params_dir`, restored onto this host's first device (multi-host: every
+    process loads its own copy) in the shapes and dtypes of the abstract module's parameters; an unreadable or
+    mismatching item is a CheckpointError naming `what`."""
     target = nnx.state(abstract, nnx.Param).to_pure_dict()
-    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    sharding = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])  # this host's: multi-host
     target = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding), target)
     try:
         with ocp.StandardCheckpointer() as checkpointer:

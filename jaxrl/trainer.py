@@ -27,7 +27,7 @@ from jaxrl import agentic, build, checkpoint as ckpt_lib, losses, model_io, rewa
 from jaxrl import rollout as rollout_lib
 from jaxrl.algorithms import ALGORITHMS, AlgoSettings, Algorithm, KLRewardPenalty, Shaper
 from jaxrl.config import ExperimentConfig, KLWhere, dump_config
-from jaxrl.errors import UserError
+from jaxrl.errors import ConfigError, UserError
 from jaxrl.models import lora
 from jaxrl.optim import build_optimizer
 from jaxrl.sampling import SamplingSpec
@@ -153,9 +153,21 @@ def loss_spec(cfg: ExperimentConfig, algorithm: Algorithm, settings: AlgoSetting
     return dataclasses.replace(spec, **algorithm.loss(settings))
 
 
+def _check_whole_groups_per_host(cfg: ExperimentConfig, processes: int) -> None:
+    """A pairwise judge scores the G completions of one prompt on the host that owns them, so each host must
+    own whole groups: rows are split over hosts in contiguous blocks of P·G / processes rows
+    (tpu/README.md)."""
+    pairwise = [r.name for r in cfg.rewards if r.type == "pairwise"]
+    if pairwise and cfg.data.prompts_per_step % processes:
+        raise ConfigError(f"data.prompts_per_step={cfg.data.prompts_per_step}: must be divisible by the "
+                          f"{processes} processes with the pairwise reward {pairwise[0]!r} (the "
+                          "completions of one prompt must sit on one host)")
+
+
 def setup(cfg: ExperimentConfig, run_dir: Path) -> tuple[Run, TrainState, Any]:
     """Builds mesh, model, tokenizer, rewards, optimiser and jitted functions; returns (run, state, model)."""
     rewards = rewards_lib.resolve(cfg.rewards)  # validated before any model is built
+    _check_whole_groups_per_host(cfg, jax.process_count())
     algorithm = ALGORITHMS[cfg.algorithm.name]
     settings = algo_settings(cfg)
     mesh = make_mesh(cfg.mesh)

@@ -6,7 +6,8 @@ The same mesh (fsdp over all devices) on 2 processes x 2 devices and on 1 proces
 global program, so the metrics must agree step by step (rtol 1e-5: only the cross-process reduction order may
 differ). Also: kill -9 of every process after a checkpoint and a relaunch resumes to identical metrics; a
 process killed mid-step stops its peer within the heartbeat with one line naming it; 4 x 2 with data x fsdp;
-`jaxrl sample` / `export-hf` on a two-process checkpoint; `jaxrl train-rm` as two processes against one.
+`jaxrl sample` / `export-hf` on a two-process checkpoint; `jaxrl train-rm` as two processes against one; a
+trained reward model and a pairwise judge as rewards on two processes against one.
 
 The model is the quickstart's at hidden 32 and one layer; rewards are chosen to vary on a random policy
 (a digit anywhere, and a length penalty), so equal losses are not equal zeros.
@@ -170,6 +171,46 @@ def test_two_hosts_match_one_host(name, tmp_root):
     assert any(abs(x) > 1e-6 for x in losses), f"degenerate comparison: losses {losses}"
     if name == "dapo":
         assert any(r.get("dapo/resample_rounds", 0) > 0 for r in one), "DAPO never resampled"
+
+
+@pytest.fixture(scope="module")
+def reward_model_dir(tmp_root) -> Path:
+    """A reward model trained for two steps by `jaxrl train-rm` (one process): its scores vary with the
+    text."""
+    run_dir = tmp_root / "rm"
+    argv = [sys.executable, "-m", "jaxrl.cli", "train-rm", "--run-dir", str(run_dir)]
+    for o in ("train.steps=2", "train.eval_every=0", "data.train_size=32", "data.eval_size=8",
+              "data.batch_size=8", "checkpoint.every=2"):
+        argv += ["--set", o]
+    done = subprocess.run(argv, env=_env(1), capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return run_dir
+
+
+@pytest.mark.slow
+def test_model_and_pairwise_rewards_two_hosts_match_one_host(reward_model_dir, tmp_root):
+    """A trained reward model (`type: model`) and a pairwise judge (`type: pairwise`) as rewards: each host
+    scores the rows it owns (whole groups: the judge compares completions of one prompt only), and the run on
+    2 processes x 2 devices follows the one on 1 x 4 step by step."""
+    rewards = ("rewards=[{name: rm, type: model, weight: 1.0, params: {checkpoint: '%s', batch_size: 4}},"
+               " {name: judge, type: pairwise, weight: 0.5, params: {judge: 'mh_judge:by_digits',"
+               " group_size: 2}}]" % reward_model_dir)
+    overrides = ["algorithm.name=grpo", rewards]
+    env = {"PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    runs = {}
+    for processes in (1, 2):
+        run_dir = tmp_root / f"model-rewards-{processes}"
+        wait_all(launch(run_dir, overrides, processes=processes, devices=4 // processes, **env))
+        runs[processes] = metrics(run_dir)
+    keys = COMPARED + ("reward/rm/mean", "reward/judge/mean")
+    assert_same_metrics(runs[2], runs[1], keys=keys)
+    rm = [r["reward/rm/mean"] for r in runs[1] if "reward/rm/mean" in r]
+    assert len(rm) == 2 and all(np.isfinite(rm)) and len(set(rm)) == 2, f"RM rewards do not vary: {rm}"
+    for run in runs.values():  # every host loaded the RM and ran the judge: no sample fell back to on_error
+        assert all(r.get("reward/rm/errors", 0) == 0 and r.get("reward/judge/errors", 0) == 0 for r in run)
+    judge = [r["reward/judge/mean"] for r in runs[1] if "reward/judge/mean" in r]
+    assert judge and all(abs(x) < 1e-6 for x in judge), "a win rate averages to 0 over each group"
+    assert any(abs(r["loss"]) > 1e-6 for r in runs[1] if "loss" in r)
 
 
 def _wait_for(predicate, procs, timeout: float = TIMEOUT_S) -> None:
