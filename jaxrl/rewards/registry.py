@@ -17,9 +17,13 @@ from typing import Any, Callable, Mapping, NamedTuple
 
 from jaxrl.rewards.answers import exact_answer, math_answer, require_math_verify
 from jaxrl.rewards.countdown import countdown
+from jaxrl.rewards.evpv_gate import PRM_DEFAULTS, AGGREGATOR_NAMES, evpv_reward
 from jaxrl.rewards.gym import reasoning_gym_score
 from jaxrl.rewards.imports import import_function
-from jaxrl.rewards.model_reward import model_reward, pairwise_reward
+from jaxrl.rewards.local_judge import check_judge_spec
+from jaxrl.rewards.model_reward import model_reward
+from jaxrl.rewards.openrs_judge import pairwise_reward
+from jaxrl.rewards.proxy_grm import proxy_grm_score
 from jaxrl.rewards.shaping import format_reward, length_penalty, overlong_penalty
 
 
@@ -81,13 +85,72 @@ def _check_model(p: Mapping[str, Any]) -> None:
             raise ValueError(f"params.{key}={p[key]}: must be >= 1")
 
 
+def _check_function_or_judge(p: Mapping[str, Any], key: str) -> None:
+    if isinstance(p[key], Mapping):
+        check_judge_spec(p[key], f"params.{key}")
+    elif isinstance(p[key], str):
+        import_function(p[key], f"params.{key}")
+    elif not callable(p[key]):
+        raise ValueError(f"params.{key}={p[key]!r}: must be 'module:function' or a judge model mapping "
+                         "{model: PATH, ...}")
+
+
 def _check_pairwise(p: Mapping[str, Any]) -> None:
-    if isinstance(p["judge"], str):
-        import_function(p["judge"], "params.judge")
+    _check_function_or_judge(p, "judge")
+    template = p["prompt_template"]
+    if template is not None:
+        if not isinstance(p["judge"], Mapping):
+            raise ValueError("params.prompt_template: only used with a judge model (judge: {model: PATH} or "
+                             "{generate: 'module:function'})")
+        missing = [k for k in ("{query}", "{response_a}", "{response_b}") if k not in template]
+        if missing:
+            raise ValueError(f"params.prompt_template: must contain {', '.join(missing)}")
     if p["group_size"] < 2:
         raise ValueError(f"params.group_size={p['group_size']}: must be >= 2")
     if p["mode"] not in ("score", "verdict"):
         raise ValueError(f"params.mode={p['mode']!r}: allowed values are 'score', 'verdict'")
+
+
+def _check_proxy_grm(p: Mapping[str, Any]) -> None:
+    if p["use_fb"] not in range(11):
+        raise ValueError(f"params.use_fb={p['use_fb']}: allowed values are 0..10")
+    if p["use_proxy"]:
+        if p["proxy"] is None:
+            raise ValueError("params.proxy: required with use_proxy (a judge model {model: PATH, ...}, "
+                             "{generate: 'module:function'} or 'module:function'); or set use_proxy: false")
+        _check_function_or_judge(p, "proxy")
+    if p["format_pattern"] is not None:
+        try:
+            re.compile(p["format_pattern"])
+        except re.error as e:
+            raise ValueError(f"params.format_pattern={p['format_pattern']!r}: not a valid regex "
+                             f"({e})") from None
+    if not math.isfinite(p["format_weight"]):
+        raise ValueError(f"params.format_weight={p['format_weight']}: must be finite")
+
+
+def _check_evpv(p: Mapping[str, Any]) -> None:
+    prm = p["prm"]
+    if isinstance(prm, Mapping):
+        unknown = sorted(set(prm) - set(PRM_DEFAULTS))
+        if unknown or "checkpoint" not in prm:
+            raise ValueError(f"params.prm: a reward model is {{checkpoint: PATH, threshold, batch_size, "
+                             f"max_len}}; got keys {sorted(prm)}")
+        try:
+            _check_model({**PRM_DEFAULTS, **prm})
+        except ValueError as e:
+            raise ValueError(str(e).replace("params.", "params.prm.", 1)) from None
+    else:
+        _check_function_or_judge(p, "prm")
+    if p["premise"] is not None:
+        if isinstance(p["premise"], Mapping):
+            raise ValueError("params.premise: must be 'module:function'")
+        _check_function_or_judge(p, "premise")
+    if p["aggregator"] not in AGGREGATOR_NAMES:
+        raise ValueError(f"params.aggregator={p['aggregator']!r}: allowed values are "
+                         f"{', '.join(map(repr, AGGREGATOR_NAMES))}")
+    if not p["step_separator"] or p["max_steps"] < 1:
+        raise ValueError("params.step_separator must be non-empty and params.max_steps >= 1")
 
 
 # type name -> built-in reward. Explicit and greppable (STYLE.md principle 15).
@@ -101,6 +164,11 @@ BUILTINS: dict[str, Builtin] = {
     "reasoning_gym": Builtin(reasoning_gym_score, ("answer", "task", "metadata"), _check_gym),
     # params: {checkpoint: RM run dir / HF SequenceClassification dir}
     "model": Builtin(model_reward, (), _check_model),
-    # params: {judge: "module:function", group_size: G}
+    # params: {judge: "module:function" | {model: PATH, max_new_tokens, ...}, group_size: G, mode}
     "pairwise": Builtin(pairwise_reward, (), _check_pairwise),
+    # fields: answer ("1"/"2"), question, response_1, response_2; params: {proxy, use_fb, use_proxy, ...}
+    "proxy_grm": Builtin(proxy_grm_score, ("answer", "question", "response_1", "response_2"),
+                         _check_proxy_grm),
+    # params: {prm: "module:function" | {checkpoint: RM}, premise: "module:function", aggregator}
+    "evpv": Builtin(evpv_reward, (), _check_evpv),
 }
