@@ -96,11 +96,8 @@ def generated_pairwise_reward(prompts: Sequence[str], completions: Sequence[str]
 
     from jaxrl.losses.openrs import pairwise_group_rewards
 
-    n = len(completions)
-    if group_size < 2 or n % group_size:
-        raise ConfigError(f"pairwise reward: group_size={group_size} must be >= 2 and divide the {n} "
-                          "completions")
-    num_prompts = n // group_size
+    check_groups(prompts, group_size)
+    num_prompts = len(completions) // group_size
     pairs = [(p, i, j) for p in range(num_prompts) for i in range(group_size) for j in range(group_size)
              if i != j]
     requests = [rubric_request(prompt_template, prompts[p * group_size],
@@ -119,11 +116,28 @@ def generated_pairwise_reward(prompts: Sequence[str], completions: Sequence[str]
     return [float(r) for r in np.asarray(rewards).reshape(-1)]
 
 
+def check_groups(prompts: Sequence[str], group_size: int) -> None:
+    """ValueError unless the rows come in groups of `group_size` that share their prompt (the trainer's
+    rollouts do; an evaluation with one sample per prompt does not, and has no pairs to judge)."""
+    n = len(prompts)
+    if group_size < 2 or n % group_size:
+        raise ConfigError(f"pairwise reward: group_size={group_size} must be >= 2 and divide the {n} "
+                          "completions")
+    for start in range(0, n, group_size):
+        if len(set(prompts[start:start + group_size])) != 1:
+            raise ValueError(f"pairwise reward: rows {start}..{start + group_size - 1} do not share one "
+                             "prompt (params.group_size must equal rollout.group_size; evaluation with one "
+                             "sample per prompt has no pairs)")
+
+
 def pairwise_reward(prompts: list[str], completions: list[str], *,
                     judge: str | Callable[[str, str, str], float] | Mapping[str, Any],
                     group_size: int, mode: str = "score", min_score: float = 0.0,
                     prompt_template: str | None = None) -> list[float]:
-    """The `pairwise` reward type: a judge model (mapping) or a judge function (see the module docstring)."""
+    """The `pairwise` reward type: a judge model (mapping) or a judge function (see the module docstring).
+
+    Every group of `group_size` rows must share its prompt (`check_groups`), else the call raises."""
+    check_groups(prompts, group_size)
     if isinstance(judge, Mapping):
         return generated_pairwise_reward(prompts, completions, generate=text_generator(judge),
                                          group_size=group_size, mode=mode, min_score=min_score,

@@ -75,6 +75,16 @@ def test_stub_judge_through_resolve_equals_hand_computed(mode, expected):
     assert info.errors == {"judge": 0}
 
 
+def test_rows_of_a_group_must_share_their_prompt():
+    # e.g. an evaluation batch of one greedy sample per prompt: no pairs, so every sample fails (not judged)
+    spec = RewardSpec(name="judge", type="pairwise", params={
+        "judge": {"generate": f"{__name__}:stub_generate"}, "group_size": 2, "prompt_template": TEMPLATE})
+    CALLS.clear()
+    rewards, info = score(resolve([spec]), ["p1", "p2", "p3", "p4"], ["x", "yy", "x", "yy"])
+    assert info.errors == {"judge": 4} and CALLS == [] and (rewards == 0).all()
+    assert "do not share one prompt" in info.first_failure["judge"]
+
+
 @pytest.mark.parametrize("params,message", [
     ({"judge": {"model": "/no/such/dir"}}, "rewards[j].params.judge.model='/no/such/dir': does not exist"),
     ({"judge": {"generate": f"{__name__}:stub_generate", "model": "x"}}, "give exactly one of model"),
