@@ -1,11 +1,12 @@
 """Benchmark (not a test): sampling with merged LoRA weights (merge once per rollout) vs unmerged `attach`.
 
-    .venv/bin/python tests/lora/bench_lora_sampling.py
+    .venv/bin/python tests/lora/bench_lora_sampling.py [tiny small smollm2]
 
 Prints, per model shape, the best of `REPS` rounds (interleaved) of: the jitted merge, a rollout of the merged
 model, a rollout of the attached (unmerged) model, each after a warm-up call that compiles.
 """
 
+import sys
 import time
 
 import jax
@@ -18,10 +19,10 @@ from jaxrl.sampling import generate
 
 REPS = 5
 SHAPES = {
-    "tiny (D32 Y2 V64)": TransformerConfig.tiny(),
-    "small (D256 Y4 F768 V2048)": TransformerConfig.tiny(hidden_size=256, num_layers=4, num_heads=8,
-                                                         num_kv_heads=4, head_dim=32, mlp_dim=768,
-                                                         vocab_size=2048),
+    "tiny": TransformerConfig.tiny(),  # D32 Y2 V64
+    "small": TransformerConfig.tiny(hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=4, head_dim=32,
+                                    mlp_dim=768, vocab_size=2048),
+    "smollm2": TransformerConfig.smollm2_135m(),  # its shape, random weights
 }
 
 
@@ -54,6 +55,6 @@ def bench(cfg, prompts=8, samples=4, new_tokens=32, rank=16):
 
 if __name__ == "__main__":
     print(f"backend {jax.default_backend()}, devices {jax.device_count()}")
-    for label, cfg in SHAPES.items():
-        best = bench(cfg)
+    for label in sys.argv[1:] or ["tiny", "small"]:
+        best = bench(SHAPES[label])
         print(f"{label}: " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in best.items()))
