@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping, NamedTuple
 
 from jaxrl.rewards.answers import exact_answer, math_answer, require_math_verify
 from jaxrl.rewards.countdown import countdown
-from jaxrl.rewards.evpv_gate import PRM_DEFAULTS, AGGREGATOR_NAMES, evpv_reward
+from jaxrl.rewards.evpv_gate import AGGREGATOR_NAMES, PRM_DEFAULTS, evpv_reward
 from jaxrl.rewards.gym import reasoning_gym_score
 from jaxrl.rewards.imports import import_function
 from jaxrl.rewards.local_judge import check_judge_spec
@@ -136,6 +136,10 @@ def _check_evpv(p: Mapping[str, Any]) -> None:
         if unknown or "checkpoint" not in prm:
             raise ValueError(f"params.prm: a reward model is {{checkpoint: PATH, threshold, batch_size, "
                              f"max_len}}; got keys {sorted(prm)}")
+        threshold = prm.get("threshold", PRM_DEFAULTS["threshold"])
+        number = isinstance(threshold, (int, float)) and not isinstance(threshold, bool)
+        if not number or not math.isfinite(threshold):
+            raise ValueError(f"params.prm.threshold={threshold!r}: must be a finite number")
         try:
             _check_model({**PRM_DEFAULTS, **prm})
         except ValueError as e:

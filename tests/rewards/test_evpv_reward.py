@@ -78,6 +78,7 @@ def test_arithmetic_example_functions(completion, expected):
     ({"prm": f"{__name__}:prm", "aggregator": "max"}, "rewards[e].params.aggregator='max': allowed values"),
     ({"prm": {"checkpoint": "/no/such"}}, "rewards[e].params.prm.checkpoint='/no/such': does not exist"),
     ({"prm": {"path": "x"}}, "rewards[e].params.prm: a reward model is {checkpoint: PATH"),
+    ({"prm": {"checkpoint": ".", "threshold": "high"}}, "rewards[e].params.prm.threshold='high': must be a"),
     ({"prm": f"{__name__}:prm", "premise": "no_such_mod:f"}, "rewards[e].params.premise='no_such_mod:f'"),
 ])
 def test_config_errors(params, message):
