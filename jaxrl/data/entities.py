@@ -27,6 +27,7 @@ import numpy as np
 SIZES = {
     "tiny": dict(countries=4, cities=12, people=24, landmarks=12, companies=8),
     "small": dict(countries=12, cities=60, people=150, landmarks=80, companies=50),
+    "lookup": dict(people=600, cities=16),  # `build_lookup_world`: closed-set answers, one question a person
 }
 _ONSETS = ("b", "br", "c", "d", "dr", "f", "g", "gr", "h", "k", "l", "m", "n", "p", "qu", "r", "s", "st",
            "t", "th", "tr", "v", "w", "z")
@@ -40,6 +41,11 @@ _COUNTRY_SUFFIX = ("Vale", "Reach", "March", "Isles", "Commons")
 _LANDMARK_KIND = {"Bridge": "long", "Lighthouse": "tall", "Tower": "tall"}
 _COMPANY_SUFFIX = ("Looms", "Works", "Foundry", "Mills", "Shipwrights")
 _BLOCKLIST = ("Paris", "London", "Berlin", "Rome", "Tokyo", "Darwin", "Newton", "Lincoln")
+_LOOKUP_JOBS = _OCCUPATIONS + ("baker", "sailor", "potter", "miller", "tailor", "mason", "drover", "fletcher")
+_LOOKUP_COLOURS = ("red", "blue", "green", "amber", "violet", "grey", "white", "black", "teal", "olive",
+                   "coral", "ivory", "indigo", "scarlet", "ochre", "silver")
+_LOOKUP_QUESTIONS = {"job": "What is the job of {}?", "city": "What is the home city of {}?",
+                     "colour": "What is the favourite colour of {}?"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +73,15 @@ class _Names:
     def __init__(self, rng: np.random.Generator):
         self.rng, self.used = rng, set()
 
+    def short(self) -> str:
+        """A five-letter name, consonant-vowel-consonant-vowel-consonant (fixed length: easy to copy)."""
+        while True:
+            c, v = "bdfgklmnprstvz", "aeiou"
+            w = "".join(self.rng.choice(list(c if i % 2 == 0 else v)) for i in range(5)).capitalize()
+            if w not in self.used:
+                self.used.add(w)
+                return w
+
     def word(self, syllables: int) -> str:
         while True:
             parts = [self.rng.choice(_ONSETS) + self.rng.choice(_VOWELS) for _ in range(syllables)]
@@ -88,6 +103,8 @@ def build_world(seed: int = 0, size: str = "tiny") -> World:
     """The world for (seed, size); `size` is a key of `SIZES`. Builds in milliseconds for "tiny"."""
     if size not in SIZES:
         raise ValueError(f"size={size!r}: allowed values are {', '.join(map(repr, SIZES))}")
+    if size == "lookup":
+        return build_lookup_world(seed, **SIZES[size])
     n = SIZES[size]
     rng = np.random.default_rng(int(seed))
     names = _Names(rng)
@@ -121,6 +138,39 @@ def build_world(seed: int = 0, size: str = "tiny") -> World:
     return World(int(seed), size, docs, questions, ent)
 
 
+def build_lookup_world(seed: int = 0, people: int = 600, cities: int = 16) -> World:
+    """A one-hop world whose answers come from small closed sets (`size="lookup"` of `build_world`).
+
+    Each person (a five-letter name) has a job (16 values), a home city (`cities` names) and a favourite
+    colour (16 values), drawn uniformly; its one document reads "Name is a job from City. Favourite colour:
+    colour." and its one question asks one attribute, drawn uniformly, with the name last ("What is the job
+    of Name?"). A held-out question is about a person no training question names, and every value of its
+    answer appears in many training answers: a model must search to know WHICH value, but never has to
+    spell a value it has not seen. Guessing without searching scores about 1/16 (`tests/agent`).
+    """
+    rng = np.random.default_rng([int(seed), 17])
+    names = _Names(rng)
+    towns = [names.word(2) for _ in range(int(cities))]
+    values = {"job": _LOOKUP_JOBS, "city": tuple(towns), "colour": _LOOKUP_COLOURS}
+    ent: dict[str, dict[str, Any]] = {}
+    questions = []
+    for i in range(int(people)):
+        name = names.short()
+        e = dict(type="person", **{k: _pick(rng, v) for k, v in values.items()})
+        ent[name] = e
+        key = _pick(rng, tuple(_LOOKUP_QUESTIONS))
+        q = dict(_q(_LOOKUP_QUESTIONS[key].format(name), e[key], [name]), attribute=key)
+        questions.append(dict(q, index=i, id=f"l{seed}-{i:05d}"))
+    texts = [f"{name}\n{name} is {_article(e['job'])} {e['job']} from {e['city']}. Favourite colour: "
+             f"{e['colour']}." for name, e in ent.items()]
+    docs = tuple({"id": f"d{i:06d}", "contents": t} for i, t in enumerate(texts))
+    return World(int(seed), "lookup", docs, tuple(questions), ent)
+
+
+def _article(word: str) -> str:
+    return "an" if word[0] in "aeiou" else "a"
+
+
 def _document(name: str, e: dict[str, Any]) -> str:
     t = e["type"]
     if t == "country":
@@ -130,8 +180,8 @@ def _document(name: str, e: dict[str, Any]) -> str:
         body = (f"{name} is a city in {e['country']}. It was founded in {e['founded']} and has a population "
                 f"of {_num(e['population'])}.")
     elif t == "person":
-        article = "an" if e["occupation"][0] in "aeiou" else "a"
-        body = f"{name} was {article} {e['occupation']} born in {e['born']} in the city of {e['city']}."
+        job = e["occupation"]
+        body = f"{name} was {_article(job)} {job} born in {e['born']} in the city of {e['city']}."
     elif t == "landmark":
         kind = e["kind"].lower()
         body = (f"The {name} is a {kind} in {e['city']}, designed by {e['designer']}. It opened in "

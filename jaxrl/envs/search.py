@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import re
 import string
+import zlib
 from typing import Any, Mapping, Sequence
 
 from jaxrl.data.entities import build_world
@@ -110,24 +111,58 @@ class SearchEnv(ToolEnv):
         `World.records(split)` of the same world.
       top_k: documents per search.
       obs_format, call_reward: as `ToolEnv`.
+      demo_search: the share of questions whose demonstration searches (`oracle_actions`); the others are
+        demonstrated by `guess_actions`, an answer without searching. Below 1 the warm start leaves a policy
+        that mostly guesses, and RL has to discover that searching pays (as the quickstart's mixed styles).
     """
 
     def __init__(self, tokenizer, *, corpus_seed: int = 0, corpus_size: str = "tiny", top_k: int = 1,
-                 obs_format: str = "inline", call_reward: float = 0.0):
+                 obs_format: str = "inline", call_reward: float = 0.0, demo_search: float = 1.0):
+        if not 0.0 <= float(demo_search) <= 1.0:
+            raise ValueError(f"demo_search must be in [0, 1], got {demo_search}")
         world = _world(int(corpus_seed), str(corpus_size))
+        self.world, self.demo_search = world, float(demo_search)
         super().__init__(tokenizer, tools=("search",),
                          instructions="Search with <search>name</search>, then reply <answer>...</answer>.",
                          obs_format=obs_format, call_reward=call_reward,
                          tool_kwargs={"search": {"contents": world.contents, "top_k": top_k}})
 
     def demonstration(self, record: Mapping[str, Any]) -> list[str]:
-        """The action texts of a correct episode (`oracle_actions`), for the SFT warm start."""
-        return oracle_actions(record)
+        """The action texts the SFT warm start imitates for `record`: `oracle_actions` (a correct episode)
+        for a `demo_search` share of questions (chosen by crc32 of the question), else `guess_actions`."""
+        if _unit(f"search:{record['question']}") < self.demo_search:
+            return oracle_actions(record)
+        return guess_actions(record, self.world)
 
 
 @functools.lru_cache(maxsize=4)
 def _world(seed: int, size: str):
     return build_world(seed, size)
+
+
+def _unit(text: str) -> float:
+    """A deterministic number in [0, 1) for `text` (crc32; no salted hashing)."""
+    return zlib.crc32(text.encode()) / 2**32
+
+
+def _template(record: Mapping[str, Any]) -> str:
+    return str(record["question"]).replace(str(record["chain"][0]), "{}")
+
+
+@functools.lru_cache(maxsize=4)
+def _answer_pools(seed: int, size: str) -> dict[str, tuple[str, ...]]:
+    pools: dict[str, set[str]] = {}
+    for q in _world(seed, size).questions:
+        pools.setdefault(_template(q), set()).add(q["answers"][0])
+    return {t: tuple(sorted(v)) for t, v in pools.items()}
+
+
+def guess_actions(record: Mapping[str, Any], world) -> list[str]:
+    """An answer without searching: one of the answers the world gives to questions of the record's form
+    (the question with its first chain name taken out), chosen by crc32 of the question, so the guesses are
+    spread evenly over the values. Its accuracy is the no-search baseline (about 1/16 in the lookup world)."""
+    pool = _answer_pools(world.seed, world.size)[_template(record)]
+    return [f"<answer>{pool[zlib.crc32(('guess:' + record['question']).encode()) % len(pool)]}</answer>"]
 
 
 def oracle_actions(record: Mapping[str, Any]) -> list[str]:
