@@ -11,10 +11,10 @@ import pytest
 from experiments import dir_vs_bt
 
 
-def _fake(acc, corr):
+def _fake(acc, corr, bias="length"):
     return {"steps": np.array([100, 200]), "accuracy": np.array([0.5, acc]),
             "abs_corr": np.array([0.9, corr]),
-            "final": {"accuracy": acc, "attributes": {"length": {"correlation": -corr}}}}
+            "final": {"accuracy": acc, "attributes": {bias: {"correlation": -corr}}}}
 
 
 def test_report_by_hand(tmp_path):
@@ -36,3 +36,28 @@ def test_curve_ends_at_final_report(tmp_path):
     assert out["abs_corr"][-1] == pytest.approx(abs(out["final"]["attributes"]["length"]["correlation"]),
                                                 abs=1e-6)
     assert np.all((out["abs_corr"] >= 0) & (out["abs_corr"] <= 1))
+
+
+def test_second_bias_report_and_overrides(tmp_path):
+    runs = {"BT": [_fake(0.5, 0.8, "sycophancy")], "DIR": [_fake(0.9, 0.2, "sycophancy")]}
+    text = dir_vs_bt.report(runs, [0], tmp_path, seconds=60.0, steps=200, bias="sycophancy")
+    assert text.startswith("Bias sycophancy.") and "abs corr(margin, chosen sycophancy)" in text
+    assert "lower than BT's in 1 of 1 seeds" in text
+    assert (tmp_path / "dir_vs_bt_sycophancy.md").read_text() == text
+    assert not (tmp_path / "dir_vs_bt.md").exists()
+    assert dir_vs_bt.bias_overrides("length") == []
+    assert "debias.attribute=sycophancy" in dir_vs_bt.bias_overrides("sycophancy")
+
+
+@pytest.mark.slow  # ~20 s idle
+def test_sycophancy_run_measures_its_own_attribute(tmp_path):
+    """The planted bias and the measured attribute follow --bias: the config plants the sycophantic opener
+    and debiases it, and the curve's last |corr| is the final report's sycophancy correlation."""
+    from jaxrl.reward_model.config import load_rm_config
+
+    cfg = load_rm_config(dir_vs_bt.METHODS["DIR"], dir_vs_bt.bias_overrides("sycophancy"))
+    assert cfg.data.params["bias"] == "sycophancy" and cfg.debias.attribute == "sycophancy"
+    out = dir_vs_bt.run_one(dir_vs_bt.METHODS["DIR"], 0, 20, tmp_path / "dir", eval_every=20,
+                            bias="sycophancy")
+    assert out["abs_corr"][-1] == pytest.approx(
+        abs(out["final"]["attributes"]["sycophancy"]["correlation"]), abs=1e-6)
