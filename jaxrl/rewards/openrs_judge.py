@@ -47,11 +47,16 @@ RUBRIC_REQUEST = (
 _FENCE = re.compile(r"```json\s*(.*?)\s*```", re.DOTALL)
 
 
+def fill(template: str, **values: str) -> str:
+    """`template` with each `{name}` of `values` replaced in one pass (other braces, as in a JSON example,
+    stay; a placeholder written inside a value is not expanded)."""
+    names = "|".join(map(re.escape, values))
+    return re.sub(r"\{(" + names + r")\}", lambda m: values[m.group(1)], template)
+
+
 def rubric_request(template: str, query: str, response_a: str, response_b: str) -> str:
-    """The judge's request: `template` with {query}, {response_a}, {response_b} filled in (str.replace, so
-    braces elsewhere, as in a JSON example, stay as they are)."""
-    return template.replace("{query}", query).replace("{response_a}", response_a) \
-        .replace("{response_b}", response_b)
+    """The judge's request: `template` with {query}, {response_a}, {response_b} filled in."""
+    return fill(template, query=query, response_a=response_a, response_b=response_b)
 
 
 def parse_judgement(text: str | None) -> dict | None:

@@ -35,6 +35,7 @@ import numpy as np
 
 from jaxrl.rewards.imports import import_function
 from jaxrl.rewards.local_judge import text_generator
+from jaxrl.rewards.openrs_judge import fill
 
 PROXY_REQUEST = (
     "You are a precise evaluation assistant. Read the question and the two responses, evaluate both strictly "
@@ -99,8 +100,7 @@ def proxy_pick(reply: str) -> str | None:
 def _proxy_replies(proxy: str | Callable[..., str] | Mapping[str, Any], questions: Sequence[str],
                    first: Sequence[str], second: Sequence[str], rubrics: Sequence[str]) -> list[str | None]:
     if isinstance(proxy, Mapping):
-        requests = [PROXY_REQUEST.replace("{question}", q).replace("{response_1}", a)
-                    .replace("{response_2}", b).replace("{rubric}", r)
+        requests = [fill(PROXY_REQUEST, question=q, response_1=a, response_2=b, rubric=r)
                     for q, a, b, r in zip(questions, first, second, rubrics, strict=True)]
         replies = list(text_generator(proxy)(requests))
         if len(replies) != len(requests):

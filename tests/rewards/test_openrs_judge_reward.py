@@ -13,7 +13,7 @@ from jaxrl.errors import ConfigError
 from jaxrl.models import Transformer, TransformerConfig
 from jaxrl.rewards import resolve, score
 from jaxrl.rewards.local_judge import generate_texts
-from jaxrl.rewards.openrs_judge import judgement_score, parse_judgement
+from jaxrl.rewards.openrs_judge import fill, judgement_score, parse_judgement
 from jaxrl.tokenizer import builtin_tokenizer
 
 TEMPLATE = "Q:{query}\nA:{response_a}\nB:{response_b}\nJSON:"
@@ -44,6 +44,11 @@ def stub_generate(requests):
         b = r.split("\nB:")[1].split("\nJSON:")[0]
         out.append(REPLIES[(a, b)])
     return out
+
+
+def test_fill_is_one_pass():
+    filled = fill(TEMPLATE, query="{response_b}", response_a="{x}", response_b="b")
+    assert filled == "Q:{response_b}\nA:{x}\nB:b\nJSON:"
 
 
 def test_parse_and_score_replies():
