@@ -1,14 +1,18 @@
 """The `evpv` reward: PRM step rewards gated by premise reliability (losses.research.evpv) and aggregated;
-checked against hand-computed values, for a PRM function, a reward model per step prefix, and the arithmetic
-example functions of configs/evpv_tiny.yaml."""
+checked against hand-computed values, for a PRM function, a reward model per step prefix (stubbed, and a tiny
+real one), and the arithmetic example functions of configs/evpv_tiny.yaml."""
 
 import numpy as np
 import pytest
+from flax import nnx
 
 import jaxrl.rewards.model_reward
 from jaxrl.config import RewardSpec
 from jaxrl.errors import ConfigError
+from jaxrl.models import TransformerConfig
+from jaxrl.reward_model.model import RewardModel, save_reward_model
 from jaxrl.rewards import resolve, score
+from jaxrl.tokenizer import builtin_tokenizer
 
 STEPS = {("a", "b", "c", "d"): ([1, 1, -1, 1], ([True, False, False, True], 0, 2)),   # p = 0.6
          ("e", "f"): ([1, -1], ([True, True], 1, 0))}                                # p = 0.5
@@ -85,3 +89,17 @@ def test_config_errors(params, message):
     with pytest.raises(ConfigError) as e:
         resolve([RewardSpec(name="e", type="evpv", params=params)])
     assert message in str(e.value)
+
+
+def test_a_real_reward_model_as_prm(tmp_path):
+    tok = builtin_tokenizer()
+    cfg = TransformerConfig.tiny(vocab_size=len(tok), num_layers=1, pad_token_id=tok.pad_token_id)
+    rm = str(save_reward_model(RewardModel(cfg, rngs=nnx.Rngs(0)), tmp_path / "rm", tokenizer=tok))
+    prefixes = ["1 + 1 = 2", "1 + 1 = 2\nso 2", "1 + 1 = 2\nso 2\n<answer>2</answer>", "7"]
+    scores = jaxrl.rewards.model_reward.model_reward(["What is 1 + 1?"] * 4, prefixes, checkpoint=rm)
+    threshold = float(sorted(scores)[1])          # two prefixes above it, two at or below
+    r = [1.0 if s > threshold else -1.0 for s in scores]
+    got, info = _evpv([prefixes[2], prefixes[3]], ["What is 1 + 1?"] * 2,
+                      prm={"checkpoint": rm, "threshold": threshold})
+    np.testing.assert_allclose(got, [sum(r[:3]) / 3, r[3]], atol=1e-6)
+    assert info.errors == {"evpv": 0} and sorted(r) == [-1.0, -1.0, 1.0, 1.0]
