@@ -9,6 +9,8 @@ Deviations from / choices against the Hugging Face reference (`modeling_llama.py
   projections are einsums and the head axis can be sharded by name.
 * Attention scores and softmax are float32 whatever the compute dtype; masked scores are a large negative
   *finite* value, so a query with no visible key (a padding query) yields finite garbage instead of NaN.
+* Without a cache (training, scoring) the attention core is `jaxrl.models.attention.attend`: the same
+  numerics, with a recomputing backward pass that keeps no [B, K, G, L, L] scores or probabilities per layer.
 * RoPE inverse frequencies are computed once in numpy float32 with the same operations as HF, so positions
   rotate identically.
 """
@@ -23,10 +25,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxrl.models.attention import MASK_VALUE, attend, masked_scores  # noqa: F401 (MASK_VALUE re-exported)
 from jaxrl.models.config import Llama3RopeScaling
 from jaxrl.sharding import param
 
-MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
 _INIT_STD = 0.02  # HF `initializer_range` default for Llama/Qwen
 
 
@@ -174,7 +176,8 @@ class Attention(nnx.Module):
         Args:
           x_BLD: [B, L, D] input.
           cos_BLH, sin_BLH: [B, L, H] RoPE tables of the query/new-key positions.
-          visible: without a cache, [B, L, L] bool (which keys each query sees); with a cache, the pair
+          visible: without a cache, [B, L, L] bool (which keys each query sees; causal: no query sees a later
+            key); with a cache, the pair
             ([B, L, S] visible old slots, [B, L, L] visible new keys).
           cache_kv: None, or (k_BKSH, v_BKSH) of this layer.
 
@@ -191,29 +194,20 @@ class Attention(nnx.Module):
         v_BKLH = v_BLKH.transpose(0, 2, 1, 3)
         b, l, n, h = q_BLNH.shape
         q_BLKGH = q_BLNH.reshape(b, l, self.num_kv_heads, n // self.num_kv_heads, h)
-        if cache_kv is None:
-            scores_BKGLS = _masked_scores(q_BLKGH, k_BKLH, visible)
-            probs_BKGLS = jax.nn.softmax(scores_BKGLS, axis=-1).astype(self.dtype)
-            out_BLKGH = _mix(probs_BKGLS, v_BKLH)
+        if cache_kv is None:  # training / scoring: keeps no [.., L, L] tensor for the backward pass
+            out_BLKGH = attend(q_BLKGH, k_BKLH, v_BKLH, visible, causal=True)
         else:
             k_cache, v_cache = cache_kv
             k_BKLH, v_BKLH = k_BKLH.astype(k_cache.dtype), v_BKLH.astype(v_cache.dtype)
             visible_old_BLS, visible_new_BLL = visible
-            old_BKGLS = _masked_scores(q_BLKGH, k_cache.astype(self.dtype), visible_old_BLS)
-            new_BKGLL = _masked_scores(q_BLKGH, k_BKLH.astype(self.dtype), visible_new_BLL)
+            old_BKGLS = masked_scores(q_BLKGH, k_cache.astype(self.dtype), visible_old_BLS)
+            new_BKGLL = masked_scores(q_BLKGH, k_BKLH.astype(self.dtype), visible_new_BLL)
             slots = old_BKGLS.shape[-1]
             probs_BKGLT = jax.nn.softmax(jnp.concatenate([old_BKGLS, new_BKGLL], axis=-1), axis=-1)
             probs_BKGLT = probs_BKGLT.astype(self.dtype)  # T = S old slots + L new keys
             out_BLKGH = (_mix(probs_BKGLT[..., :slots], v_cache.astype(self.dtype))
                          + _mix(probs_BKGLT[..., slots:], v_BKLH.astype(self.dtype)))
         return self.o_proj(out_BLKGH.reshape(b, l, n, h)), (k_BKLH, v_BKLH)
-
-
-def _masked_scores(q_BLKGH, k_BKSH, visible_BLS) -> jax.Array:
-    """q·kᵀ/√H [B, K, G, L, S] in float32, MASK_VALUE where a key is not visible."""
-    scores_BKGLS = jnp.einsum("BLKGH,BKSH->BKGLS", q_BLKGH, k_BKSH, preferred_element_type=jnp.float32)
-    scores_BKGLS = scores_BKGLS / jnp.sqrt(jnp.float32(q_BLKGH.shape[-1]))
-    return jnp.where(visible_BLS[:, None, None, :, :], scores_BKGLS, MASK_VALUE)
 
 
 def _mix(probs_BKGLS, v_BKSH) -> jax.Array:

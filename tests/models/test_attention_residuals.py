@@ -1,7 +1,9 @@
-"""What a training forward keeps for the backward pass: without remat, two [B, K, G, L, L] attention tensors
-per layer (scores and probabilities); with `remat: dots` or `full`, none (they are recomputed from q, k, v).
-This is the memory lever for long sequences (benchmarks/RESULTS.md, long prompts); remat's logits and
-gradients are checked in test_dtypes_remat.py."""
+"""What a training forward keeps for the backward pass: no [.., L, L] float tensor (attention scores or
+probabilities) with or without remat. The dense softmax kept two [B, K, G, L, L] float32 tensors per layer;
+`jaxrl.models.attention.attend` keeps q, k, v, the [B, L, L] bool visibility and per-query statistics, and
+recomputes the probabilities in the backward pass. This is the memory lever for long sequences
+(benchmarks/RESULTS.md, long prompts); its values and gradients are checked in test_attention_core.py, remat's
+in test_dtypes_remat.py."""
 
 from __future__ import annotations
 
@@ -11,13 +13,14 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxrl.models import Transformer, TransformerConfig
+from jaxrl.models import Transformer, TransformerConfig, layers
+from jaxrl.models.attention import masked_scores
 
 L = 24
 
 
-def _residual_shapes(remat: str, scan_layers: bool) -> list[tuple[int, ...]]:
-    """Shapes of the arrays the backward pass of a forward + loss keeps (the VJP closure's leaves)."""
+def _residuals(remat: str, scan_layers: bool) -> list[tuple[tuple[int, ...], np.dtype]]:
+    """(shape, dtype) of the arrays the backward pass of a forward + loss keeps (the VJP closure's leaves)."""
     cfg = TransformerConfig.tiny(norm="pre", remat=remat, scan_layers=scan_layers)
     params = nnx.state(Transformer(cfg, rngs=nnx.Rngs(0)), nnx.Param).to_pure_dict()
     tokens = jnp.asarray(np.random.default_rng(0).integers(0, 64, (2, L)), jnp.int32)
@@ -26,17 +29,27 @@ def _residual_shapes(remat: str, scan_layers: bool) -> list[tuple[int, ...]]:
         return jnp.mean(jax.nn.log_softmax(Transformer.from_params(cfg, p)(tokens))[..., 0])
 
     _, pullback = jax.vjp(loss, params)
-    return [leaf.shape for leaf in jax.tree.leaves(pullback) if hasattr(leaf, "shape")]
+    return [(leaf.shape, leaf.dtype) for leaf in jax.tree.leaves(pullback) if hasattr(leaf, "shape")]
 
 
-def _square(shapes):
-    return [s for s in shapes if len(s) > 3 and s[-2:] == (L, L)]
+def _square(kept):
+    """Residuals with two axes of length L other than the bool visibility mask ([B, L, L] or [Y, B, L, L])."""
+    return [(s, d) for s, d in kept if list(s).count(L) >= 2 and d != jnp.bool_]
 
 
 @pytest.mark.parametrize("scan_layers", [True, False])
-def test_remat_drops_the_square_attention_residuals(scan_layers):
-    assert _square(_residual_shapes("none", scan_layers)), "without remat the L x L tensors are kept"
-    for remat in ("dots", "full"):
-        kept = _residual_shapes(remat, scan_layers)
-        assert kept, "no residuals found: the check would pass vacuously"
-        assert not _square(kept), (remat, _square(kept))
+@pytest.mark.parametrize("remat", ["none", "dots", "full"])
+def test_no_square_attention_residuals(remat, scan_layers):
+    kept = _residuals(remat, scan_layers)
+    assert any(s[-1] == 8 for s, _ in kept), "no per-head residuals found: the check would pass vacuously"
+    assert not _square(kept), (remat, _square(kept))
+
+
+def test_the_check_sees_square_residuals(monkeypatch):
+    """The dense softmax (the path `attend` replaced) keeps [B, K, G, L, L] floats; `_square` finds them."""
+    def dense(q_BLKGH, k_BKSH, v_BKSH, visible_BLS, causal=False):
+        probs = jax.nn.softmax(masked_scores(q_BLKGH, k_BKSH, visible_BLS), axis=-1).astype(v_BKSH.dtype)
+        return jnp.einsum("BKGLS,BKSH->BLKGH", probs, v_BKSH)
+
+    monkeypatch.setattr(layers, "attend", dense)
+    assert _square(_residuals("none", scan_layers=True))

@@ -1,0 +1,124 @@
+"""`jaxrl.models.attention.attend` (recomputing backward) equals the dense softmax attention it replaced.
+
+The reference `_dense` is the training branch of `Attention.__call__` before the change: float32 masked
+scores, `jax.nn.softmax`, probabilities cast to the compute dtype, mixed with V, differentiated by JAX.
+Tolerances (float32): values rtol 1e-6, gradients atol 1e-6 / rtol 1e-5, the ones test_dtypes_remat.py uses
+for remat; the two differ only in summation order (blocks, rowsum(P ∘ dP) formed by hand).
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxrl.models import Transformer, TransformerConfig, layers
+from jaxrl.models.attention import attend, masked_scores
+
+B, L, K, G, H = 4, 13, 2, 3, 8
+
+
+def _dense(q_BLKGH, k_BKSH, v_BKSH, visible_BLS, causal=False):  # reads all keys whatever `causal`
+    probs_BKGLS = jax.nn.softmax(masked_scores(q_BLKGH, k_BKSH, visible_BLS), axis=-1).astype(v_BKSH.dtype)
+    return jnp.einsum("BKGLS,BKSH->BLKGH", probs_BKGLS, v_BKSH)
+
+
+def _mask_BL() -> np.ndarray:
+    """Row 0 full, row 1 left-padded by 4, row 2 right-padded by 5, row 3 all padding."""
+    mask = np.ones((B, L), bool)
+    mask[1, :4] = False
+    mask[2, -5:] = False
+    mask[3] = False
+    return mask
+
+
+def _inputs(seed=0, dtype=jnp.float32):
+    rng = np.random.default_rng(seed)
+    q = jnp.asarray(rng.normal(size=(B, L, K, G, H)), dtype)
+    k, v = (jnp.asarray(rng.normal(size=(B, K, L, H)), dtype) for _ in range(2))
+    visible = jnp.asarray(_mask_BL()[:, None, :] & np.tri(L, dtype=bool)[None])
+    weights = jnp.asarray(rng.normal(size=(B, L, K, G, H)), jnp.float32)
+    return q, k, v, visible, weights
+
+
+def _value_and_grads(fn, q, k, v, visible, weights):
+    def scalar(q, k, v):
+        return jnp.sum(weights * fn(q, k, v, visible).astype(jnp.float32))
+
+    return jax.value_and_grad(scalar, argnums=(0, 1, 2))(q, k, v)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("block_q", [1, 4, 13, 256])
+def test_output_and_gradients_equal_the_dense_path(block_q, causal):
+    q, k, v, visible, weights = _inputs()
+    fn = functools.partial(attend, block_q=block_q, causal=causal)
+    np.testing.assert_allclose(fn(q, k, v, visible), _dense(q, k, v, visible), rtol=1e-6, atol=1e-6)
+    val, grads = jax.jit(_value_and_grads, static_argnums=0)(fn, q, k, v, visible, weights)
+    ref_val, ref_grads = jax.jit(_value_and_grads, static_argnums=0)(_dense, q, k, v, visible, weights)
+    np.testing.assert_allclose(val, ref_val, rtol=1e-6)
+    for name, got, want in zip("qkv", grads, ref_grads):
+        assert np.max(np.abs(want)) > 1e-2, name  # the comparison is not between zeros
+        np.testing.assert_allclose(got, want, atol=1e-6, rtol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_padding_queries_match_dense_and_stay_finite(causal):
+    """Row 3 sees no key at all (and row 1's first 4 queries neither): uniform weights over all S keys, as
+    the dense softmax of MASK_VALUE scores gives (also where a causal block reads fewer keys), zero dQ, and no
+    NaN anywhere."""
+    q, k, v, visible, weights = _inputs(seed=1)
+    fn = functools.partial(attend, block_q=4, causal=causal)
+    out = fn(q, k, v, visible)
+    mean_v = jnp.broadcast_to(jnp.mean(v, axis=2)[:, None, :, None], out.shape)
+    np.testing.assert_allclose(out[3], mean_v[3], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(out[1, :4], mean_v[1, :4], rtol=1e-6, atol=1e-6)
+    _, (dq, dk, dv) = _value_and_grads(fn, q, k, v, visible, weights)
+    assert all(bool(jnp.all(jnp.isfinite(g))) for g in (dq, dk, dv))
+    np.testing.assert_array_equal(dq[3], 0.0)
+    np.testing.assert_array_equal(dq[1, :4], 0.0)
+    assert float(jnp.max(jnp.abs(dv[3]))) > 0  # padding queries still mix V, as in the dense VJP
+
+
+def test_bfloat16_follows_the_dense_casts():
+    """In bfloat16 both paths round the probabilities to bf16 before they mix V; the remaining difference is
+    bf16 rounding of differently-ordered sums, so the bound is bf16's (2^-8 relative), for this test only."""
+    q, k, v, visible, weights = _inputs(seed=2, dtype=jnp.bfloat16)
+    fn = functools.partial(attend, block_q=4, causal=True)
+    out = fn(q, k, v, visible)
+    assert out.dtype == jnp.bfloat16
+    np.testing.assert_allclose(out.astype(np.float32), _dense(q, k, v, visible).astype(np.float32),
+                               rtol=1e-2, atol=1e-2)
+    _, grads = _value_and_grads(fn, q, k, v, visible, weights)
+    _, ref_grads = _value_and_grads(_dense, q, k, v, visible, weights)
+    for name, got, want in zip("qkv", grads, ref_grads):
+        assert got.dtype == jnp.bfloat16, name
+        scale = float(jnp.max(jnp.abs(want.astype(jnp.float32))))
+        np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), atol=2e-2 * scale,
+                                   err_msg=name)
+
+
+@pytest.mark.parametrize("scan_layers", [True, False])
+def test_model_logprobs_and_gradients_equal_the_dense_path(scan_layers, monkeypatch):
+    """Masked log-probs of a whole model (left- and right-padded rows) and their parameter gradients; blocks
+    of 4 queries so that the causal key skipping is exercised."""
+    monkeypatch.setattr(layers, "attend", functools.partial(attend, block_q=4))
+    cfg = TransformerConfig.tiny(norm="pre", family="qwen3", qk_norm=True, scan_layers=scan_layers)
+    params = nnx.state(Transformer(cfg, rngs=nnx.Rngs(3)), nnx.Param).to_pure_dict()
+    tokens = jnp.asarray(np.random.default_rng(3).integers(0, 64, (B, L)), jnp.int32)
+    mask = jnp.asarray(_mask_BL()[[0, 1, 2, 0]])  # full, left-, right-padded; no all-padding row
+
+    def loss(p):
+        logits = Transformer.from_params(cfg, p).forward(tokens, mask_BL=mask).logits
+        logp = jnp.take_along_axis(jax.nn.log_softmax(logits[:, :-1]), tokens[:, 1:, None], -1)[..., 0]
+        return jnp.sum(logp * mask[:, 1:]) / jnp.sum(mask[:, 1:])
+
+    val, grad = jax.jit(jax.value_and_grad(loss))(params)
+    monkeypatch.setattr(layers, "attend", _dense)
+    ref_val, ref_grad = jax.jit(jax.value_and_grad(loss))(params)
+    np.testing.assert_allclose(val, ref_val, rtol=1e-6)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-5), grad, ref_grad)
+    q_grad = grad["layers"]["self_attn"]["q_proj"]["kernel"]
+    assert float(jnp.max(jnp.abs(q_grad))) > 1e-4  # attention gradients are part of the comparison
