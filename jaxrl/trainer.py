@@ -31,7 +31,8 @@ from jaxrl.errors import ConfigError, UserError
 from jaxrl.models import lora
 from jaxrl.optim import build_optimizer
 from jaxrl.sampling import SamplingSpec
-from jaxrl.sharding import RULES, batch_shardings, hosts, make_constrain, make_mesh, state_shardings
+from jaxrl.sharding import (RULES, batch_shardings, hosts, logical_to_spec, make_constrain, make_mesh,
+                            state_shardings)
 from jaxrl.train_step import (LossSpec, TrainBatch, TrainState, sequence_logprobs, train_step,
                               update_compiler_options)
 
@@ -280,6 +281,34 @@ def shard_batch(run: Run, batch: TrainBatch) -> TrainBatch:
     return jax.device_put(arrays, batch_shardings(arrays, run.mesh, run.rules))
 
 
+def _row_multiple(run: Run) -> int:
+    """Rows a train batch must be a multiple of: the batch axis's shards x mini-batches x micro-batches."""
+    spec = logical_to_spec(("batch",), run.rules)[0]
+    axes = () if spec is None else (spec if isinstance(spec, tuple) else (spec,))
+    shards = int(np.prod([run.mesh.shape[a] for a in axes], dtype=np.int64))
+    return shards * run.update.mini_batches * run.loss.grad_accum
+
+
+def _pad_rows(extra: TrainBatch, n_rollout: int, multiple: int) -> TrainBatch:
+    """`extra` (e.g. AFRL's expert rows) padded with copies of its first row that train on nothing
+    (completion mask off, SFT weight 0), so that rollout + extra rows split evenly over the batch shards:
+    such a row adds no term to any loss and no count to any normaliser (rows and tokens are counted from
+    the masks)."""
+    k = -(n_rollout + extra.tokens_BL.shape[0]) % multiple
+    if k == 0:
+        return extra
+
+    def pad(name, a):
+        a = np.asarray(a)
+        fill = np.repeat(a[:1], k, axis=0)
+        if name in ("completion_mask_BT", "sft_weight_B"):
+            fill = np.zeros_like(fill)
+        return np.concatenate([a, fill], axis=0)
+
+    return extra.replace(**{f.name: pad(f.name, getattr(extra, f.name)) for f in dataclasses.fields(extra)
+                            if getattr(extra, f.name) is not None})
+
+
 def assemble(run: Run, params, ro, adv, *, extra_rows: TrainBatch | None = None
              ) -> tuple[TrainBatch, dict[str, float]]:
     """The completion-space train batch of a rollout (advantages, old and reference log-probs, importance
@@ -290,6 +319,7 @@ def assemble(run: Run, params, ro, adv, *, extra_rows: TrainBatch | None = None
                        np.asarray(adv.adv_NT, np.float32), adv.clip_low_N, adv.clip_high_N,
                        np.zeros((n,), np.float32))
     if extra_rows is not None:
+        extra_rows = _pad_rows(extra_rows, n, _row_multiple(run))
         batch = jax.tree.map(lambda a, b: np.concatenate([a, b], axis=0), batch, extra_rows)
     batch = shard_batch(run, batch)
     metrics: dict[str, float] = {}

@@ -7,7 +7,8 @@ global program, so the metrics must agree step by step (rtol 1e-5: only the cros
 differ). Also: kill -9 of every process after a checkpoint and a relaunch resumes to identical metrics; a
 process killed mid-step stops its peer within the heartbeat with one line naming it; 4 x 2 with data x fsdp;
 `jaxrl sample` / `export-hf` on a two-process checkpoint; `jaxrl train-rm` as two processes against one; a
-trained reward model and a pairwise judge as rewards on two processes against one.
+trained reward model and a pairwise judge as rewards on two processes against one; AFRL's expert rows padded to
+the mesh.
 
 The model is the quickstart's at hidden 32 and one layer; rewards are chosen to vary on a random policy
 (a digit anywhere, and a length penalty), so equal losses are not equal zeros.
@@ -211,6 +212,23 @@ def test_model_and_pairwise_rewards_two_hosts_match_one_host(reward_model_dir, t
     judge = [r["reward/judge/mean"] for r in runs[1] if "reward/judge/mean" in r]
     assert judge and all(abs(x) < 1e-6 for x in judge), "a win rate averages to 0 over each group"
     assert any(abs(r["loss"]) > 1e-6 for r in runs[1] if "loss" in r)
+
+
+@pytest.mark.slow
+def test_sft_aux_expert_rows_fit_any_mesh(tmp_root):
+    """AFRL's expert rows (one per prompt) next to the P·G rollout rows: 2 x 2 + 2 = 6 rows do not split over
+    4 devices, so the trainer pads them with rows that train on nothing. The run on 4 devices (one process and
+    two) follows the unpadded one-device run step by step: the padding changes no loss and no normaliser."""
+    overrides = ["algorithm.name=sft_aux", "algorithm.sft.lam=0.5", "data.prompts_per_step=2"]
+    runs = {}
+    for processes, devices in ((1, 1), (1, 4), (2, 2)):
+        run_dir = tmp_root / f"sft-aux-{processes}x{devices}"
+        wait_all(launch(run_dir, overrides, processes=processes, devices=devices))
+        runs[processes, devices] = metrics(run_dir)
+    keys = COMPARED + ("sft/nll",)
+    assert_same_metrics(runs[1, 4], runs[1, 1], keys=keys)
+    assert_same_metrics(runs[2, 2], runs[1, 1], keys=keys)
+    assert all(r["sft/nll"] > 0 for r in runs[1, 1] if "loss" in r)
 
 
 def _wait_for(predicate, procs, timeout: float = TIMEOUT_S) -> None:
