@@ -7,8 +7,8 @@ global program, so the metrics must agree step by step (rtol 1e-5: only the cros
 differ). Also: kill -9 of every process after a checkpoint and a relaunch resumes to identical metrics; a
 process killed mid-step stops its peer within the heartbeat with one line naming it; 4 x 2 with data x fsdp;
 `jaxrl sample` / `export-hf` on a two-process checkpoint; `jaxrl train-rm` as two processes against one; a
-trained reward model and a pairwise judge as rewards on two processes against one; AFRL's expert rows padded to
-the mesh.
+trained reward model and a pairwise judge as rewards on two processes against one; AFRL's expert rows
+padded to the mesh.
 
 The model is the quickstart's at hidden 32 and one layer; rewards are chosen to vary on a random policy
 (a digit anywhere, and a length penalty), so equal losses are not equal zeros.
