@@ -14,6 +14,7 @@ with reward 0. A tool call can earn `call_reward` (a per-turn shaping reward, 0 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 import string
@@ -114,18 +115,33 @@ class SearchEnv(ToolEnv):
       demo_search: the share of questions whose demonstration searches (`oracle_actions`); the others are
         demonstrated by `guess_actions`, an answer without searching. Below 1 the warm start leaves a policy
         that mostly guesses, and RL has to discover that searching pays (as the quickstart's mixed styles).
+      query_with_question: search "question + query" instead of the query alone, so that a model that cannot
+        copy the name out of the question (a tiny character-level one) still retrieves the right document.
     """
 
     def __init__(self, tokenizer, *, corpus_seed: int = 0, corpus_size: str = "tiny", top_k: int = 1,
-                 obs_format: str = "inline", call_reward: float = 0.0, demo_search: float = 1.0):
+                 obs_format: str = "inline", call_reward: float = 0.0, demo_search: float = 1.0,
+                 query_with_question: bool = False):
         if not 0.0 <= float(demo_search) <= 1.0:
             raise ValueError(f"demo_search must be in [0, 1], got {demo_search}")
         world = _world(int(corpus_seed), str(corpus_size))
         self.world, self.demo_search = world, float(demo_search)
+        self.query_with_question, self.question = bool(query_with_question), ""
         super().__init__(tokenizer, tools=("search",),
                          instructions="Search with <search>name</search>, then reply <answer>...</answer>.",
                          obs_format=obs_format, call_reward=call_reward,
                          tool_kwargs={"search": {"contents": world.contents, "top_k": top_k}})
+
+    def reset(self, record: Mapping[str, Any]) -> list[int]:
+        self.question = str(record.get("question", ""))
+        return super().reset(record)
+
+    def step(self, action: Action) -> StepResult:
+        if not self.query_with_question:
+            return super().step(action)
+        text = re.sub(r"<search>(.*?)</search>", lambda m: f"<search>{self.question} {m.group(1)}</search>",
+                      action.text, flags=re.DOTALL)
+        return super().step(dataclasses.replace(action, text=text))
 
     def demonstration(self, record: Mapping[str, Any]) -> list[str]:
         """The action texts the SFT warm start imitates for `record`: `oracle_actions` (a correct episode)

@@ -64,3 +64,19 @@ def test_demo_search_mixes_oracle_and_guess_demonstrations():
     assert all(full.demonstration(q) == oracle_actions(q) for q in w.questions[:50])
     with pytest.raises(ValueError, match="demo_search"):
         SearchEnv(tok, corpus_size="lookup", demo_search=1.5)
+
+
+def test_query_with_question_retrieves_the_right_document_for_any_query():
+    tok = builtin_tokenizer()
+    w = build_world(0, "lookup")
+    qs = list(w.questions[:60])
+    spec = EpisodeSpec(max_turns=3, max_total_tokens=512)
+    wrong = lambda r: ["<search>Ferim</search>", f"<answer>{r['answers'][0]}</answer>"]  # noqa: E731
+    for flag, expected in ((False, 0.0), (True, 1.0)):
+        params = {"corpus_size": "lookup", "query_with_question": flag}
+        ep = scripted_episodes(qs, tok, make_env("search", params, tokenizer=tok), wrong, spec)
+        # the answer is always right here; only the observation differs: the garbage query alone finds
+        # nothing ("No results."), with the question it finds the person's own document
+        texts = [tok.decode(ep.tokens_BL[i][ep.mask_BL[i]]) for i in range(len(qs))]
+        found = np.mean([f"(Title: {r['chain'][0]})" in t for r, t in zip(qs, texts)])
+        assert found == expected
