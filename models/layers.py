@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 
 from jaxrl.models.attention import MASK_VALUE, attend, masked_scores  # noqa: F401 (MASK_VALUE re-exported)
 from jaxrl.models.config import Llama3RopeScaling
@@ -132,7 +133,18 @@ class MLP(nnx.Module):
         self.down_proj = Proj((hidden, dim), ("mlp", "embed"), "BLF,FD->BLD", **kw)
 
     def __call__(self, x_BLD: jax.Array) -> jax.Array:
-        return self.down_proj(jax.nn.silu(self.gate_proj(x_BLD)) * self.up_proj(x_BLD))
+        """The backward pass keeps the two [B, L, F] projections and recomputes silu(gate) ⊙ up from them
+        (elementwise) instead of also keeping the product: once attention keeps no [L, L] tensor, the MLP's
+        activations are the largest residuals of a long-sequence training step (benchmarks/RESULTS.md)."""
+        def swiglu(x_BLD):
+            gate_BLF = checkpoint_name(self.gate_proj(x_BLD), "mlp_gate")
+            up_BLF = checkpoint_name(self.up_proj(x_BLD), "mlp_up")
+            return self.down_proj(jax.nn.silu(gate_BLF) * up_BLF)
+
+        return jax.checkpoint(swiglu, policy=_KEEP_PROJECTIONS)(x_BLD)
+
+
+_KEEP_PROJECTIONS = jax.checkpoint_policies.save_only_these_names("mlp_gate", "mlp_up")
 
 
 class Attention(nnx.Module):

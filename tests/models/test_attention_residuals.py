@@ -53,3 +53,37 @@ def test_the_check_sees_square_residuals(monkeypatch):
 
     monkeypatch.setattr(layers, "attend", dense)
     assert _square(_residuals("none", scan_layers=True))
+
+
+def test_mlp_keeps_only_its_two_projections():
+    """The SwiGLU MLP keeps gate and up ([B, L, F] each) for the backward pass and recomputes silu(gate) ⊙ up:
+    two F-wide float residuals per layer, not three (the dense MLP also kept the product)."""
+    f = 96  # an MLP width no other tensor of the tiny model has
+    cfg = TransformerConfig.tiny(norm="pre", scan_layers=False, mlp_dim=f)
+    params = nnx.state(Transformer(cfg, rngs=nnx.Rngs(0)), nnx.Param).to_pure_dict()
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 64, (2, L)), jnp.int32)
+
+    def loss(p):
+        return jnp.mean(jax.nn.log_softmax(Transformer.from_params(cfg, p)(tokens))[..., 0])
+
+    _, pullback = jax.vjp(loss, params)
+    acts = [x.shape for x in jax.tree.leaves(pullback) if hasattr(x, "shape") and x.shape == (2, L, f)]
+    assert len(acts) == 2 * cfg.num_layers, acts
+
+
+def test_mlp_values_and_gradients_equal_the_plain_swiglu():
+    cfg = TransformerConfig.tiny(norm="pre")
+    mlp = layers.MLP(cfg.hidden_size, cfg.mlp_dim, rngs=nnx.Rngs(1))
+    x = jnp.asarray(np.random.default_rng(1).standard_normal((2, L, cfg.hidden_size)), jnp.float32)
+
+    def plain(m, x):
+        return m.down_proj(jax.nn.silu(m.gate_proj(x)) * m.up_proj(x))
+
+    def scalar(fn):
+        return lambda m, x: jnp.sum(jnp.sin(fn(m, x)))
+
+    np.testing.assert_allclose(mlp(x), plain(mlp, x), rtol=1e-6, atol=1e-7)
+    got = nnx.grad(scalar(lambda m, x: m(x)), argnums=(0, 1))(mlp, x)
+    want = nnx.grad(scalar(plain), argnums=(0, 1))(mlp, x)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
