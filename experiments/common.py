@@ -101,6 +101,18 @@ def plot_curves(path: Path, panels: Mapping[str, Mapping[str, np.ndarray]], *, x
     return path
 
 
+def add_raw_arguments(parser) -> None:
+    """`--raw DIR` (keep each finished run as DIR/<method><seed>.npz) and `--report-only` (report from them)."""
+    parser.add_argument("--raw", type=Path, default=None, help="keep each finished run here as .npz")
+    parser.add_argument("--report-only", action="store_true", help="report the seeds whose runs are in --raw")
+
+
+def stored_runs(raw: Path, seeds: Sequence[int], methods: Sequence[str], load) -> tuple[list[int], dict]:
+    """(the seeds whose runs of every method are in `raw`, {method: [load(run file) per such seed]})."""
+    kept = [s for s in seeds if all((Path(raw) / f"{m}{s}.npz").is_file() for m in methods)]
+    return kept, {m: [load(Path(raw) / f"{m}{s}.npz") for s in kept] for m in methods}
+
+
 class Timer:
     """Wall-clock seconds since construction (`elapsed()`)."""
 

@@ -161,16 +161,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--tau", type=float, default=0.8, help="SNR threshold of gd2po_snr (the paper's scripts)")
     p.add_argument("--sft-steps", type=int, default=500)
     p.add_argument("--out", type=Path, default=common.DOCS)
-    p.add_argument("--raw", type=Path, default=None, help="keep each finished run here as .npz")
-    p.add_argument("--report-only", action="store_true", help="report the seeds whose runs are in --raw")
+    common.add_raw_arguments(p)
     a = p.parse_args(argv)
     timer = common.Timer()
     setting = (f"{a.steps} RL steps of 4 prompts x 8 samples, one shared {a.sft_steps}-step SFT warm start, "
                f"length budget {a.budget} tokens, SNR tau {a.tau}")
     runs: dict[str, list[dict]] = {m: [] for m in METHODS}
     if a.report_only:
-        seeds = [s for s in a.seeds if all((a.raw / f"{m}{s}.npz").is_file() for m in METHODS)]
-        runs = {m: [load_run(a.raw / f"{m}{s}.npz") for s in seeds] for m in METHODS}
+        seeds, runs = common.stored_runs(a.raw, a.seeds, list(METHODS), load_run)
         print(report(runs, seeds, a.out, seconds=float("nan"), setting=setting))
         return
     with tempfile.TemporaryDirectory() as tmp:

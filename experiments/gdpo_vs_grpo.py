@@ -236,15 +236,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--small", action="store_true", help="the CI model (D=64, 2 layers, 150 SFT steps)")
     p.add_argument("--sft-steps", type=int, default=None, help="SFT warm-start steps (default: the config's)")
     p.add_argument("--out", type=Path, default=common.DOCS)
-    p.add_argument("--raw", type=Path, default=None, help="keep each finished run here as .npz")
-    p.add_argument("--report-only", action="store_true", help="report the seeds whose runs are in --raw")
+    common.add_raw_arguments(p)
     a = p.parse_args(argv)
     timer = common.Timer()
     runs: dict[str, list[dict]] = {"grpo": [], "gdpo": []}
     if a.report_only:
-        seeds = [s for s in a.seeds if all((a.raw / f"{m}{s}.npz").is_file() for m in runs)]
-        for m in runs:
-            runs[m] = [load_run(a.raw / f"{m}{s}.npz") for s in seeds]
+        seeds, runs = common.stored_runs(a.raw, a.seeds, list(runs), load_run)
         print(report(runs, seeds, a.out, seconds=float("nan"), budget=a.budget, steps=a.steps))
         return
     if a.sft_steps is not None:

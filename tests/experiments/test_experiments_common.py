@@ -1,0 +1,24 @@
+"""experiments.common: the stored-runs helper behind every script's --report-only."""
+
+import argparse
+
+import numpy as np
+
+from experiments import common
+
+
+def test_stored_runs_keeps_only_seeds_with_every_method(tmp_path):
+    for name in ("a0", "b0", "a1", "a2", "b2"):  # seed 1 lacks method b
+        np.savez(tmp_path / f"{name}.npz", x=np.asarray([len(name)]))
+    load = lambda path: path.stem
+    seeds, runs = common.stored_runs(tmp_path, [0, 1, 2, 3], ["a", "b"], load)
+    assert seeds == [0, 2]
+    assert runs == {"a": ["a0", "a2"], "b": ["b0", "b2"]}
+
+
+def test_raw_arguments():
+    p = argparse.ArgumentParser()
+    common.add_raw_arguments(p)
+    a = p.parse_args(["--raw", "d", "--report-only"])
+    assert str(a.raw) == "d" and a.report_only
+    assert p.parse_args([]).raw is None
