@@ -20,7 +20,7 @@ import logging
 import math
 import os
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -102,18 +102,40 @@ def model_reward(prompts: list[str], completions: list[str], *, checkpoint: str,
     return out
 
 
-def pairwise_reward(prompts: list[str], completions: list[str], *,
-                    judge: str | Callable[[str, str, str], float],
-                    group_size: int, mode: str = "score", min_score: float = 0.0) -> list[float]:
-    """Per-sample rewards from a pairwise judge, group by group (see the module docstring)."""
-    from jaxrl.losses.openrs import pairwise_group_rewards
-    fn = import_function(judge, "rewards.params.judge") if isinstance(judge, str) else judge
-    n = len(completions)
+def check_groups(prompts: Sequence[str], group_size: int) -> None:
+    """ValueError unless the rows come in groups of `group_size` that share their prompt (the trainer's
+    rollouts do; an evaluation with one sample per prompt does not, and has no pairs to judge)."""
+    n = len(prompts)
     if group_size < 2 or n % group_size:
         raise ConfigError(f"pairwise reward: group_size={group_size} must be >= 2 and divide the {n} "
                           "completions")
-    scores, valid = np.zeros((n // group_size, group_size, group_size), np.float32), \
-        np.zeros((n // group_size, group_size, group_size), bool)
+    for start in range(0, n, group_size):
+        if len(set(prompts[start:start + group_size])) != 1:
+            raise ValueError(f"pairwise reward: rows {start}..{start + group_size - 1} do not share one "
+                             "prompt (params.group_size must equal rollout.group_size; evaluation with one "
+                             "sample per prompt has no pairs)")
+
+
+def group_win_rates(scores_PGG: np.ndarray, valid_PGG: np.ndarray, *, mode: str, min_score: float
+                    ) -> list[float]:
+    """Per-sample rewards (rows in group order) from the judge's [P, G, G] pair scores; pairs with
+    `valid` False (a failed judge call) are left out (`jaxrl.losses.openrs.pairwise_group_rewards`)."""
+    from jaxrl.losses.openrs import pairwise_group_rewards
+
+    rewards = pairwise_group_rewards(jnp.asarray(scores_PGG), mode=mode, min_score=min_score,
+                                     pair_mask_PGG=jnp.asarray(valid_PGG))
+    return [float(r) for r in np.asarray(rewards).reshape(-1)]
+
+
+def pairwise_reward(prompts: list[str], completions: list[str], *,
+                    judge: str | Callable[[str, str, str], float],
+                    group_size: int, mode: str = "score", min_score: float = 0.0) -> list[float]:
+    """Per-sample rewards from a pairwise judge function, group by group (see the module docstring)."""
+    fn = import_function(judge, "rewards.params.judge") if isinstance(judge, str) else judge
+    check_groups(prompts, group_size)
+    n = len(completions)
+    scores = np.zeros((n // group_size, group_size, group_size), np.float32)
+    valid = np.zeros(scores.shape, bool)
     for p in range(n // group_size):
         base = p * group_size
         for i in range(group_size):
@@ -127,6 +149,4 @@ def pairwise_reward(prompts: list[str], completions: list[str], *,
                     continue
                 if math.isfinite(s):
                     scores[p, i, j], valid[p, i, j] = s, True
-    rewards = pairwise_group_rewards(jnp.asarray(scores), mode=mode, min_score=min_score,
-                                     pair_mask_PGG=jnp.asarray(valid))
-    return [float(r) for r in np.asarray(rewards).reshape(-1)]
+    return group_win_rates(scores, valid, mode=mode, min_score=min_score)

@@ -31,8 +31,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from jaxrl.errors import ConfigError
 from jaxrl.rewards.local_judge import Generator, text_generator
+from jaxrl.rewards.model_reward import check_groups, group_win_rates
 from jaxrl.rewards.model_reward import pairwise_reward as function_pairwise_reward
 
 RUBRIC_REQUEST = (
@@ -97,10 +97,6 @@ def generated_pairwise_reward(prompts: Sequence[str], completions: Sequence[str]
                               group_size: int, mode: str = "score", min_score: float = 0.0,
                               prompt_template: str = RUBRIC_REQUEST) -> list[float]:
     """Per-sample rewards from a text judge: all ordered pairs of every group in one `generate` call."""
-    import jax.numpy as jnp
-
-    from jaxrl.losses.openrs import pairwise_group_rewards
-
     check_groups(prompts, group_size)
     num_prompts = len(completions) // group_size
     pairs = [(p, i, j) for p in range(num_prompts) for i in range(group_size) for j in range(group_size)
@@ -116,23 +112,7 @@ def generated_pairwise_reward(prompts: Sequence[str], completions: Sequence[str]
     for (p, i, j), reply in zip(pairs, replies):
         if reply is not None:
             scores[p, i, j], valid[p, i, j] = judgement_score(reply), True
-    rewards = pairwise_group_rewards(jnp.asarray(scores), mode=mode, min_score=min_score,
-                                     pair_mask_PGG=jnp.asarray(valid))
-    return [float(r) for r in np.asarray(rewards).reshape(-1)]
-
-
-def check_groups(prompts: Sequence[str], group_size: int) -> None:
-    """ValueError unless the rows come in groups of `group_size` that share their prompt (the trainer's
-    rollouts do; an evaluation with one sample per prompt does not, and has no pairs to judge)."""
-    n = len(prompts)
-    if group_size < 2 or n % group_size:
-        raise ConfigError(f"pairwise reward: group_size={group_size} must be >= 2 and divide the {n} "
-                          "completions")
-    for start in range(0, n, group_size):
-        if len(set(prompts[start:start + group_size])) != 1:
-            raise ValueError(f"pairwise reward: rows {start}..{start + group_size - 1} do not share one "
-                             "prompt (params.group_size must equal rollout.group_size; evaluation with one "
-                             "sample per prompt has no pairs)")
+    return group_win_rates(scores, valid, mode=mode, min_score=min_score)
 
 
 def pairwise_reward(prompts: list[str], completions: list[str], *,
@@ -142,7 +122,6 @@ def pairwise_reward(prompts: list[str], completions: list[str], *,
     """The `pairwise` reward type: a judge model (mapping) or a judge function (see the module docstring).
 
     Every group of `group_size` rows must share its prompt (`check_groups`), else the call raises."""
-    check_groups(prompts, group_size)
     if isinstance(judge, Mapping):
         return generated_pairwise_reward(prompts, completions, generate=text_generator(judge),
                                          group_size=group_size, mode=mode, min_score=min_score,
