@@ -20,11 +20,10 @@ Run: python -m experiments.afrl_vs_grpo [--seeds 0 1 2] [--steps 30] [--lam 0.1]
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import tempfile
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -45,26 +44,7 @@ def probe_sets(n: int, seed: int = 1000) -> dict[str, list[dict]]:
             for rule, op in (("rare", "-"), ("common", "+"))}
 
 
-@contextlib.contextmanager
-def probing(sets: dict[str, list[dict]]) -> Iterator[list[dict[str, float]]]:
-    """Within the block, every evaluation of `train` also scores each probe set greedily; the yielded list
-    gets one {rule: accuracy} per evaluation, in order (the trainer's own result is returned unchanged)."""
-    from jaxrl import train_loop
-
-    log: list[dict[str, float]] = []
-    real = train_loop.evaluate
-
-    def probed(collect, params, records, encoder, spec, **kw):
-        out = real(collect, params, records, encoder, spec, **kw)
-        log.append({rule: real(collect, params, recs, encoder, spec,
-                                batch_size=kw["batch_size"])["eval/accuracy"] for rule, recs in sets.items()})
-        return out
-
-    train_loop.evaluate = probed
-    try:
-        yield log
-    finally:
-        train_loop.evaluate = real
+probing = common.probing  # the held-out evaluation wrapper (kept under this name for its test)
 
 
 def overrides(method: str, seed: int, steps: int, *, eval_every: int, lam: float) -> list[str]:

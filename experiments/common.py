@@ -6,10 +6,11 @@ min..max range, so a reader sees both how far apart the seeds were and whether o
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -111,6 +112,31 @@ def stored_runs(raw: Path, seeds: Sequence[int], methods: Sequence[str], load) -
     """(the seeds whose runs of every method are in `raw`, {method: [load(run file) per such seed]})."""
     kept = [s for s in seeds if all((Path(raw) / f"{m}{s}.npz").is_file() for m in methods)]
     return kept, {m: [load(Path(raw) / f"{m}{s}.npz") for s in kept] for m in methods}
+
+
+@contextlib.contextmanager
+def probing(sets: Mapping[str, list[dict]], metric: str | None = "eval/accuracy") -> Iterator[list[dict]]:
+    """Within the block, every evaluation of `jaxrl.train_loop.train` also scores each probe set greedily (the
+    held-out evaluation's own wrapper); the yielded list gets one {set name: value} per evaluation, in order,
+    the value being the evaluation's `metric`, or its whole result dict when `metric` is None. The trainer's
+    own result is returned unchanged."""
+    from jaxrl import train_loop
+
+    log: list[dict] = []
+    real = train_loop.evaluate
+
+    def probed(collect, params, records, encoder, spec, **kw):
+        out = real(collect, params, records, encoder, spec, **kw)
+        scores = {name: real(collect, params, recs, encoder, spec, batch_size=kw["batch_size"])
+                  for name, recs in sets.items()}
+        log.append({name: r if metric is None else r[metric] for name, r in scores.items()})
+        return out
+
+    train_loop.evaluate = probed
+    try:
+        yield log
+    finally:
+        train_loop.evaluate = real
 
 
 class Timer:

@@ -22,3 +22,17 @@ def test_raw_arguments():
     a = p.parse_args(["--raw", "d", "--report-only"])
     assert str(a.raw) == "d" and a.report_only
     assert p.parse_args([]).raw is None
+
+
+def test_probing_keeps_whole_results_when_asked():
+    from jaxrl import train_loop
+
+    real = train_loop.evaluate
+    fake = lambda collect, params, records, encoder, spec, *, batch_size, **kw: {"eval/accuracy": len(records)}
+    train_loop.evaluate = fake
+    try:
+        with common.probing({"a": [{}] * 2}, metric=None) as log:
+            assert train_loop.evaluate(None, None, [{}] * 5, None, None, batch_size=4) == {"eval/accuracy": 5}
+        assert log == [{"a": {"eval/accuracy": 2}}] and train_loop.evaluate is fake
+    finally:
+        train_loop.evaluate = real
