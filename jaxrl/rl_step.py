@@ -15,7 +15,7 @@ import jax
 import numpy as np
 
 from jaxrl import rollout as rollout_lib, trainer
-from jaxrl.algorithms import combined_reward
+from jaxrl.algorithms import combined_reward, segment_advantages, zero_std_group_frac
 from jaxrl.train_step import TrainState
 
 TIMING_PREFIX = "timing/"
@@ -50,7 +50,8 @@ def rl_step(run: trainer.Run, state: TrainState, records, step: int):
         metrics.update(resample_metrics)
     total_N = total_reward(ro)
     metrics["reward/mean"] = float(total_N.mean())
-    metrics["frac_zero_std_groups"] = float(np.mean(total_N.reshape(-1, s.group_size).std(axis=1) == 0))
+    metrics["frac_zero_std_groups"] = zero_std_group_frac(total_N, s.group_size, ro.segment_N,
+                                                          ro.segment_sizes)
     t1 = time.perf_counter()
     actor_frozen = False
     for shaper in run.shapers:
@@ -58,7 +59,8 @@ def rl_step(run: trainer.Run, state: TrainState, records, step: int):
         metrics.update(shaper_metrics)
         ro = ro.add_reward_column(values_N, shaper.name)
         actor_frozen = actor_frozen or shaper.actor_frozen(step)
-    adv = algo.advantages(ro.rewards_NK, ro.weights_K, ro.completion_mask_BT, s)
+    adv = segment_advantages(algo.advantages, ro.rewards_NK, ro.weights_K, ro.completion_mask_BT, s,
+                             ro.segment_N, ro.segment_sizes)
     metrics.update(adv.metrics)
     extra = None
     if algo.extra_rows is not None:

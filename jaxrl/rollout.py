@@ -50,6 +50,10 @@ class Rollout:
     finished_N: np.ndarray
     metrics: dict[str, float]
     score_infos: tuple = ()  # the `jaxrl.rewards.ScoreInfo` of each scoring call (one per DAPO round)
+    # Segments (a multi-agent system's roles): rows with equal `segment_N` are normalised together, in groups
+    # of `segment_sizes[id]` consecutive rows of that segment; None: one segment, the run's group size.
+    segment_N: np.ndarray | None = None
+    segment_sizes: tuple[int, ...] = ()
 
     @property
     def prompt_width(self) -> int:
@@ -158,6 +162,7 @@ def concat(parts: Sequence[Rollout], pad_id: int) -> Rollout:
         parts[0].reward_names, [r for p in parts for r in p.records], [c for p in parts for c in p.completions],
         cat("lengths_N"), cat("finished_N"), dict(parts[0].metrics),
         tuple(i for p in parts for i in p.score_infos),
+        None if parts[0].segment_N is None else cat("segment_N"), parts[0].segment_sizes,
     )
 
 
@@ -168,5 +173,5 @@ def select_groups(r: Rollout, groups: np.ndarray, group_size: int) -> Rollout:
         r, tokens_BL=r.tokens_BL[rows], mask_BL=r.mask_BL[rows], completion_mask_BT=r.completion_mask_BT[rows],
         old_logp_BT=r.old_logp_BT[rows], rewards_NK=r.rewards_NK[rows], records=[r.records[i] for i in rows],
         completions=[r.completions[i] for i in rows], lengths_N=r.lengths_N[rows],
-        finished_N=r.finished_N[rows],
+        finished_N=r.finished_N[rows], segment_N=None if r.segment_N is None else r.segment_N[rows],
     )

@@ -174,6 +174,7 @@ def setup(cfg: ExperimentConfig, run_dir: Path) -> tuple[Run, TrainState, Any]:
     mesh = make_mesh(cfg.mesh)
     rules = RULES[cfg.mesh.rules]
     tokenizer = build.build_tokenizer(cfg.model, cfg.tokenizer)
+    system = _multi_agent_system(cfg, tokenizer, algorithm)  # invalid params fail before the model is built
     model = build.build_model(cfg.model, vocab_size=len(tokenizer), seed=cfg.train.seed,
                               constrain=make_constrain(mesh, rules))
     graphdef, params_state = nnx.split(model)
@@ -234,8 +235,8 @@ def setup(cfg: ExperimentConfig, run_dir: Path) -> tuple[Run, TrainState, Any]:
         run.episode_spec = EpisodeSpec(group_size=r.group_size, max_turns=e.max_turns,
                                        max_new_tokens=r.max_new_tokens, max_total_tokens=e.max_total_tokens,
                                        cache=e.cache, **buckets)
-    if cfg.multi_agent is not None:
-        _multi_agent_setup(run, cfg)
+    if system is not None:
+        _multi_agent_setup(run, cfg, system)
     if algorithm.shaper is not None:
         run.shapers.append(algorithm.shaper(run, settings))
     if cfg.algorithm.kl.beta > 0 and cfg.algorithm.kl.where is KLWhere.REWARD:
@@ -243,21 +244,48 @@ def setup(cfg: ExperimentConfig, run_dir: Path) -> tuple[Run, TrainState, Any]:
     return run, state, model
 
 
-def _multi_agent_setup(run: Run, cfg: ExperimentConfig) -> None:
-    """The system (invalid params fail here); its role-format demonstrations are the SFT warm start's
-    environment (one episode per record, laid out like the rows it samples; the system's `max_turns` and
-    `max_total_tokens` when it has them, else one turn)."""
-    from jaxrl.envs import EpisodeSpec
+def _multi_agent_system(cfg: ExperimentConfig, tokenizer, algorithm: Algorithm):
+    """The configured multi-agent system (None without one): invalid params, or role group sizes the
+    algorithm cannot handle, are config errors."""
+    if cfg.multi_agent is None:
+        return None
     from jaxrl.multi_agent import make_system
 
+    system = make_system(cfg.multi_agent.system, cfg.multi_agent.params, tokenizer)
+    _check_role_groups(system.group_sizes(cfg.rollout.group_size), algorithm, cfg.multi_agent.system)
+    return system
+
+
+def _multi_agent_setup(run: Run, cfg: ExperimentConfig, system) -> None:
+    """The system joins the run; its role-format demonstrations are the SFT warm start's environment (one
+    episode per record, laid out like the rows it samples; the system's `max_turns` and `max_total_tokens`
+    when it has them, else one turn)."""
+    from jaxrl.envs import EpisodeSpec
+
     r = cfg.rollout
-    system = run.multi_agent = make_system(cfg.multi_agent.system, cfg.multi_agent.params, run.tokenizer)
+    run.multi_agent = system
     run.env_factory = system.demonstration_env
     total = getattr(system, "max_total_tokens", max(r.prompt_buckets or [1024]) + r.max_new_tokens)
     rows = tuple(sorted({*r.prompt_buckets, *r.gen_buckets, total}))
     buckets = {"row_buckets": rows} if r.prompt_buckets else {}
     run.episode_spec = EpisodeSpec(group_size=1, max_turns=getattr(system, "max_turns", 1),
                                    max_new_tokens=r.max_new_tokens, max_total_tokens=total, **buckets)
+
+
+def _check_role_groups(sizes: dict[str, int], algorithm: Algorithm, system: str) -> None:
+    """The algorithm must define advantages for every role's group size, and its group-wise stages (DAPO's
+    resampling, CLIPO's contrastive head) assume one group size for all rows."""
+    small = {role: g for role, g in sizes.items() if g < algorithm.min_group}
+    if small:
+        role, g = next(iter(small.items()))
+        raise ConfigError(f"algorithm.name={algorithm.name!r}: needs groups of >= {algorithm.min_group} rows, "
+                          f"but the {system} role {role!r} has groups of {g}")
+    stages = [n for n, f in (("resampling", algorithm.resample), ("reward shaping", algorithm.shaper)) if f]
+    if len(set(sizes.values())) > 1 and stages:
+        ok = [a.name for a in ALGORITHMS.values()
+              if a.resample is None and a.shaper is None and a.min_group <= min(sizes.values())]
+        raise ConfigError(f"algorithm.name={algorithm.name!r}: its {stages[0]} needs one group size, but the "
+                          f"{system} roles have group sizes {sizes} (allowed: {', '.join(ok)})")
 
 
 def _lora_setup(cfg: ExperimentConfig, params, mesh, rules):

@@ -16,8 +16,10 @@ from jaxrl.algorithms.base import (
     Algorithm,
     Shaper,
     combined_reward,
+    segment_advantages,
     sequence_advantages,
     task_reward,
+    zero_std_group_frac,
 )
 from jaxrl.algorithms.clipo import ClipoHead, clipo_head
 from jaxrl.algorithms.dapo import dynamic_sampling, informative_groups
@@ -28,7 +30,7 @@ ALGORITHMS: dict[str, Algorithm] = {
     "grpo": Algorithm("grpo", estimators.grpo("group")),
     "dr_grpo": Algorithm("dr_grpo", estimators.grpo("none")),
     "dapo": Algorithm("dapo", estimators.grpo("group"), resample=dynamic_sampling),
-    "rloo": Algorithm("rloo", estimators.rloo),
+    "rloo": Algorithm("rloo", estimators.rloo, min_group=2),
     "gdpo": Algorithm("gdpo", estimators.gdpo, per_reward=True),
     "gd2po": Algorithm("gd2po", estimators.gd2po, per_reward=True),
     "etr": Algorithm("etr", estimators.etr),
@@ -51,6 +53,8 @@ __all__ = [
     "estimators",
     "expert_rows",
     "informative_groups",
+    "segment_advantages",
     "sequence_advantages",
     "task_reward",
+    "zero_std_group_frac",
 ]

@@ -96,6 +96,8 @@ class Algorithm:
       resample: optional resampling stage (DAPO dynamic sampling).
       extra_rows: optional expert rows appended to the batch (AFRL SFT-aux).
       loss: settings -> `LossSpec` field overrides (e.g. `{"sft_lambda": λ}`).
+      min_group: the smallest group its estimator defines (RLOO's leave-one-out baseline needs 2; GRPO's
+        group of 1 is verl's A = R).
     """
 
     name: str
@@ -105,6 +107,7 @@ class Algorithm:
     resample: ResampleFn | None = None
     extra_rows: ExtraRowsFn | None = None
     loss: Callable[[AlgoSettings], dict[str, Any]] = lambda s: {}
+    min_group: int = 1
 
 
 def combined_reward(rewards_NK: np.ndarray, weights_K: np.ndarray) -> np.ndarray:
@@ -128,3 +131,43 @@ def sequence_advantages(adv_N, mask_NT, s: AlgoSettings, metrics=None) -> Advant
         clip_high_N=np.full((n,), s.clip_high, np.float32),
         metrics=dict(metrics or {}),
     )
+
+
+def segment_advantages(fn: AdvantageFn, rewards_NK: np.ndarray, weights_K: np.ndarray, mask_NT: np.ndarray,
+                       s: AlgoSettings, segment_N: np.ndarray | None, sizes: tuple[int, ...]) -> Advantages:
+    """`fn` on each segment of the rows (a multi-agent system's roles) with that segment's group size.
+
+    Advantages are never normalised across segments (spec/multi-agent.md §3.8): a batch-level statistic
+    (GDPO's batch standardisation) is taken within a segment. Metrics are row-weighted means over the
+    segments that report them. `segment_N` None: `fn` on all rows with the run's group size.
+    """
+    if segment_N is None:
+        return fn(rewards_NK, weights_K, mask_NT, s)
+    n, t = np.shape(mask_NT)
+    adv_NT = np.zeros((n, t), np.float32)
+    low_N, high_N = np.zeros((n,), np.float32), np.zeros((n,), np.float32)
+    sums: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    for seg in np.unique(segment_N):
+        rows = np.flatnonzero(segment_N == seg)
+        out = fn(rewards_NK[rows], weights_K, np.asarray(mask_NT)[rows],
+                 dataclasses.replace(s, group_size=int(sizes[seg])))
+        adv_NT[rows], low_N[rows], high_N[rows] = out.adv_NT, out.clip_low_N, out.clip_high_N
+        for k, v in out.metrics.items():
+            sums[k] = sums.get(k, 0.0) + float(v) * len(rows)
+            counts[k] = counts.get(k, 0) + len(rows)
+    return Advantages(adv_NT, low_N, high_N, {k: sums[k] / counts[k] for k in sums})
+
+
+def zero_std_group_frac(total_N: np.ndarray, group_size: int, segment_N: np.ndarray | None,
+                        sizes: tuple[int, ...]) -> float:
+    """The fraction of groups whose rewards are all equal (no GRPO signal); groups of one row are not
+    counted (they have no spread to lose). NaN when there is no group of two or more."""
+    if segment_N is None:
+        segment_N, sizes = np.zeros(len(total_N), np.int32), (group_size,)
+    flat: list[bool] = []
+    for seg in np.unique(segment_N):
+        g = int(sizes[seg])
+        if g > 1:
+            flat += list(total_N[segment_N == seg].reshape(-1, g).std(axis=1) == 0)
+    return float(np.mean(flat)) if flat else float("nan")

@@ -142,6 +142,10 @@ class MarchSystem:
         self.num_distractors, self.train_roles = int(num_distractors), tuple(train_roles)
         self.checker_samples, self.mode, self.max_questions = int(checker_samples), mode, int(max_questions)
 
+    def group_sizes(self, group_size: int) -> dict[str, int]:
+        """The group size of each trained role: G Solver answers of a prompt, their G trained Checker rows."""
+        return {role: int(group_size) for role in self.train_roles}
+
     @functools.lru_cache(maxsize=4096)  # noqa: B019 -- a pure function of the question; one system per run
     def _context(self, question: str, chain: tuple[str, ...]) -> tuple[tuple[str, ...], int]:
         docs, gold = mt.passages({"question": question, "chain": chain}, self.world, self.num_distractors)
@@ -234,7 +238,8 @@ class MarchSystem:
         metrics["march/fault_frac"] = float(np.mean(r_fc < 0))
         metrics["march/labelled_frac"] = float(ch.labelled_N.mean())
         ro = joint_rollout(parts, role_ids=ROLE_IDS, reward_names=names, weights_K=weights,
-                           pad_id=int(self.tokenizer.pad_token_id), metrics=metrics, score_infos=(info,))
+                           pad_id=int(self.tokenizer.pad_token_id), metrics=metrics, score_infos=(info,),
+                           group_sizes=[g] * len(parts))
         ro.metrics["response_length/mean"] = float(ro.lengths_N.mean())
         ro.metrics["response/finished_frac"] = float(ro.finished_N.mean())
         return ro

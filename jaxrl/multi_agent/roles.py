@@ -68,7 +68,8 @@ def _pad_to(x: np.ndarray, left: int, right: int, fill) -> np.ndarray:
 
 def joint_rollout(parts: Sequence[tuple[RoleRows, list[dict[str, Any]], np.ndarray]], *,
                   role_ids: dict[str, int], reward_names: tuple[str, ...], weights_K: np.ndarray, pad_id: int,
-                  metrics: dict[str, float], score_infos: tuple = ()) -> Rollout:
+                  metrics: dict[str, float], score_infos: tuple = (),
+                  group_sizes: Sequence[int] | None = None) -> Rollout:
     """Concatenates the trained roles' rows into one `Rollout`.
 
     Args:
@@ -77,9 +78,14 @@ def joint_rollout(parts: Sequence[tuple[RoleRows, list[dict[str, Any]], np.ndarr
       role_ids: role name -> id (the system's fixed numbering); written into each row's record.
       reward_names, weights_K: the K reward columns shared by every role (0 where a column is not the role's).
       score_infos: the `jaxrl.rewards.ScoreInfo` of the scoring calls (the run's reward-failure tracker).
+      group_sizes: each part's group size (rows normalised together): the rollout's segments are the roles
+        (`Rollout.segment_N` = role id), so no advantage statistic mixes roles. None: the run's group size
+        for every role, one segment.
     """
     if not parts:
         raise ValueError("joint_rollout: no trained role has rows")
+    if group_sizes is not None and len(group_sizes) != len(parts):
+        raise ValueError(f"joint_rollout: {len(group_sizes)} group sizes for {len(parts)} roles")
     width = max(r.prompt_width for r, _, _ in parts)
     comp = max(r.completion_mask_BT.shape[1] for r, _, _ in parts)
     cols = {k: [] for k in ("tokens", "mask", "cmask", "logp", "rewards", "lengths", "finished")}
@@ -101,9 +107,20 @@ def joint_rollout(parts: Sequence[tuple[RoleRows, list[dict[str, Any]], np.ndarr
         records += [dict(rec, role=rows.name, role_id=role_ids[rows.name]) for rec in recs]
         completions += rows.completions
     cat = {k: np.concatenate(v, axis=0) for k, v in cols.items()}
+    segment_N, sizes = None, ()
+    if group_sizes is not None:
+        size_of = dict.fromkeys(range(max(role_ids.values()) + 1), 0)
+        for (rows, _, _), g in zip(parts, group_sizes):
+            if g < 1 or rows.tokens_BL.shape[0] % g:
+                raise ValueError(f"role {rows.name}: group size {g} does not divide its "
+                                 f"{rows.tokens_BL.shape[0]} rows")
+            size_of[role_ids[rows.name]] = int(g)
+        segment_N = np.asarray([r["role_id"] for r in records], np.int32)
+        sizes = tuple(size_of[i] for i in sorted(size_of))
     return Rollout(cat["tokens"].astype(np.int32), cat["mask"], cat["cmask"], cat["logp"].astype(np.float32),
                    cat["rewards"], np.asarray(weights_K, np.float32), tuple(reward_names), records,
-                   completions, cat["lengths"], cat["finished"], dict(metrics), tuple(score_infos))
+                   completions, cat["lengths"], cat["finished"], dict(metrics), tuple(score_infos),
+                   segment_N, sizes)
 
 
 def row_roles(ro: Rollout) -> np.ndarray:

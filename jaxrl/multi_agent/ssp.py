@@ -4,7 +4,7 @@
 spec/multi-agent.md §2 on the fictional-entity world (`jaxrl.data.entities`, BM25 search of
 `jaxrl.envs.SearchEnv`). Per answer record (a* with k = its hop count), one step:
 
-    Proposer  G search episodes ending in <question>q</question>                 (multi-turn, `ProposerEnv`)
+    Proposer  n_p search episodes ending in <question>q</question>               (multi-turn, `ProposerEnv`)
     validity  first <question> tag; >= min_words words; a* not in q; non-empty results; >= k distinct
               searches; RAG check: the policy answers q greedily from this episode's results mixed with up
               to 4 other episodes' results, and must match a* (spec §2.5; verifier = "policy")
@@ -12,10 +12,11 @@ spec/multi-agent.md §2 on the fictional-entity world (`jaxrl.data.entities`, BM
     rewards   R_s = losses.research.ssp.solver_reward(exact match, answer-tag counts)
               R_p = proposer_reward(R_s of its problem, "1-acc", valid, format_penalty)
 
-Rows (`jaxrl.multi_agent.roles`): Proposer rows in groups of the G questions proposed for one a*, Solver rows
-in groups of the G answers to one problem. Deviation: the reference's Proposer has a group of 1 (A = R);
-here GRPO normalises over the G proposals of one answer (the run's one estimator, fixed group size). The
-roles are updated together, not Proposer first. Curriculum metrics: `ssp/valid_frac`, `ssp/solver_success`.
+Rows (`jaxrl.multi_agent.roles`): Proposer rows in groups of the `proposer_samples` questions proposed for
+one a* (reference: 1, so GRPO's group of one gives A = R, verl's special case), Solver rows in groups of the
+G = `rollout.group_size` answers to one problem; each role is its own segment, so no advantage statistic
+mixes roles (spec §3.8). Deviation: the roles are updated together, not Proposer first. Curriculum
+metrics: `ssp/valid_frac`, `ssp/solver_success`.
 Greedy evaluation (`train=False`) runs the Solver on the dataset's own questions (held-out accuracy).
 """
 
@@ -165,18 +166,26 @@ class SspSystem:
       format_penalty: R_p of an invalid problem (script 0, config default -1).
       rag_check: run rule 7 with the policy as verifier; rag_others: other episodes' materials mixed in
         (reference: 4; fewer keep the verifier's prompt inside a small model's prompt buckets).
+      proposer_samples: n_p, questions proposed per answer record, the Proposer's group (reference: 1,
+        A = R); the Solver's group is the run's `rollout.group_size`.
     """
 
     def __init__(self, tokenizer, *, corpus_seed: int = 0, corpus_size: str = "tiny", top_k: int = 1,
                  max_turns: int = 4, max_total_tokens: int = 512, min_words: int = 4,
                  min_searches: int | None = None, format_penalty: float = 0.0, rag_check: bool = True,
-                 rag_others: int = 4):
+                 rag_others: int = 4, proposer_samples: int = 1):
+        if int(proposer_samples) < 1:
+            raise ValueError(f"proposer_samples={proposer_samples}: must be >= 1")
         self.tokenizer = tokenizer
         self.world = dict(corpus_seed=int(corpus_seed), corpus_size=str(corpus_size), top_k=int(top_k))
         self.max_turns, self.max_total_tokens = int(max_turns), int(max_total_tokens)
         self.min_words, self.min_searches = int(min_words), min_searches
         self.format_penalty, self.rag_check = float(format_penalty), bool(rag_check)
-        self.rag_others = int(rag_others)
+        self.rag_others, self.proposer_samples = int(rag_others), int(proposer_samples)
+
+    def group_sizes(self, group_size: int) -> dict[str, int]:
+        """The group size of each trained role (the trainer checks the algorithm supports them)."""
+        return {"proposer": self.proposer_samples, "solver": int(group_size)}
 
     def proposer_env(self, tokenizer) -> ProposerEnv:
         return ProposerEnv(tokenizer, **self.world)
@@ -232,8 +241,10 @@ class SspSystem:
             return joint_rollout([(rows, list(eps.records), np.asarray(r)[:, None])], role_ids=ROLE_IDS,
                                  reward_names=names, weights_K=weights,
                                  pad_id=int(self.tokenizer.pad_token_id),
-                                 metrics=role_metrics("solver", np.asarray(r), rows.lengths_N))
-        prop = self._episodes("proposer", graphdef, params, records, self.proposer_env, spec, g, keys[0])
+                                 metrics=role_metrics("solver", np.asarray(r), rows.lengths_N),
+                                 group_sizes=[g])
+        prop = self._episodes("proposer", graphdef, params, records, self.proposer_env, spec,
+                              self.proposer_samples, keys[0])
         answers = [str(r["answers"][0]) for r in prop.records]
         problems = [extract_problem(t, a, min_words=self.min_words,
                                     min_searches=self.min_searches or int(r.get("hops", 1)))
@@ -256,4 +267,5 @@ class SspSystem:
         metrics["ssp/rag_rejected"] = float(np.mean([p.valid and not v for p, v in zip(problems, valid)]))
         parts = [(p_rows, list(prop.records), r_p[:, None]), (s_rows, list(sol.records), r_s[:, None])]
         return joint_rollout(parts, role_ids=ROLE_IDS, reward_names=names, weights_K=weights,
-                             pad_id=int(self.tokenizer.pad_token_id), metrics=metrics)
+                             pad_id=int(self.tokenizer.pad_token_id), metrics=metrics,
+                             group_sizes=[self.proposer_samples, g])

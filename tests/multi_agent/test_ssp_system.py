@@ -57,9 +57,9 @@ def test_noisy_materials_keep_own_and_at_most_four_others():
 
 
 def test_collect_rewards_rows_and_curriculum(tok, monkeypatch):
-    system = SspSystem(tok, rag_check=False, max_total_tokens=768)
-    records = [r for r in entities(200, 0, max_hops=1)][:3]
     g = 2
+    system = SspSystem(tok, rag_check=False, max_total_tokens=768, proposer_samples=g)
+    records = [r for r in entities(200, 0, max_hops=1)][:3]
     bad = records[1]["question"]  # the Proposer of record 1 writes no question tag: invalid, dummy problem
 
     def proposer(rec):
@@ -85,6 +85,9 @@ def test_collect_rewards_rows_and_curriculum(tok, monkeypatch):
     assert ro.metrics["ssp/valid_frac"] == pytest.approx(4 / 6)
     assert ro.metrics["ssp/invalid/format"] == pytest.approx(2 / 6)
     assert ro.metrics["ssp/solver_success"] == pytest.approx(0.5)
+    # each role is its own segment with its own group size
+    np.testing.assert_array_equal(ro.segment_N, row_roles(ro))
+    assert ro.segment_sizes == (g, g)
     # observation tokens (search results) are never trained
     for i, text in enumerate(ro.completions[:n_p]):
         if "<result>" in text:
@@ -103,3 +106,39 @@ def test_demonstration_env_serves_searches(tok):
     kinds = {"<question>" in c for c in eps.completions}
     assert kinds == {True, False}  # both roles are demonstrated
     assert all("<result>" in c for c in eps.completions)  # the searches were served
+
+
+def test_proposer_group_of_one_by_default_gives_a_equal_r(tok, monkeypatch):
+    """Reference (Alibaba-Quark/SSP): one question per answer record, so the Proposer's GRPO group has one
+    row and its advantage is its reward (verl: mean 0, scale 1); the Solver's G rows form their own groups."""
+    from jaxrl.algorithms import ALGORITHMS, AlgoSettings, segment_advantages
+
+    system = SspSystem(tok, rag_check=False, max_total_tokens=768, format_penalty=-1.0)
+    assert system.group_sizes(4) == {"proposer": 1, "solver": 4}
+    records = entities(200, 0, max_hops=1)[:3]
+    g = 2
+    bad = records[1]["question"]
+
+    def proposer(rec):
+        acts = proposer_demonstration(rec)
+        return acts[:-1] + ["no question"] if rec["question"] == bad else acts
+
+    def solver(rec):  # right on the first record's problem only
+        first = rec["question"] == records[0]["question"]
+        return [f"<answer>{rec['answers'][0] if first else 'nothing'}</answer>"]
+
+    monkeypatch.setattr(system, "_episodes", scripted(system, proposer, solver))
+    ro = system.collect(None, None, records, None, SamplingSpec(max_new_tokens=64, num_samples=g),
+                        jax.random.key(0))
+    n_p = len(records)
+    roles = [ROLE_IDS["proposer"]] * n_p + [ROLE_IDS["solver"]] * n_p * g
+    np.testing.assert_array_equal(row_roles(ro), roles)
+    assert ro.segment_sizes == (1, g)
+    r_p = ro.rewards_NK[:n_p, 0]
+    np.testing.assert_allclose(r_p, [0.0, -1.0, 1.0])  # 1 - solver success; invalid: the format penalty
+    s = AlgoSettings(group_size=g, eps=1e-6, clip_low=0.2, clip_high=0.2, section=None)
+    adv = segment_advantages(ALGORITHMS["grpo"].advantages, ro.rewards_NK, ro.weights_K,
+                             ro.completion_mask_BT, s, ro.segment_N, ro.segment_sizes)
+    for i in range(n_p):
+        trained = ro.completion_mask_BT[i]
+        np.testing.assert_allclose(adv.adv_NT[i][trained], r_p[i] / (1 + 1e-6), rtol=1e-6)
