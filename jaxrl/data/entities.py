@@ -28,6 +28,7 @@ SIZES = {
     "tiny": dict(countries=4, cities=12, people=24, landmarks=12, companies=8),
     "small": dict(countries=12, cities=60, people=150, landmarks=80, companies=50),
     "lookup": dict(people=600, cities=16),  # `build_lookup_world`: closed-set answers, one question a person
+    "rooms": dict(people=600),  # `build_room_world`: a one-letter answer at the end of a one-line document
 }
 _ONSETS = ("b", "br", "c", "d", "dr", "f", "g", "gr", "h", "k", "l", "m", "n", "p", "qu", "r", "s", "st",
            "t", "th", "tr", "v", "w", "z")
@@ -44,6 +45,7 @@ _BLOCKLIST = ("Paris", "London", "Berlin", "Rome", "Tokyo", "Darwin", "Newton", 
 _LOOKUP_JOBS = _OCCUPATIONS + ("baker", "sailor", "potter", "miller", "tailor", "mason", "drover", "fletcher")
 _LOOKUP_COLOURS = ("red", "blue", "green", "amber", "violet", "grey", "white", "black", "teal", "olive",
                    "coral", "ivory", "indigo", "scarlet", "ochre", "silver")
+_ROOMS = tuple("BCDFGHKLMNPRSTVZ")  # 16 one-letter codes; no vowel, so never an article ("a") or a word
 _LOOKUP_QUESTIONS = {"job": "What is the job of {}?", "city": "What is the home city of {}?",
                      "colour": "What is the favourite colour of {}?"}
 
@@ -105,6 +107,8 @@ def build_world(seed: int = 0, size: str = "tiny") -> World:
         raise ValueError(f"size={size!r}: allowed values are {', '.join(map(repr, SIZES))}")
     if size == "lookup":
         return build_lookup_world(seed, **SIZES[size])
+    if size == "rooms":
+        return build_room_world(seed, **SIZES[size])
     n = SIZES[size]
     rng = np.random.default_rng(int(seed))
     names = _Names(rng)
@@ -165,6 +169,28 @@ def build_lookup_world(seed: int = 0, people: int = 600, cities: int = 16) -> Wo
              f"{e['colour']}." for name, e in ent.items()]
     docs = tuple({"id": f"d{i:06d}", "contents": t} for i, t in enumerate(texts))
     return World(int(seed), "lookup", docs, tuple(questions), ent)
+
+
+def build_room_world(seed: int = 0, people: int = 600) -> World:
+    """The easiest world to read an answer from (`size="rooms"` of `build_world`, configs/search_tiny.yaml).
+
+    Each person (a five-letter name) has a room, one of 16 consonants drawn uniformly; its one document
+    reads "Name\nName has room K." and its one question is "What is the room of Name?". The answer is
+    one character at a fixed place (the end of the only line of the search result), so a tiny
+    character-level model can learn to copy it; without searching, a guess scores about 1/16.
+    """
+    rng = np.random.default_rng([int(seed), 23])
+    names = _Names(rng)
+    ent: dict[str, dict[str, Any]] = {}
+    questions = []
+    for i in range(int(people)):
+        name = names.short()
+        ent[name] = dict(type="person", room=_pick(rng, _ROOMS))
+        q = dict(_q(f"What is the room of {name}?", ent[name]["room"], [name]), attribute="room")
+        questions.append(dict(q, index=i, id=f"r{seed}-{i:05d}"))
+    docs = tuple({"id": f"d{i:06d}", "contents": f"{name}\n{name} has room {e['room']}."}
+                 for i, (name, e) in enumerate(ent.items()))
+    return World(int(seed), "rooms", docs, tuple(questions), ent)
 
 
 def _article(word: str) -> str:

@@ -115,8 +115,10 @@ class SearchEnv(ToolEnv):
       demo_search: the share of questions whose demonstration searches (`oracle_actions`); the others are
         demonstrated by `guess_actions`, an answer without searching. Below 1 the warm start leaves a policy
         that mostly guesses, and RL has to discover that searching pays (as the quickstart's mixed styles).
-      query_with_question: search "question + query" instead of the query alone, so that a model that cannot
-        copy the name out of the question (a tiny character-level one) still retrieves the right document.
+      query_with_question: search "question question query" instead of the query alone, so that a model that
+        cannot copy the name out of the question (a tiny character-level one) still retrieves the right
+        document; the question counts twice in BM25, so a query naming another person (a memorised training
+        name) cannot tie with it.
     """
 
     def __init__(self, tokenizer, *, corpus_seed: int = 0, corpus_size: str = "tiny", top_k: int = 1,
@@ -139,7 +141,8 @@ class SearchEnv(ToolEnv):
     def step(self, action: Action) -> StepResult:
         if not self.query_with_question:
             return super().step(action)
-        text = re.sub(r"<search>(.*?)</search>", lambda m: f"<search>{self.question} {m.group(1)}</search>",
+        q = self.question
+        text = re.sub(r"<search>(.*?)</search>", lambda m: f"<search>{q} {q} {m.group(1)}</search>",
                       action.text, flags=re.DOTALL)
         return super().step(dataclasses.replace(action, text=text))
 
