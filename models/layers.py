@@ -132,13 +132,19 @@ class MLP(nnx.Module):
         self.up_proj = Proj((dim, hidden), ("embed", "mlp"), "BLD,DF->BLF", **kw)
         self.down_proj = Proj((hidden, dim), ("mlp", "embed"), "BLF,FD->BLD", **kw)
 
-    def __call__(self, x_BLD: jax.Array) -> jax.Array:
-        """The backward pass keeps the two [B, L, F] projections and recomputes silu(gate) ⊙ up from them
+    def __call__(self, x_BLD: jax.Array, norm: Optional[RMSNorm] = None) -> jax.Array:
+        """MLP(norm(x)), or MLP(x) without `norm`.
+
+        The backward pass keeps the two [B, L, F] projections and recomputes silu(gate) ⊙ up from them
         (elementwise) instead of also keeping the product: once attention keeps no [L, L] tensor, the MLP's
-        activations are the largest residuals of a long-sequence training step (benchmarks/RESULTS.md)."""
+        activations are the largest residuals of a long-sequence training step (benchmarks/RESULTS.md). A
+        pre-norm block passes its norm here, so that it runs inside the same checkpoint: the backward keeps x
+        and recomputes norm(x) (elementwise) instead of keeping the norm's [B, L, D] output and its unweighted
+        normalised input."""
         def swiglu(x_BLD):
-            gate_BLF = checkpoint_name(self.gate_proj(x_BLD), "mlp_gate")
-            up_BLF = checkpoint_name(self.up_proj(x_BLD), "mlp_up")
+            u_BLD = x_BLD if norm is None else norm(x_BLD)
+            gate_BLF = checkpoint_name(self.gate_proj(u_BLD), "mlp_gate")
+            up_BLF = checkpoint_name(self.up_proj(u_BLD), "mlp_up")
             return self.down_proj(jax.nn.silu(gate_BLF) * up_BLF)
 
         return jax.checkpoint(swiglu, policy=_KEEP_PROJECTIONS)(x_BLD)
@@ -173,8 +179,9 @@ class Attention(nnx.Module):
         else:
             self.q_norm = self.k_norm = None
 
-    def __call__(self, x_BLD, cos_BLH, sin_BLH, visible, cache_kv=None):
-        """Attends the L queries of `x_BLD` over their own keys and, with a cache, the S cached slots.
+    def __call__(self, x_BLD, cos_BLH, sin_BLH, visible, cache_kv=None, norm: Optional[RMSNorm] = None):
+        """Attends the L queries of `norm(x_BLD)` (or `x_BLD` without `norm`) over their own keys and, with a
+        cache, the S cached slots.
 
         With a cache the new keys are *not* written into the layer's cache slice here: the scores over the
         old slots and over the L new keys are computed separately and share one softmax,
@@ -185,6 +192,11 @@ class Attention(nnx.Module):
         caller writes all layers' new keys into the cache with one in-place update after the layer scan.
         In decode (L = 1) this avoids copying the layer's whole `[B, K, S, H]` slice every step.
 
+        The norm and the q/k/v projections run under one `jax.checkpoint` (`_project`): for the backward pass
+        a training step keeps x, the projections' outputs q, k, v (which `attend` keeps anyway) and, with
+        qk-norm, the raw q and k projections; it recomputes norm(x) (elementwise) rather than keeping the
+        norm's [B, L, D] output and normalised input.
+
         Args:
           x_BLD: [B, L, D] input.
           cos_BLH, sin_BLH: [B, L, H] RoPE tables of the query/new-key positions.
@@ -192,20 +204,15 @@ class Attention(nnx.Module):
             key); with a cache, the pair
             ([B, L, S] visible old slots, [B, L, L] visible new keys).
           cache_kv: None, or (k_BKSH, v_BKSH) of this layer.
+          norm: None, or the pre-norm applied to `x_BLD` first.
 
         Returns:
           ([B, L, D] output, (k_BKLH, v_BKLH) the new keys/values after RoPE, in the cache dtype if any).
         """
-        q_BLNH = self.q_proj(x_BLD)
-        k_BLKH = self.k_proj(x_BLD)
-        v_BLKH = self.v_proj(x_BLD)
-        if self.q_norm is not None:
-            q_BLNH, k_BLKH = self.q_norm(q_BLNH), self.k_norm(k_BLKH)
-        q_BLNH = apply_rope(q_BLNH, cos_BLH, sin_BLH)
-        k_BKLH = apply_rope(k_BLKH, cos_BLH, sin_BLH).transpose(0, 2, 1, 3)
-        v_BKLH = v_BLKH.transpose(0, 2, 1, 3)
-        b, l, n, h = q_BLNH.shape
-        q_BLKGH = q_BLNH.reshape(b, l, self.num_kv_heads, n // self.num_kv_heads, h)
+        project = lambda x_BLD: self._project(x_BLD if norm is None else norm(x_BLD), cos_BLH, sin_BLH)
+        q_BLKGH, k_BKLH, v_BKLH = jax.checkpoint(project, policy=_KEEP_RAW_QK)(x_BLD)
+        b, l, kv, g, h = q_BLKGH.shape
+        n = kv * g
         if cache_kv is None:  # training / scoring: keeps no [.., L, L] tensor for the backward pass
             out_BLKGH = attend(q_BLKGH, k_BKLH, v_BKLH, visible, causal=True)
         else:
@@ -220,6 +227,23 @@ class Attention(nnx.Module):
             out_BLKGH = (_mix(probs_BKGLT[..., :slots], v_cache.astype(self.dtype))
                          + _mix(probs_BKGLT[..., slots:], v_BKLH.astype(self.dtype)))
         return self.o_proj(out_BLKGH.reshape(b, l, n, h)), (k_BKLH, v_BKLH)
+
+    def _project(self, u_BLD, cos_BLH, sin_BLH):
+        """(q [B, L, K, G, H], k [B, K, L, H], v [B, K, L, H]) of the (normed) input, q and k after RoPE."""
+        q_BLNH = self.q_proj(u_BLD)
+        k_BLKH = self.k_proj(u_BLD)
+        v_BLKH = self.v_proj(u_BLD)
+        if self.q_norm is not None:  # their backward needs the raw projections: kept, not recomputed
+            q_BLNH = self.q_norm(checkpoint_name(q_BLNH, "attn_q_raw"))
+            k_BLKH = self.k_norm(checkpoint_name(k_BLKH, "attn_k_raw"))
+        q_BLNH = apply_rope(q_BLNH, cos_BLH, sin_BLH)
+        k_BKLH = apply_rope(k_BLKH, cos_BLH, sin_BLH).transpose(0, 2, 1, 3)
+        b, l, n, h = q_BLNH.shape
+        q_BLKGH = q_BLNH.reshape(b, l, self.num_kv_heads, n // self.num_kv_heads, h)
+        return q_BLKGH, k_BKLH, v_BLKH.transpose(0, 2, 1, 3)
+
+
+_KEEP_RAW_QK = jax.checkpoint_policies.save_only_these_names("attn_q_raw", "attn_k_raw")
 
 
 def _mix(probs_BKGLS, v_BKSH) -> jax.Array:

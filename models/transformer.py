@@ -72,14 +72,14 @@ class Block(nnx.Module):
         """carry: x [B, L, D] (or (x, y) for siamese) → (new carry, (k_BKLH, v_BKLH))."""
         new_kv = []
 
-        def attn(u_BLD):
-            out_BLD, kv = self.self_attn(u_BLD, cos_BLH, sin_BLH, visible, cache_kv)
+        def attn(u_BLD, norm=None):
+            out_BLD, kv = self.self_attn(u_BLD, cos_BLH, sin_BLH, visible, cache_kv, norm=norm)
             new_kv.append(kv)
             return out_BLD
 
-        if self.norm == "pre":
-            x = carry + attn(self.input_layernorm(carry))
-            carry = x + self.mlp(self.post_attention_layernorm(x))
+        if self.norm == "pre":  # each norm runs inside its sublayer's checkpoint (recomputed, not kept)
+            x = carry + attn(carry, norm=self.input_layernorm)
+            carry = x + self.mlp(x, norm=self.post_attention_layernorm)
         elif self.norm == "post":
             x = self.post_attention_layernorm(carry + attn(carry))
             carry = self.post_feedforward_layernorm(x + self.mlp(x))

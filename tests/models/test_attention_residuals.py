@@ -80,3 +80,56 @@ def test_mlp_values_and_gradients_equal_the_plain_swiglu():
     want = nnx.grad(scalar(plain), argnums=(0, 1))(mlp, x)
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+def test_pre_norm_block_keeps_only_its_two_residual_streams():
+    """Each pre-norm runs inside its sublayer's checkpoint: per layer, the scan keeps the block input and the
+    mid-block stream x + Attn(N₁(x)) ([B, L, D] each) and recomputes N₁, N₂ in the backward pass. Keeping the
+    norms' outputs and normalised inputs as well made six such residuals per layer."""
+    d = 40  # a hidden size no other tensor of the tiny model has
+    cfg = TransformerConfig.tiny()
+    kept = _residuals("none", scan_layers=True, hidden_size=d)
+    streams = [shape for shape, dtype in kept if shape == (cfg.num_layers, 2, L, d)]
+    assert len(streams) == 2, kept
+
+
+def _norm_sublayer_inputs(qk_norm: bool):
+    cfg = TransformerConfig.tiny(norm="pre", qk_norm=qk_norm)
+    rngs = nnx.Rngs(2)
+    norm = layers.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+    norm.weight[...] = jnp.asarray(np.random.default_rng(3).uniform(0.5, 1.5, cfg.hidden_size), jnp.float32)
+    attn = layers.Attention(cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, qkv_bias=False,
+                            qk_norm=qk_norm, eps=cfg.rms_norm_eps, rngs=rngs)
+    mlp = layers.MLP(cfg.hidden_size, cfg.mlp_dim, rngs=rngs)
+    x = jnp.asarray(np.random.default_rng(4).standard_normal((2, L, cfg.hidden_size)), jnp.float32)
+    positions = jnp.broadcast_to(jnp.arange(L), (2, L))
+    cos, sin = layers.rope_tables(positions, layers.rope_inv_freq(cfg.head_dim, cfg.rope_theta, None),
+                                  jnp.float32)
+    visible = jnp.broadcast_to(jnp.tril(jnp.ones((L, L), bool)), (2, L, L)).at[1, :, :5].set(False)
+    return norm, attn, mlp, x, (cos, sin, visible)
+
+
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_norm_inside_the_checkpoints_equals_the_norm_outside(qk_norm):
+    """Attn(x, norm=N) and MLP(x, norm=N) against the previous path N(x) fed to the sublayer with nothing
+    recomputed (projections, RoPE, `attend`, o_proj; gate, up, down): values and gradients, fp32."""
+    norm, attn, mlp, x, (cos, sin, visible) = _norm_sublayer_inputs(qk_norm)
+
+    def plain(norm, attn, mlp, x):
+        q, k, v = attn._project(norm(x), cos, sin)
+        b, l, kv, g, h = q.shape
+        h_BLD = x + attn.o_proj(layers.attend(q, k, v, visible, causal=True).reshape(b, l, kv * g, h))
+        return h_BLD + mlp.down_proj(jax.nn.silu(mlp.gate_proj(norm(h_BLD))) * mlp.up_proj(norm(h_BLD)))
+
+    def inside(norm, attn, mlp, x):
+        h_BLD = x + attn(x, cos, sin, visible, norm=norm)[0]
+        return h_BLD + mlp(h_BLD, norm=norm)
+
+    def scalar(fn):
+        return lambda *args: jnp.sum(jnp.sin(fn(*args)))
+
+    np.testing.assert_allclose(inside(norm, attn, mlp, x), plain(norm, attn, mlp, x), rtol=1e-6, atol=1e-6)
+    got = nnx.grad(scalar(inside), argnums=(0, 1, 2, 3))(norm, attn, mlp, x)
+    want = nnx.grad(scalar(plain), argnums=(0, 1, 2, 3))(norm, attn, mlp, x)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
