@@ -45,7 +45,10 @@ _BLOCKLIST = ("Paris", "London", "Berlin", "Rome", "Tokyo", "Darwin", "Newton", 
 _LOOKUP_JOBS = _OCCUPATIONS + ("baker", "sailor", "potter", "miller", "tailor", "mason", "drover", "fletcher")
 _LOOKUP_COLOURS = ("red", "blue", "green", "amber", "violet", "grey", "white", "black", "teal", "olive",
                    "coral", "ivory", "indigo", "scarlet", "ochre", "silver")
-_ROOMS = tuple("BCDFGHKLMNPRSTVZ")  # 16 one-letter codes; no vowel, so never an article ("a") or a word
+# 16 one-character room codes that occur nowhere else in an episode (names start with one of "bdfgklmnprstvz"
+# upper-cased; "Doc 1"; never "A", an article to answer normalisation), so the code is the one token of its
+# kind in the search result: with codes shared with name initials the tiny model learned to copy only "C", "H"
+_ROOMS = tuple("23456789CEHJOUXY")
 _LOOKUP_QUESTIONS = {"job": "What is the job of {}?", "city": "What is the home city of {}?",
                      "colour": "What is the favourite colour of {}?"}
 
@@ -174,7 +177,7 @@ def build_lookup_world(seed: int = 0, people: int = 600, cities: int = 16) -> Wo
 def build_room_world(seed: int = 0, people: int = 600) -> World:
     """The easiest world to read an answer from (`size="rooms"` of `build_world`, configs/search_tiny.yaml).
 
-    Each person (a five-letter name) has a room, one of 16 consonants drawn uniformly; its one document
+    Each person (a five-letter name) has a room, one of 16 codes (`_ROOMS`) drawn uniformly; its document
     reads "Name\nName has room K." and its one question is "What is the room of Name?". The answer is
     one character at a fixed place (the end of the only line of the search result), so a tiny
     character-level model can learn to copy it; without searching, a guess scores about 1/16.

@@ -24,6 +24,8 @@ def test_room_world_is_deterministic_with_one_letter_answers_at_the_end_of_its_d
         assert q["question"] == f"What is the room of {name}?"
         assert doc == f"{name}\n{name} has room {room}." and len(room) == 1
         assert normalize_answer(room) == room.lower()  # never an article that normalisation would drop
+        # the code is the only character of its kind in the episode (prompt, query, "Doc 1 (Title: ...)")
+        assert room not in q["question"] + doc[:-2] + "Search with name then reply answer Doc 1 (Title: )"
     rooms = collections.Counter(q["answers"][0] for q in w.records("train"))
     assert len(rooms) == 16 and max(rooms.values()) < 3 * min(rooms.values())
 
