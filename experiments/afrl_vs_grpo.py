@@ -124,16 +124,6 @@ def report(runs: dict[str, list[dict]], seeds: Sequence[int], out_dir: Path, *, 
     return text
 
 
-def save_run(path: Path, run: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    np.savez(path, **run)
-
-
-def load_run(path: Path) -> dict:
-    with np.load(path) as z:
-        return {k: z[k] for k in z.files}
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -152,7 +142,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                f"7% subtraction prompts, lambda_SFT {a.lam}, {a.probes} probe prompts per rule")
     runs: dict[str, list[dict]] = {m: [] for m in METHODS}
     if a.report_only:
-        seeds, runs = common.stored_runs(a.raw, a.seeds, list(METHODS), load_run)
+        seeds, runs = common.stored_runs(a.raw, a.seeds, list(METHODS), common.load_arrays)
         print(report(runs, seeds, a.out, seconds=float("nan"), setting=setting))
         return
     probes = probe_sets(a.probes)
@@ -164,7 +154,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 runs[m].append(run_one(m, seed, a.steps, Path(tmp) / f"{m}{seed}", init=init,
                                        eval_every=a.eval_every, lam=a.lam, probes=probes))
                 if a.raw is not None:
-                    save_run(a.raw / f"{m}{seed}.npz", runs[m][-1])
+                    common.save_arrays(a.raw / f"{m}{seed}.npz", runs[m][-1])
                 print(f"{m} seed {seed} done at {timer.elapsed():.0f} s {runs[m][-1]['probe'].tolist()}",
                       flush=True)
     print(report(runs, a.seeds, a.out, seconds=timer.elapsed(), setting=setting))

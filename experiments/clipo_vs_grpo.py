@@ -268,16 +268,6 @@ def _plot(path: Path, curves: dict, xs_panels: Sequence[np.ndarray]) -> None:
     plt.close(fig)
 
 
-def save_run(path: Path, run: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    np.savez(path, **run)
-
-
-def load_run(path: Path) -> dict:
-    with np.load(path) as z:
-        return {k: z[k] for k in z.files}
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -301,7 +291,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                f"{a.steps} policy updates, {a.probes} probe prompts per set")
     runs: dict[str, list[dict]] = {m: [] for m in METHODS}
     if a.report_only:
-        seeds, runs = common.stored_runs(a.raw, a.seeds, list(METHODS), load_run)
+        seeds, runs = common.stored_runs(a.raw, a.seeds, list(METHODS), common.load_arrays)
         print(report(runs, seeds, a.out, seconds=float("nan"), window=a.window, setting=setting))
         return
     probes = probe_sets(a.probes)
@@ -315,7 +305,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                                        eval_every=a.eval_every, probes=probes,
                                        head_warmup=a.head_warmup if m == "clipo" else 0))
                 if a.raw is not None:
-                    save_run(a.raw / f"{m}{seed}.npz", runs[m][-1])
+                    common.save_arrays(a.raw / f"{m}{seed}.npz", runs[m][-1])
                 r = runs[m][-1]
                 print(f"{m} seed {seed} done at {timer.elapsed():.0f} s acc {r['acc'].tolist()} "
                       f"rate {inconsistency_rate(r['tallies'], a.window).tolist()}", flush=True)

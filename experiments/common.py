@@ -108,6 +108,18 @@ def add_raw_arguments(parser) -> None:
     parser.add_argument("--report-only", action="store_true", help="report the seeds whose runs are in --raw")
 
 
+def save_arrays(path: Path, run: Mapping[str, np.ndarray]) -> None:
+    """One run's arrays as `path` (.npz; keys must be valid names, no "/")."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    np.savez(path, **run)
+
+
+def load_arrays(path: Path) -> dict[str, np.ndarray]:
+    """Inverse of `save_arrays`."""
+    with np.load(path) as z:
+        return {k: z[k] for k in z.files}
+
+
 def stored_runs(raw: Path, seeds: Sequence[int], methods: Sequence[str], load) -> tuple[list[int], dict]:
     """(the seeds whose runs of every method are in `raw`, {method: [load(run file) per such seed]})."""
     kept = [s for s in seeds if all((Path(raw) / f"{m}{s}.npz").is_file() for m in methods)]

@@ -16,6 +16,16 @@ def test_stored_runs_keeps_only_seeds_with_every_method(tmp_path):
     assert runs == {"a": ["a0", "a2"], "b": ["b0", "b2"]}
 
 
+def test_saved_arrays_round_trip_into_stored_runs(tmp_path):
+    run = {"eval_steps": np.asarray([0.0, 10.0]), "probe": np.asarray([[0.25, 0.5], [0.5, 0.75]])}
+    common.save_arrays(tmp_path / "raw" / "grpo3.npz", run)  # creates the folder
+    seeds, runs = common.stored_runs(tmp_path / "raw", [3, 4], ["grpo"], common.load_arrays)
+    assert seeds == [3]
+    assert runs["grpo"][0].keys() == run.keys()
+    for k in run:
+        np.testing.assert_array_equal(runs["grpo"][0][k], run[k])
+
+
 def test_raw_arguments():
     p = argparse.ArgumentParser()
     common.add_raw_arguments(p)
