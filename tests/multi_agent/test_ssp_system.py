@@ -34,6 +34,24 @@ def scripted(system: SspSystem, proposer_policy, solver_policy):
     return episodes
 
 
+def collect_scripted(system: SspSystem, records, g: int):
+    """One collect call where record 1's Proposer writes no question tag (invalid: a dummy problem) and the
+    Solver is right on record 0's problems only."""
+    bad = records[1]["question"]
+
+    def proposer(rec):
+        acts = proposer_demonstration(rec)
+        return acts[:-1] + ["no question"] if rec["question"] == bad else acts
+
+    def solver(rec):
+        first = rec["question"] == records[0]["question"]
+        return [f"<answer>{rec['answers'][0] if first else 'nothing'}</answer>"]
+
+    system._episodes = scripted(system, proposer, solver)
+    return system.collect(None, None, records, None, SamplingSpec(max_new_tokens=64, num_samples=g),
+                          jax.random.key(0))
+
+
 def test_extract_problem_rules_in_order():
     ok = "<search>Bubris</search>\n<result>\nBubris\nfounded 1173\n</result>\n<question>When was Bubris founded?"
     ok += "</question>"
@@ -56,23 +74,11 @@ def test_noisy_materials_keep_own_and_at_most_four_others():
     assert "own" in parts and len(parts) == 5 and len(set(parts)) == 5
 
 
-def test_collect_rewards_rows_and_curriculum(tok, monkeypatch):
+def test_collect_rewards_rows_and_curriculum(tok):
     g = 2
     system = SspSystem(tok, rag_check=False, max_total_tokens=768, proposer_samples=g)
     records = [r for r in entities(200, 0, max_hops=1)][:3]
-    bad = records[1]["question"]  # the Proposer of record 1 writes no question tag: invalid, dummy problem
-
-    def proposer(rec):
-        acts = proposer_demonstration(rec)
-        return acts[:-1] + ["no question"] if rec["question"] == bad else acts
-
-    def solver(rec):  # right on the first record's problems only
-        first = rec["question"] == records[0]["question"]
-        return [f"<answer>{rec['answers'][0] if first else 'nothing'}</answer>"]
-
-    monkeypatch.setattr(system, "_episodes", scripted(system, proposer, solver))
-    spec = SamplingSpec(max_new_tokens=64, num_samples=g)
-    ro = system.collect(None, None, records, None, spec, jax.random.key(0))
+    ro = collect_scripted(system, records, g)
     n_p, n_s = len(records) * g, len(records) * g * g
     np.testing.assert_array_equal(row_roles(ro), [ROLE_IDS["proposer"]] * n_p + [ROLE_IDS["solver"]] * n_s)
     solver_qs = [r["question"] for r in ro.records[n_p:]]
@@ -108,7 +114,7 @@ def test_demonstration_env_serves_searches(tok):
     assert all("<result>" in c for c in eps.completions)  # the searches were served
 
 
-def test_proposer_group_of_one_by_default_gives_a_equal_r(tok, monkeypatch):
+def test_proposer_group_of_one_by_default_gives_a_equal_r(tok):
     """Reference (Alibaba-Quark/SSP): one question per answer record, so the Proposer's GRPO group has one
     row and its advantage is its reward (verl: mean 0, scale 1); the Solver's G rows form their own groups."""
     from jaxrl.algorithms import ALGORITHMS, AlgoSettings, segment_advantages
@@ -117,19 +123,7 @@ def test_proposer_group_of_one_by_default_gives_a_equal_r(tok, monkeypatch):
     assert system.group_sizes(4) == {"proposer": 1, "solver": 4}
     records = entities(200, 0, max_hops=1)[:3]
     g = 2
-    bad = records[1]["question"]
-
-    def proposer(rec):
-        acts = proposer_demonstration(rec)
-        return acts[:-1] + ["no question"] if rec["question"] == bad else acts
-
-    def solver(rec):  # right on the first record's problem only
-        first = rec["question"] == records[0]["question"]
-        return [f"<answer>{rec['answers'][0] if first else 'nothing'}</answer>"]
-
-    monkeypatch.setattr(system, "_episodes", scripted(system, proposer, solver))
-    ro = system.collect(None, None, records, None, SamplingSpec(max_new_tokens=64, num_samples=g),
-                        jax.random.key(0))
+    ro = collect_scripted(system, records, g)
     n_p = len(records)
     roles = [ROLE_IDS["proposer"]] * n_p + [ROLE_IDS["solver"]] * n_p * g
     np.testing.assert_array_equal(row_roles(ro), roles)
