@@ -62,16 +62,22 @@ def rl_step(run: trainer.Run, state: TrainState, records, step: int):
     adv = segment_advantages(algo.advantages, ro.rewards_NK, ro.weights_K, ro.completion_mask_BT, s,
                              ro.segment_N, ro.segment_sizes)
     metrics.update(adv.metrics)
-    extra = None
-    if algo.extra_rows is not None:
-        extra = algo.extra_rows(records, run.tokenizer, ro.prompt_width, ro.completion_mask_BT.shape[1])
-    batch, mismatch_metrics = trainer.assemble(run, policy, ro, adv, extra_rows=extra)
-    del policy
-    metrics.update(mismatch_metrics)
-    t2 = time.perf_counter()
-    if not actor_frozen:
-        state, update_metrics = trainer.update(run, state, batch, step)
+    phases = getattr(run.multi_agent, "update_phases", ())
+    if phases and ro.segment_N is not None and not actor_frozen:  # a sequential multi-agent schedule
+        t2 = time.perf_counter()
+        state, update_metrics = phased_update(run, state, policy, ro, adv, step, phases)
         metrics.update(update_metrics)
+    else:
+        extra = None
+        if algo.extra_rows is not None:
+            extra = algo.extra_rows(records, run.tokenizer, ro.prompt_width, ro.completion_mask_BT.shape[1])
+        batch, mismatch_metrics = trainer.assemble(run, policy, ro, adv, extra_rows=extra)
+        metrics.update(mismatch_metrics)
+        t2 = time.perf_counter()
+        if not actor_frozen:
+            state, update_metrics = trainer.update(run, state, batch, step)
+            metrics.update(update_metrics)
+    del policy
     t3 = time.perf_counter()
     tokens = float(np.sum(ro.mask_BL))
     if "kl/loss" in metrics:  # a KL that was not measured is absent, not a flat 0
@@ -84,3 +90,35 @@ def rl_step(run: trainer.Run, state: TrainState, records, step: int):
     metrics.update({f"{TIMING_PREFIX}rollout_s": t1 - t0, f"{TIMING_PREFIX}logprob_s": t2 - t1,
                     f"{TIMING_PREFIX}update_s": t3 - t2, "tokens_per_s": tokens / max(t3 - t0, 1e-9)})
     return state, metrics, ro
+
+
+def phased_update(run: trainer.Run, state: TrainState, policy, ro: rollout_lib.Rollout, adv, step: int,
+                  phases: tuple[int, ...]) -> tuple[TrainState, dict[str, float]]:
+    """The sequential schedule of a multi-agent update (spec/multi-agent.md §3.8; SSP updates its Proposer,
+    then its Solver): one assemble + update per role segment, in `phases` order. A later phase takes its old
+    log-probs at the policy the previous phase left (the reference's "per_phase" timing), so its PPO ratios
+    start at 1. Metrics: `role/<name>/<key>` per phase (update and mismatch); the plain update keys are the
+    phases' mean (the non-finite flag: their max), the plain mismatch keys the first phase's (sampler vs
+    trainer before any update). Each phase is one optimiser step per mini-batch and epoch."""
+    names = {int(r["role_id"]): str(r["role"]) for r in ro.records}
+    out: dict[str, float] = {}
+    done: list[dict[str, float]] = []
+    for seg in phases:
+        rows = np.flatnonzero(ro.segment_N == seg)
+        if not rows.size:
+            continue
+        if done:
+            policy = run.policy(state.params)
+        sub = adv._replace(adv_NT=adv.adv_NT[rows], clip_low_N=adv.clip_low_N[rows],
+                           clip_high_N=adv.clip_high_N[rows])
+        batch, mismatch = trainer.assemble(run, policy, rollout_lib.take_rows(ro, rows), sub,
+                                           recompute_old=bool(done), pad=True)
+        state, update = trainer.update(run, state, batch, step)
+        if not done:
+            out.update(mismatch)
+        out.update({f"role/{names[seg]}/{k}": v for k, v in {**mismatch, **update}.items()})
+        done.append(update)
+    for key in done[0] if done else ():
+        values = [d[key] for d in done]
+        out[key] = float(max(values)) if key == "train/nonfinite" else float(np.mean(values))
+    return state, out

@@ -169,6 +169,12 @@ def concat(parts: Sequence[Rollout], pad_id: int) -> Rollout:
 def select_groups(r: Rollout, groups: np.ndarray, group_size: int) -> Rollout:
     """The rows of the given group indices (DAPO dynamic sampling keeps non-degenerate groups)."""
     rows = (np.asarray(groups)[:, None] * group_size + np.arange(group_size)[None, :]).reshape(-1)
+    return take_rows(r, rows)
+
+
+def take_rows(r: Rollout, rows: np.ndarray) -> Rollout:
+    """The given rows, in the given order (metrics and score infos kept as they are)."""
+    rows = np.asarray(rows, np.int64)
     return dataclasses.replace(
         r, tokens_BL=r.tokens_BL[rows], mask_BL=r.mask_BL[rows], completion_mask_BT=r.completion_mask_BT[rows],
         old_logp_BT=r.old_logp_BT[rows], rewards_NK=r.rewards_NK[rows], records=[r.records[i] for i in rows],

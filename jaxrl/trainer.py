@@ -253,6 +253,9 @@ def _multi_agent_system(cfg: ExperimentConfig, tokenizer, algorithm: Algorithm):
 
     system = make_system(cfg.multi_agent.system, cfg.multi_agent.params, tokenizer)
     _check_role_groups(system.group_sizes(cfg.rollout.group_size), algorithm, cfg.multi_agent.system)
+    if getattr(system, "update_phases", ()) and algorithm.extra_rows is not None:
+        raise ConfigError(f"algorithm.name={algorithm.name!r}: its extra rows need one joint update, but "
+                          f"{cfg.multi_agent.system} updates its roles in turn (multi_agent.params.update: joint)")
     return system
 
 
@@ -337,10 +340,15 @@ def _pad_rows(extra: TrainBatch, n_rollout: int, multiple: int) -> TrainBatch:
                             if getattr(extra, f.name) is not None})
 
 
-def assemble(run: Run, params, ro, adv, *, extra_rows: TrainBatch | None = None
-             ) -> tuple[TrainBatch, dict[str, float]]:
+def assemble(run: Run, params, ro, adv, *, extra_rows: TrainBatch | None = None, recompute_old: bool = False,
+             pad: bool = False) -> tuple[TrainBatch, dict[str, float]]:
     """The completion-space train batch of a rollout (advantages, old and reference log-probs, importance
-    weights of the mismatch correction) and the mismatch metrics."""
+    weights of the mismatch correction) and the mismatch metrics.
+
+    recompute_old: take the old log-probs at `params` even when the run uses the sampler's (a later phase of
+    a sequential multi-agent update starts from the policy the previous phase left).
+    pad: pad the rows to the batch shards x mini-batches with rows that train on nothing (`_pad_rows`; one
+    role's rows in a sequential update need not divide them)."""
     n, t = ro.completion_mask_BT.shape
     zeros = np.zeros((n, t), np.float32)
     batch = TrainBatch(ro.tokens_BL, ro.mask_BL, ro.completion_mask_BT, ro.old_logp_BT, zeros,
@@ -349,9 +357,11 @@ def assemble(run: Run, params, ro, adv, *, extra_rows: TrainBatch | None = None
     if extra_rows is not None:
         extra_rows = _pad_rows(extra_rows, n, _row_multiple(run))
         batch = jax.tree.map(lambda a, b: np.concatenate([a, b], axis=0), batch, extra_rows)
+    elif pad:
+        batch = _pad_rows(batch, 0, _row_multiple(run))
     batch = shard_batch(run, batch)
     metrics: dict[str, float] = {}
-    if not run.logprobs_from_sampler or run.mismatch.mode != "off":
+    if recompute_old or not run.logprobs_from_sampler or run.mismatch.mode != "off":
         sampler_BT = batch.old_logp_BT
         old_BT = run.logprob_fn(params, batch.tokens_BL, batch.mask_BL, t) * batch.completion_mask_BT
         batch = batch.replace(old_logp_BT=old_BT)

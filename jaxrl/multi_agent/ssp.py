@@ -15,8 +15,9 @@ spec/multi-agent.md §2 on the fictional-entity world (`jaxrl.data.entities`, BM
 Rows (`jaxrl.multi_agent.roles`): Proposer rows in groups of the `proposer_samples` questions proposed for
 one a* (reference: 1, so GRPO's group of one gives A = R, verl's special case), Solver rows in groups of the
 G = `rollout.group_size` answers to one problem; each role is its own segment, so no advantage statistic
-mixes roles (spec §3.8). Deviation: the roles are updated together, not Proposer first. Curriculum
-metrics: `ssp/valid_frac`, `ssp/solver_success`.
+mixes roles (spec §3.8). The Proposer is updated first, then the Solver from the updated policy (the
+reference's sequential schedule; `update: joint` for one update). Curriculum metrics: `ssp/valid_frac`,
+`ssp/solver_success`.
 Greedy evaluation (`train=False`) runs the Solver on the dataset's own questions (held-out accuracy).
 """
 
@@ -168,20 +169,26 @@ class SspSystem:
         (reference: 4; fewer keep the verifier's prompt inside a small model's prompt buckets).
       proposer_samples: n_p, questions proposed per answer record, the Proposer's group (reference: 1,
         A = R); the Solver's group is the run's `rollout.group_size`.
+      update: "sequential" (reference: the Proposer's update, then the Solver's, whose old log-probs are
+        taken after the first; `jaxrl.rl_step.phased_update`) or "joint" (one update over both roles).
     """
 
     def __init__(self, tokenizer, *, corpus_seed: int = 0, corpus_size: str = "tiny", top_k: int = 1,
                  max_turns: int = 4, max_total_tokens: int = 512, min_words: int = 4,
                  min_searches: int | None = None, format_penalty: float = 0.0, rag_check: bool = True,
-                 rag_others: int = 4, proposer_samples: int = 1):
+                 rag_others: int = 4, proposer_samples: int = 1, update: str = "sequential"):
         if int(proposer_samples) < 1:
             raise ValueError(f"proposer_samples={proposer_samples}: must be >= 1")
+        if update not in ("sequential", "joint"):
+            raise ValueError(f"update={update!r}: allowed values are 'sequential', 'joint'")
         self.tokenizer = tokenizer
         self.world = dict(corpus_seed=int(corpus_seed), corpus_size=str(corpus_size), top_k=int(top_k))
         self.max_turns, self.max_total_tokens = int(max_turns), int(max_total_tokens)
         self.min_words, self.min_searches = int(min_words), min_searches
         self.format_penalty, self.rag_check = float(format_penalty), bool(rag_check)
         self.rag_others, self.proposer_samples = int(rag_others), int(proposer_samples)
+        # role ids in update order (`jaxrl.rl_step.phased_update`); () = one joint update
+        self.update_phases = (ROLE_IDS["proposer"], ROLE_IDS["solver"]) if update == "sequential" else ()
 
     def group_sizes(self, group_size: int) -> dict[str, int]:
         """The group size of each trained role (the trainer checks the algorithm supports them)."""

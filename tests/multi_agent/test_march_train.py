@@ -79,12 +79,19 @@ REASONS = ("format", "length", "leak", "materials", "searches")
 @pytest.mark.slow  # ~1.5 minutes on 2 idle cores
 def test_ssp_tiny_trains_from_config(tmp_path):
     """The SSP skeleton from configs/ssp_tiny.yaml: curriculum metrics logged, every proposal is valid,
-    rejected by one rule or by the RAG check (the shares sum to 1)."""
-    rows = _train_rows("ssp_tiny.yaml", SSP_SHORT, tmp_path / "ssp")
+    rejected by one rule or by the RAG check (the shares sum to 1). The sequential schedule updates the
+    Proposer, then the Solver with old log-probs taken after the Proposer's update, so the Solver phase's
+    PPO ratio starts at exactly 1 (the sampler's log-probs, from before that update, would not give 1).
+    """
+    # an entropy bonus gives both phases a gradient even when every reward is 0 (a 4-step warm start)
+    rows = _train_rows("ssp_tiny.yaml", (*SSP_SHORT, "algorithm.entropy_coef=0.01"), tmp_path / "ssp")
     train = [r for r in rows if "reward/mean" in r]
     assert [r["step"] for r in train] == [1, 2]
     for r in train:
         shares = [r[f"ssp/invalid/{k}"] for k in REASONS] + [r["ssp/rag_rejected"], r["ssp/valid_frac"]]
         assert sum(shares) == pytest.approx(1.0)
         assert 0.0 <= r["role/solver/reward/mean"] <= 1.0 and 0.0 <= r["role/proposer/reward/mean"] <= 1.0
+        assert r["loss"] == pytest.approx((r["role/proposer/loss"] + r["role/solver/loss"]) / 2, abs=1e-6)
+        assert abs(r["role/solver/pg/approx_kl"]) < 1e-6 and r["role/solver/pg/ratio_mean"] == pytest.approx(1.0)
+        assert r["role/proposer/train/grad_norm"] > 0 and r["role/solver/train/grad_norm"] > 0
     assert sorted(r["step"] for r in rows if "eval/accuracy" in r) == [0, 2]

@@ -95,3 +95,20 @@ def test_setup_refuses_estimators_that_cannot_handle_the_roles_groups():
     with pytest.raises(ConfigError, match="'clipo': its reward shaping"):
         _check_role_groups({"proposer": 2, "solver": 4}, ALGORITHMS["clipo"], "ssp")
     _check_role_groups({"solver": 4, "checker": 4}, ALGORITHMS["dapo"], "march")  # one size: fine
+
+
+def test_setup_refuses_extra_rows_with_a_sequential_update():
+    from types import SimpleNamespace
+
+    from jaxrl.tokenizer import load_tokenizer
+    from jaxrl.trainer import _multi_agent_system
+
+    tok = load_tokenizer("builtin")
+    cfg = lambda update: SimpleNamespace(rollout=SimpleNamespace(group_size=2), multi_agent=SimpleNamespace(
+        system="ssp", params={"corpus_size": "tiny", "update": update}))
+    with pytest.raises(ConfigError, match="'sft_aux': its extra rows need one joint update.*update: joint"):
+        _multi_agent_system(cfg("sequential"), tok, ALGORITHMS["sft_aux"])
+    assert _multi_agent_system(cfg("joint"), tok, ALGORITHMS["sft_aux"]).update_phases == ()
+    assert _multi_agent_system(cfg("sequential"), tok, ALGORITHMS["grpo"]).update_phases == (0, 1)
+    with pytest.raises(ConfigError, match="update='both'"):
+        _multi_agent_system(cfg("both"), tok, ALGORITHMS["grpo"])
