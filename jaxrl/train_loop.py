@@ -122,6 +122,8 @@ def _train(cfg: ExperimentConfig, run_dir: str | Path, checkpoint_dir: str | Non
                                  keep=cfg.checkpoint.keep, async_save=cfg.checkpoint.async_save)
     start, nonfinite_run = 0, 0
     initial = state
+    # stages whose host-side state goes into checkpoints: CLIPO's head, a multi-agent system's (SSP's pool)
+    stateful = [*run.shapers, *([run.multi_agent] if hasattr(run.multi_agent, "state_json") else [])]
     restored = ckpt.restore_latest(state.params, state.opt_state) if cfg.checkpoint.resume else None
     if restored is not None:
         start = restored.step
@@ -132,7 +134,7 @@ def _train(cfg: ExperimentConfig, run_dir: str | Path, checkpoint_dir: str | Non
         state = TrainState(restored.params, restored.opt_state, jnp.asarray(start, jnp.int32))
         data_it.set_state(restored.extra["data_state"])
         nonfinite_run = int(restored.extra.get("nonfinite_run", 0))
-        for shaper in run.shapers:
+        for shaper in stateful:
             saved = restored.extra.get("stages", {}).get(shaper.name)
             if saved is not None:
                 shaper.load_state(saved)
@@ -158,7 +160,7 @@ def _train(cfg: ExperimentConfig, run_dir: str | Path, checkpoint_dir: str | Non
     reward_failures = rewards_lib.RewardFailureTracker(cfg.train.max_failed_reward_steps)
 
     def extra() -> dict[str, Any]:
-        stages = {sh.name: sh.state_json() for sh in run.shapers if sh.state_json() is not None}
+        stages = {sh.name: sh.state_json() for sh in stateful if sh.state_json() is not None}
         return {"data_state": data_it.get_state(), "nonfinite_run": nonfinite_run,
                 "rng": ckpt_lib.key_to_json(jax.random.key(cfg.train.seed)), "stages": stages,
                 **({"lora_base_sha256": run.base_sha256} if run.base_sha256 else {})}

@@ -37,6 +37,7 @@ from jaxrl.envs.episodes import EpisodeSpec, Episodes, collect_episodes
 from jaxrl.envs.search import SearchEnv, ToolEnv, exact_match, oracle_actions
 from jaxrl.losses.research.ssp import answer_tag_counts, proposer_reward, solver_reward
 from jaxrl.multi_agent.roles import RoleRows, joint_rollout, role_metrics, role_rows
+from jaxrl.multi_agent.ssp_pool import ProblemPool
 from jaxrl.rollout import Rollout
 from jaxrl.sampling import SamplingSpec, generate_from_state
 
@@ -171,16 +172,27 @@ class SspSystem:
         A = R); the Solver's group is the run's `rollout.group_size`.
       update: "sequential" (reference: the Proposer's update, then the Solver's, whose old log-probs are
         taken after the first; `jaxrl.rl_step.phased_update`) or "joint" (one update over both roles).
+      failed_slots: "reuse" (reference: a failed proposal's Solver slot takes an earlier problem from the
+        pool, `jaxrl.multi_agent.ssp_pool`, else a dummy) or "dummy" (always the dummy problem).
+      reuse_threshold, pool_clear_interval: the pool's eligibility (success rate <= threshold; reference
+        1.0) and its clearing period in steps (reference 10; 0 never clears).
     """
+
+    name = "ssp"  # the key of the pool's state in checkpoints
 
     def __init__(self, tokenizer, *, corpus_seed: int = 0, corpus_size: str = "tiny", top_k: int = 1,
                  max_turns: int = 4, max_total_tokens: int = 512, min_words: int = 4,
                  min_searches: int | None = None, format_penalty: float = 0.0, rag_check: bool = True,
-                 rag_others: int = 4, proposer_samples: int = 1, update: str = "sequential"):
+                 rag_others: int = 4, proposer_samples: int = 1, update: str = "sequential",
+                 failed_slots: str = "reuse", reuse_threshold: float = 1.0, pool_clear_interval: int = 10):
         if int(proposer_samples) < 1:
             raise ValueError(f"proposer_samples={proposer_samples}: must be >= 1")
         if update not in ("sequential", "joint"):
             raise ValueError(f"update={update!r}: allowed values are 'sequential', 'joint'")
+        if failed_slots not in ("reuse", "dummy"):
+            raise ValueError(f"failed_slots={failed_slots!r}: allowed values are 'reuse', 'dummy'")
+        if int(pool_clear_interval) < 0:
+            raise ValueError(f"pool_clear_interval={pool_clear_interval}: must be >= 0")
         self.tokenizer = tokenizer
         self.world = dict(corpus_seed=int(corpus_seed), corpus_size=str(corpus_size), top_k=int(top_k))
         self.max_turns, self.max_total_tokens = int(max_turns), int(max_total_tokens)
@@ -189,6 +201,15 @@ class SspSystem:
         self.rag_others, self.proposer_samples = int(rag_others), int(proposer_samples)
         # role ids in update order (`jaxrl.rl_step.phased_update`); () = one joint update
         self.update_phases = (ROLE_IDS["proposer"], ROLE_IDS["solver"]) if update == "sequential" else ()
+        self.pool = ProblemPool(float(reuse_threshold), int(pool_clear_interval)) if failed_slots == "reuse" \
+            else None
+
+    def state_json(self) -> dict | None:
+        return None if self.pool is None else self.pool.state_json()
+
+    def load_state(self, data) -> None:
+        if self.pool is not None:
+            self.pool.load_state(data)
 
     def group_sizes(self, group_size: int) -> dict[str, int]:
         """The group size of each trained role (the trainer checks the algorithm supports them)."""
@@ -257,8 +278,11 @@ class SspSystem:
                                     min_searches=self.min_searches or int(r.get("hops", 1)))
                     for t, a, r in zip(prop.completions, answers, prop.records)]
         valid = self.verify(graphdef, params, problems, answers, spec, jax.random.fold_in(key, 9))
-        solver_records = [{"question": p.question if ok else DUMMY, "answers": [a], "valid": bool(ok)}
-                          for p, a, ok in zip(problems, answers, valid)]
+        reused = self.pool.fill(valid, keys[2]) if self.pool is not None else [None] * len(problems)
+        solver_records = [{"question": p.question, "answers": [a], "valid": True} if ok else
+                          {"question": DUMMY, "answers": [a], "valid": False} if old is None else
+                          {"question": old["question"], "answers": [old["answer"]], "valid": False}
+                          for p, a, ok, old in zip(problems, answers, valid, reused)]
         sol = self._episodes("solver", graphdef, params, solver_records, self.solver_env, spec, g, keys[1])
         r_s = np.asarray(solver_reward(sol.rewards_N > 0, *answer_tag_counts(sol.completions)))
         r_p = np.asarray(proposer_reward(r_s.reshape(-1, g), mode="1-acc", valid_P=valid,
@@ -267,6 +291,12 @@ class SspSystem:
         metrics = {**role_metrics("proposer", r_p, p_rows.lengths_N),
                    **role_metrics("solver", r_s, s_rows.lengths_N)}
         solved = (r_s.reshape(-1, g) > 0).mean(1)
+        if self.pool is not None:  # every non-dummy problem of this step, with its success rate
+            self.pool.push([(r["question"], r["answers"][0], p) for r, p in zip(solver_records, solved)
+                            if r["question"] != DUMMY])
+            metrics["ssp/pool_size"] = float(len(self.pool.problems))
+        metrics["ssp/reused"] = float(np.mean([old is not None for old in reused]))
+        metrics["ssp/dummy"] = float(np.mean([r["question"] == DUMMY for r in solver_records]))
         metrics["ssp/valid_frac"] = float(valid.mean())
         metrics["ssp/solver_success"] = float(solved[valid].mean()) if valid.any() else float("nan")
         for reason in ("format", "length", "leak", "materials", "searches"):

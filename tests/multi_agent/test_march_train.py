@@ -94,4 +94,9 @@ def test_ssp_tiny_trains_from_config(tmp_path):
         assert r["loss"] == pytest.approx((r["role/proposer/loss"] + r["role/solver/loss"]) / 2, abs=1e-6)
         assert abs(r["role/solver/pg/approx_kl"]) < 1e-6 and r["role/solver/pg/ratio_mean"] == pytest.approx(1.0)
         assert r["role/proposer/train/grad_norm"] > 0 and r["role/solver/train/grad_norm"] > 0
+    # the problem pool is checkpointed with the run (exact resume draws the same reused problems)
+    extra = [json.loads(f.read_text()) for f in (tmp_path / "ssp" / "checkpoints" / "2" / "extra").rglob("*")
+             if f.is_file() and b'"stages"' in f.read_bytes()]
+    assert len(extra) == 1 and extra[0]["stages"]["ssp"]["steps"] == 2
+    assert len(extra[0]["stages"]["ssp"]["problems"]) == train[-1]["ssp/pool_size"]
     assert sorted(r["step"] for r in rows if "eval/accuracy" in r) == [0, 2]

@@ -136,3 +136,48 @@ def test_proposer_group_of_one_by_default_gives_a_equal_r(tok):
     for i in range(n_p):
         trained = ro.completion_mask_BT[i]
         np.testing.assert_allclose(adv.adv_NT[i][trained], r_p[i] / (1 + 1e-6), rtol=1e-6)
+
+
+def test_problem_pool_draws_eligible_problems_and_clears():
+    from jaxrl.multi_agent.ssp_pool import ProblemPool
+
+    pool = ProblemPool(threshold=0.5, clear_every=3)
+    assert pool.fill([False, True], key=0) == [None, None]  # empty: the caller's dummy
+    pool.push([("q easy", "a1", 1.0), ("q hard", "a2", 0.25)])
+    picks = pool.fill([False, True, False, False], key=1)
+    assert picks[1] is None and all(p["question"] == "q hard" for p in picks if p is not None)  # 1.0 > 0.5
+    assert [p is None for p in picks] == [False, True, False, False]
+    same = ProblemPool(threshold=0.5, clear_every=3)
+    same.load_state(pool.state_json())
+    assert same.fill([False] * 5, key=7) == pool.fill([False] * 5, key=7) and same.steps == 1
+    pool.push([])
+    pool.push([("q3", "a3", 0.0)])  # the third step clears (keep_ratio 0)
+    assert pool.problems == [] and pool.steps == 3
+
+
+def test_failed_slots_reuse_earlier_problems_and_resume_exactly(tok):
+    system = SspSystem(tok, rag_check=False, max_total_tokens=768, format_penalty=-1.0)
+    records = entities(200, 0, max_hops=1)[:3]
+    g = 2
+    first = collect_scripted(system, records, g)  # record 1 invalid, empty pool: a dummy problem
+    n_p = len(records)
+    assert [r["question"] for r in first.records[n_p::g]][1] == DUMMY
+    assert first.metrics["ssp/dummy"] == pytest.approx(1 / 3) and first.metrics["ssp/reused"] == 0.0
+    assert first.metrics["ssp/pool_size"] == 2.0  # the two valid problems
+    saved = system.state_json()
+    second = collect_scripted(system, records, g)
+    q = [r["question"] for r in second.records[n_p::g]]
+    assert q[1] in (records[0]["question"], records[2]["question"])  # an earlier valid problem, reused
+    answer = second.records[n_p + g]["answers"][0]
+    assert answer == {r["question"]: r["answers"][0] for r in records}[q[1]]  # with its own answer
+    assert second.rewards_NK[1, 0] == -1.0  # the failed Proposer still gets the format penalty
+    assert second.metrics["ssp/reused"] == pytest.approx(1 / 3) and second.metrics["ssp/dummy"] == 0.0
+    resumed = SspSystem(tok, rag_check=False, max_total_tokens=768, format_penalty=-1.0)
+    resumed.load_state(saved)
+    again = collect_scripted(resumed, records, g)
+    assert [r["question"] for r in again.records] == [r["question"] for r in second.records]
+    np.testing.assert_array_equal(again.rewards_NK, second.rewards_NK)
+    dummy_only = SspSystem(tok, rag_check=False, max_total_tokens=768, failed_slots="dummy")
+    assert dummy_only.state_json() is None
+    collect_scripted(dummy_only, records, g)
+    assert [r["question"] for r in collect_scripted(dummy_only, records, g).records[n_p::g]][1] == DUMMY

@@ -1,0 +1,49 @@
+"""SSP's problem pool: earlier problems that fill the Solver slots of failed proposals.
+
+Spec/multi-agent.md §2.6-2.7 (reference: Alibaba-Quark/SSP, `quarl/utils/ssp_data_manager.py`, with
+`extraction_failure.strategy = "reuse"`): a slot whose proposal failed extraction or validation takes a
+problem drawn from the pool of earlier problems whose recorded Solver success rate is at most `threshold`
+(script: 1.0, any problem), or a dummy problem when none is eligible. After solving, every non-dummy
+problem of the step (valid or reused) is pushed with its success rate; every `clear_every` steps the pool is
+emptied (`keep_ratio = 0`). The pool is host-side state that goes into checkpoints (`state_json`), so a
+resumed run draws the same problems.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import numpy as np
+
+
+@dataclasses.dataclass
+class ProblemPool:
+    """Problems as {"question", "answer", "success", "step"}; `steps` counts the training collects."""
+
+    threshold: float = 1.0
+    clear_every: int = 10
+    problems: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    steps: int = 0
+
+    def fill(self, valid_P: Sequence[bool], key: int) -> list[dict[str, Any] | None]:
+        """A pool problem for each failed slot (uniform over the eligible ones, drawn with `key`); None for a
+        valid slot or when nothing is eligible (the caller's dummy problem)."""
+        eligible = [p for p in self.problems if p["success"] <= self.threshold]
+        rng = np.random.default_rng(int(key))
+        return [None if ok or not eligible else eligible[int(rng.integers(len(eligible)))] for ok in valid_P]
+
+    def push(self, problems: Sequence[tuple[str, str, float]]) -> None:
+        """This step's (question, answer, success rate) problems; then the periodic clear."""
+        self.steps += 1
+        self.problems += [{"question": q, "answer": a, "success": float(p), "step": self.steps}
+                          for q, a, p in problems]
+        if self.clear_every > 0 and self.steps % self.clear_every == 0:
+            self.problems = []
+
+    def state_json(self) -> dict[str, Any]:
+        return {"problems": [dict(p) for p in self.problems], "steps": self.steps}
+
+    def load_state(self, data: dict[str, Any]) -> None:
+        self.problems = [dict(p) for p in data["problems"]]
+        self.steps = int(data["steps"])
