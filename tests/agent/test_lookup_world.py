@@ -1,6 +1,7 @@
-"""The lookup world (`build_world(seed, "lookup")`) behind configs/search_tiny.yaml, and SearchEnv's mixed
-demonstrations (`demo_search`): held-out questions are about unseen people, their answers come from values
-seen in training, guessing without searching scores near chance, and searching answers every question."""
+"""The lookup world (`build_world(seed, "lookup")`, configs/search_tiny.yaml's before the rooms world) and
+SearchEnv's mixed demonstrations (`demo_search`): held-out questions are about unseen people, their answers
+come from values seen in training, guessing without searching scores near chance, and searching answers
+every question."""
 
 import collections
 
