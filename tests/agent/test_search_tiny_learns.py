@@ -5,7 +5,8 @@ baselines with its 600-step warm start; the learning is the warm start's (it tea
 model to search and read the room code out of the result), and it appears late: after 400 steps accuracy was
 still 7/64. So the test keeps the full warm start, shortens GRPO to 2 steps (which exercises the episode
 loop), and asserts that greedy episodes on the held-out questions score well above the baselines and that
-sampled training episodes search. 6.2 minutes on the shared 2-core CPU at load average 2: over the 3-minute budget.
+sampled training episodes search. 6.2 minutes on the shared 2-core CPU at load average 2: over the
+3-minute budget.
 """
 
 from __future__ import annotations
