@@ -197,7 +197,9 @@ class Checkpointer:
         self.manager.close()
 
 
-_RESTORE_NOISE = "Future exception was never retrieved"
+# asyncio's messages for an unretrieved exception of a plain future and of a task (orbax's per-array
+# `async_deserialize` tasks): which one appears depends on what garbage collection reaches first
+_RESTORE_NOISE = ("Future exception was never retrieved", "Task exception was never retrieved")
 _noise_filters_installed = False
 
 
@@ -213,10 +215,11 @@ class _DropRestoreNoise(logging.Filter):
 def quiet_failed_restore_noise() -> None:
     """After an orbax restore failed, silences its leftovers (our one warning line says what happened).
 
-    A failed restore leaves one asyncio future per array whose exception nobody retrieves; asyncio logs each
-    ("Future exception was never retrieved" + the whole tensorstore spec, 16-45 KB for a small model) when it
-    is collected, and tensorstore callbacks into the closed event loop print "Event loop is closed"
-    tracebacks. Installed once, only after a failure, and only those two messages are dropped.
+    A failed restore leaves one asyncio future or task per array whose exception nobody retrieves; asyncio
+    logs each ("Future exception was never retrieved" / "Task exception was never retrieved" + the whole
+    tensorstore spec, 16-45 KB for a small model) when it is collected, and tensorstore callbacks into the
+    closed event loop print "Event loop is closed" tracebacks. Installed once, only after a failure, and
+    only those messages are dropped.
     """
     global _noise_filters_installed
     if _noise_filters_installed:
