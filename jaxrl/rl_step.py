@@ -66,18 +66,19 @@ def rl_step(run: trainer.Run, state: TrainState, records, step: int):
     if phases and ro.segment_N is not None and not actor_frozen:  # a sequential multi-agent schedule
         t2 = time.perf_counter()
         state, update_metrics = phased_update(run, state, policy, ro, adv, step, phases)
+        del policy
         metrics.update(update_metrics)
     else:
         extra = None
         if algo.extra_rows is not None:
             extra = algo.extra_rows(records, run.tokenizer, ro.prompt_width, ro.completion_mask_BT.shape[1])
         batch, mismatch_metrics = trainer.assemble(run, policy, ro, adv, extra_rows=extra)
+        del policy  # LoRA: the merged policy is not held during the update
         metrics.update(mismatch_metrics)
         t2 = time.perf_counter()
         if not actor_frozen:
             state, update_metrics = trainer.update(run, state, batch, step)
             metrics.update(update_metrics)
-    del policy
     t3 = time.perf_counter()
     tokens = float(np.sum(ro.mask_BL))
     if "kl/loss" in metrics:  # a KL that was not measured is absent, not a flat 0

@@ -252,10 +252,8 @@ def _multi_agent_system(cfg: ExperimentConfig, tokenizer, algorithm: Algorithm):
     from jaxrl.multi_agent import make_system
 
     system = make_system(cfg.multi_agent.system, cfg.multi_agent.params, tokenizer)
-    _check_role_groups(system.group_sizes(cfg.rollout.group_size), algorithm, cfg.multi_agent.system)
-    if getattr(system, "update_phases", ()) and algorithm.extra_rows is not None:
-        raise ConfigError(f"algorithm.name={algorithm.name!r}: its extra rows need one joint update, but "
-                          f"{cfg.multi_agent.system} updates its roles in turn (multi_agent.params.update: joint)")
+    _check_role_groups(system.group_sizes(cfg.rollout.group_size), algorithm, cfg.multi_agent.system,
+                       sequential=bool(getattr(system, "update_phases", ())))
     return system
 
 
@@ -275,9 +273,14 @@ def _multi_agent_setup(run: Run, cfg: ExperimentConfig, system) -> None:
                                    max_new_tokens=r.max_new_tokens, max_total_tokens=total, **buckets)
 
 
-def _check_role_groups(sizes: dict[str, int], algorithm: Algorithm, system: str) -> None:
-    """The algorithm must define advantages for every role's group size, and its group-wise stages (DAPO's
-    resampling, CLIPO's contrastive head) assume one group size for all rows."""
+def _check_role_groups(sizes: dict[str, int], algorithm: Algorithm, system: str, *,
+                       sequential: bool = False) -> None:
+    """The algorithm must define advantages for every role's group size, its group-wise stages (DAPO's
+    resampling, CLIPO's contrastive head) assume one group size for all rows, and its extra rows (SFT-aux)
+    need one joint update (not a `sequential` role-by-role one)."""
+    if sequential and algorithm.extra_rows is not None:
+        raise ConfigError(f"algorithm.name={algorithm.name!r}: its extra rows need one joint update, but "
+                          f"{system} updates its roles in turn (multi_agent.params.update: joint)")
     small = {role: g for role, g in sizes.items() if g < algorithm.min_group}
     if small:
         role, g = next(iter(small.items()))

@@ -143,14 +143,15 @@ def segment_advantages(fn: AdvantageFn, rewards_NK: np.ndarray, weights_K: np.nd
     """
     if segment_N is None:
         return fn(rewards_NK, weights_K, mask_NT, s)
-    n, t = np.shape(mask_NT)
+    mask_NT = np.asarray(mask_NT)
+    n, t = mask_NT.shape
     adv_NT = np.zeros((n, t), np.float32)
     low_N, high_N = np.zeros((n,), np.float32), np.zeros((n,), np.float32)
     sums: dict[str, float] = {}
     counts: dict[str, int] = {}
     for seg in np.unique(segment_N):
         rows = np.flatnonzero(segment_N == seg)
-        out = fn(rewards_NK[rows], weights_K, np.asarray(mask_NT)[rows],
+        out = fn(rewards_NK[rows], weights_K, mask_NT[rows],
                  dataclasses.replace(s, group_size=int(sizes[seg])))
         adv_NT[rows], low_N[rows], high_N[rows] = out.adv_NT, out.clip_low_N, out.clip_high_N
         for k, v in out.metrics.items():
