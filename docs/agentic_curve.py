@@ -1,11 +1,15 @@
-"""The README's curve of configs/search_tiny.yaml, from a run's metrics.jsonl (docs/agentic_search_tiny.png).
+"""The curves of a tiny agentic run, from its metrics.jsonl (default: docs/agentic_search_tiny.png).
 
     python docs/agentic_curve.py RUN_DIR [--baseline 0.031] [--out docs/agentic_search_tiny.png]
+    python docs/agentic_curve.py RUN_DIR --panels march --out docs/march_tiny.png
 
-Left: held-out greedy accuracy (`eval/accuracy`, every `train.eval_every` GRPO steps) against the no-search
-baseline (a dashed line: the guess demonstrations' accuracy on the held-out questions). Right: per GRPO step,
-the training reward (exact match of sampled episodes) and the searches per training episode
-(`episode/tool_calls`).
+`--panels search` (configs/search_tiny.yaml): left, held-out greedy accuracy (`eval/accuracy`, every
+`train.eval_every` GRPO steps) against the no-search baseline (a dashed line: the guess demonstrations'
+accuracy on the held-out questions); right, per GRPO step, the training reward (exact match of sampled
+episodes) and the searches per training episode (`episode/tool_calls`).
+`--panels march` (configs/march_tiny.yaml, docs/multi_agent.md): left, the held-out greedy Solver's accuracy
+and hallucination rate; right, per GRPO step, the sampled chains' hallucination rate (refuted claims), the
+Solver's exact-answer rate and the Checker's accuracy.
 """
 
 from __future__ import annotations
@@ -28,17 +32,38 @@ def series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
     return [p[0] for p in pairs], [p[1] for p in pairs]
 
 
-def plot(rows: list[dict], baseline: float, out: Path) -> None:
+PANELS = {
+    "search": dict(
+        left=[("eval/accuracy", "held-out greedy accuracy")], baseline="no-search baseline",
+        left_title="held-out questions (64), after the SFT warm start", left_legend="center right",
+        right=[("reward/mean", "training reward"), ("episode/tool_calls", "searches per episode")],
+        right_title="training episodes", right_ylim=(0, None), right_legend="lower right",
+        title="configs/search_tiny.yaml: 4-layer character model, SFT warm start then GRPO"),
+    "march": dict(
+        left=[("eval/accuracy", "Solver accuracy"), ("eval/reward/hallucination/mean", "hallucination rate")],
+        baseline=None, left_title="held-out questions (64), greedy", left_legend="center right",
+        right=[("march/hallucination_rate", "hallucination rate"),
+               ("role/solver/correct/mean", "Solver exact answer"),
+               ("march/checker_gold_frac", "Checker accuracy")],
+        right_title="training chains (temperature 1)", right_ylim=(0, 1), right_legend="center right",
+        title="configs/march_tiny.yaml: 4-layer character model, SFT warm start then GRPO on the Solver"),
+}
+
+
+def plot(rows: list[dict], baseline: float, out: Path, panels: str = "search") -> None:
+    p = PANELS[panels]
     fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.2))
-    left.plot(*series(rows, "eval/accuracy"), marker="o", label="held-out greedy accuracy")
-    left.axhline(baseline, color="grey", linestyle="--", label="no-search baseline")
-    left.set(xlabel="GRPO step", ylim=(0, 1), title="held-out questions (64), after the SFT warm start")
-    left.legend(loc="center right", fontsize=8)
-    right.plot(*series(rows, "reward/mean"), label="training reward")
-    right.plot(*series(rows, "episode/tool_calls"), label="searches per episode")
-    right.set(xlabel="GRPO step", ylim=(0, None), title="training episodes")
-    right.legend(loc="lower right", fontsize=8)
-    fig.suptitle("configs/search_tiny.yaml: 4-layer character model, SFT warm start then GRPO", fontsize=9)
+    for key, label in p["left"]:
+        left.plot(*series(rows, key), marker="o", label=label)
+    if p["baseline"]:
+        left.axhline(baseline, color="grey", linestyle="--", label=p["baseline"])
+    left.set(xlabel="GRPO step", ylim=(0, 1), title=p["left_title"])
+    left.legend(loc=p["left_legend"], fontsize=8)
+    for key, label in p["right"]:
+        right.plot(*series(rows, key), label=label)
+    right.set(xlabel="GRPO step", ylim=p["right_ylim"], title=p["right_title"])
+    right.legend(loc=p["right_legend"], fontsize=8)
+    fig.suptitle(p["title"], fontsize=9)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=100)
@@ -49,12 +74,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("run_dir")
     parser.add_argument("--baseline", type=float, default=2 / 64, help="no-search held-out accuracy")
     parser.add_argument("--out", default=str(Path(__file__).with_name("agentic_search_tiny.png")))
+    parser.add_argument("--panels", choices=sorted(PANELS), default="search", help="which run's curves")
     args = parser.parse_args(argv)
     rows = read_metrics(args.run_dir)
     if not rows:
         print(f"no metrics.jsonl in {args.run_dir}", file=sys.stderr)
         return 1
-    plot(rows, args.baseline, Path(args.out))
+    plot(rows, args.baseline, Path(args.out), args.panels)
     print(args.out)
     return 0
 

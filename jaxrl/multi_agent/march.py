@@ -34,7 +34,7 @@ import numpy as np
 from jaxrl import rewards as rewards_lib
 from jaxrl.data.entities import build_world
 from jaxrl.envs.base import StepResult, prompt_ids
-from jaxrl.losses.research.march import checker_votes, fact_check_reward
+from jaxrl.losses.research.march import answers_match, checker_votes, fact_check_reward
 from jaxrl.multi_agent import march_text as mt
 from jaxrl.multi_agent.roles import RoleRows, joint_rollout, role_metrics, role_rows
 from jaxrl.rollout import Rollout
@@ -70,6 +70,15 @@ def chain_rewards(votes_NSQ: np.ndarray, qmask_NQ: np.ndarray, labelled_N: np.nd
     refuted_N = ((c_NQ < 0) & qmask_NQ & checked_N).sum(axis=1)
     claims_N = (qmask_NQ & checked_N).sum(axis=1)
     return r_N, refuted_N, claims_N
+
+
+def checker_gold_frac(checker_texts: Sequence[str], pairs: Sequence[Sequence[tuple[str, str]]],
+                      golds: Sequence[str], samples: int) -> float:
+    """The share of Checker samples whose answer to question 1 is the record's gold answer, over chains with
+    a claim (NaN when none): the Checker's own accuracy, which the hallucination rate relies on."""
+    hits = [answers_match(mt.parse_checker(checker_texts[i * samples + s], 1)[0], gold)
+            for i, (chain, gold) in enumerate(zip(pairs, golds)) if chain for s in range(samples)]
+    return float(np.mean(hits)) if hits else float("nan")
 
 
 def vote_matrix(checker_texts: Sequence[str], pairs: Sequence[Sequence[tuple[str, str]]], samples: int,
@@ -124,11 +133,14 @@ class MarchSystem:
       checker_samples: S, the Checker's votes per chain (3 in the reference).
       mode: "ztr" (zero tolerance, default) or "error_rate" (`losses.research.march.fact_check_reward`).
       max_questions: at most this many Proposer pairs are checked per chain.
+      solver_demo_wrong: the share of Solver warm-start demonstrations that answer from a distractor
+        passage (`march_text.solver_wrong`): a warm-started Solver that hallucinates, for the fact check to
+        correct (0 = every demonstration answers right).
     """
 
     def __init__(self, tokenizer, *, corpus_seed: int = 0, corpus_size: str = "tiny",
                  num_distractors: int = 1, train_roles: Sequence[str] = TRAINABLE, checker_samples: int = 3,
-                 mode: str = "ztr", max_questions: int = 4):
+                 mode: str = "ztr", max_questions: int = 4, solver_demo_wrong: float = 0.0):
         bad = [r for r in train_roles if r not in TRAINABLE]
         if bad or not train_roles:
             raise ValueError(f"train_roles={list(train_roles)!r}: a non-empty subset of {list(TRAINABLE)} "
@@ -137,10 +149,13 @@ class MarchSystem:
             raise ValueError(f"mode={mode!r}: allowed values are 'ztr', 'error_rate'")
         if int(checker_samples) < 1 or int(max_questions) < 1 or int(num_distractors) < 0:
             raise ValueError("checker_samples and max_questions must be >= 1, num_distractors >= 0")
+        if not 0.0 <= float(solver_demo_wrong) <= 1.0:
+            raise ValueError(f"solver_demo_wrong={solver_demo_wrong!r}: a share in [0, 1]")
         self.tokenizer = tokenizer
         self.world = build_world(int(corpus_seed), str(corpus_size))
         self.num_distractors, self.train_roles = int(num_distractors), tuple(train_roles)
         self.checker_samples, self.mode, self.max_questions = int(checker_samples), mode, int(max_questions)
+        self.solver_demo_wrong = float(solver_demo_wrong)
 
     def group_sizes(self, group_size: int) -> dict[str, int]:
         """The group size of each trained role: G Solver answers of a prompt, their G trained Checker rows."""
@@ -157,7 +172,7 @@ class MarchSystem:
 
     def demonstrations(self, record: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
         docs, gold = self.context(record)
-        return mt.demonstrations(record, docs, gold)
+        return mt.demonstrations(record, docs, gold, self.solver_demo_wrong)
 
     def demonstration_env(self, tokenizer) -> MarchDemoEnv:
         return MarchDemoEnv(tokenizer, self)
@@ -237,6 +252,8 @@ class MarchSystem:
         metrics["march/claims/mean"] = float(claims.mean())
         metrics["march/fault_frac"] = float(np.mean(r_fc < 0))
         metrics["march/labelled_frac"] = float(ch.labelled_N.mean())
+        golds = [str(r["answers"][0]) for r in rep]
+        metrics["march/checker_gold_frac"] = checker_gold_frac(ch.checker.completions, ch.pairs, golds, s)
         ro = joint_rollout(parts, role_ids=ROLE_IDS, reward_names=names, weights_K=weights,
                            pad_id=int(self.tokenizer.pad_token_id), metrics=metrics, score_infos=(info,),
                            group_sizes=[g] * len(parts))

@@ -25,6 +25,7 @@ _PAIR = re.compile(r"-\s*Question:([^\n]*?)\[Answer:([^\n]*?)\]")
 _ITEM = re.compile(r"(\d+)\.\s*Evidence:(.*?)\[Answer:(.*?)\]", re.DOTALL)
 _BLOCK = re.compile(r"Passages:[ \t]*\n(.*?)\nQuestion:([^\n]*)", re.DOTALL)
 _NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
+_CODE = re.compile(r"(?<!\S)(\S)\.$")  # a one-character answer ending its passage ("... has room C.")
 
 
 def solver_text(passages: Sequence[str], query: str) -> str:
@@ -87,6 +88,11 @@ def is_numeric(answer: str) -> bool:
     return bool(re.fullmatch(r"\d[\d,]*(?:\.\d+)?", answer.strip()))
 
 
+def is_code(answer: str) -> bool:
+    """A one-character answer (the rooms world's room codes, `jaxrl.data.entities.build_room_world`)."""
+    return len(answer.strip()) == 1 and answer.strip().isalnum()
+
+
 def bare_number(text: str) -> str:
     """A number as the Proposer must write it: no thousands separators."""
     return text.replace(",", "")
@@ -110,6 +116,9 @@ def passages(record: Mapping[str, Any], world, num_distractors: int) -> tuple[li
     twins = [n for n in bodies if n not in world.entities and _near(n, last)]
     same = sorted(n for n, e in world.entities.items() if e["type"] == kind and n not in chain)
     pool = twins + [same[(key + 7 * i) % len(same)] for i in range(len(same))]
+    room = world.entities[last].get("room")
+    if room is not None:  # the rooms world: a distractor states another room, for a name of another initial
+        pool = [n for n in pool if world.entities[n]["room"] != room and n[0] != last[0]]
     extra = []
     for name in pool:
         if len(extra) == num_distractors:
@@ -128,27 +137,46 @@ def _near(a: str, b: str) -> bool:
 
 
 def label(record: Mapping[str, Any]) -> str:
-    """The fact-check label: numeric answers are checked (`rag_for_digit_fact`), others are not."""
-    return FACT_LABEL if is_numeric(str(record["answers"][0])) else "rag"
+    """The fact-check label: numeric and one-character (room code) answers are checked
+    (`rag_for_digit_fact`), others are not."""
+    gold = str(record["answers"][0])
+    return FACT_LABEL if is_numeric(gold) or is_code(gold) else "rag"
 
 
-def demonstrations(record: Mapping[str, Any], docs: Sequence[str], gold_doc: int
+def wrong_answer(gold: str, docs: Sequence[str], gold_doc: int, key: int) -> str:
+    """An answer of the gold answer's kind that a distractor passage states (gold itself when none): for a
+    code, the code ending a distractor passage; for a number, a distractor's number of the same length."""
+    if is_code(gold):
+        found = [m.group(1) for j, d in enumerate(docs) if j != gold_doc for m in [_CODE.search(d)]
+                 if m and m.group(1) != gold]
+    else:
+        found = [n for j, d in enumerate(docs) if j != gold_doc for n in _NUMBER.findall(d)
+                 if bare_number(n) != bare_number(gold) and len(bare_number(n)) == len(bare_number(gold))]
+    return found[key % len(found)] if found else gold
+
+
+def solver_wrong(query: str, fraction: float) -> bool:
+    """Whether the Solver's demonstration for `query` answers from a distractor: a fixed `fraction` of the
+    questions, chosen by crc32 (independent of the role choice, which hashes the bare question)."""
+    return _crc(f"solver-wrong:{query}") % 10_000 < round(float(fraction) * 10_000)
+
+
+def demonstrations(record: Mapping[str, Any], docs: Sequence[str], gold_doc: int, wrong_frac: float = 0.0
                    ) -> dict[str, tuple[str, str]]:
     """Role-format demonstrations of one record: role -> (user text, target text).
 
-    Solver: `<answer>{gold}</answer>`. Proposer: fed an answer that is the gold number or, for one record in
-    two, the number a distractor passage states (so it learns to transcribe the Solver's number, right or
-    wrong). Checker: the gold number and the passage that states it. Non-numeric records: Solver only."""
+    Solver: `<answer>{gold}</answer>`, or, for a `wrong_frac` share of the questions (`solver_wrong`), the
+    answer a distractor passage states (a demonstrated hallucination: headroom for the fact-check reward).
+    Proposer: fed an answer that is the gold one or, for one record in two, the one a distractor passage
+    states (so it learns to transcribe the Solver's number or code, right or wrong). Checker: the gold
+    answer and the passage that states it. Records that are not fact-checked (`label`): Solver only."""
     gold = str(record["answers"][0])
     query = record["question"]
-    out = {"solver": (solver_text(docs, query), f"<answer>{gold}</answer>")}
-    if not is_numeric(gold):
+    said = wrong_answer(gold, docs, gold_doc, _crc(query)) if solver_wrong(query, wrong_frac) else gold
+    out = {"solver": (solver_text(docs, query), f"<answer>{said}</answer>")}
+    if label(record) != FACT_LABEL:
         return out
-    shown = gold
-    if _crc(query) % 2:
-        others = [n for j, d in enumerate(docs) if j != gold_doc for n in _NUMBER.findall(d)
-                  if bare_number(n) != bare_number(gold) and len(bare_number(n)) == len(bare_number(gold))]
-        shown = others[_crc(query) % len(others)] if others else shown
+    shown = wrong_answer(gold, docs, gold_doc, _crc(query)) if _crc(query) % 2 else gold
     out["proposer"] = (proposer_text(query, f"<answer>{shown}</answer>"),
                        f"- Question: {query} [Answer: {bare_number(shown)}]")
     passages_text = "\n".join(f"Doc {i + 1}: {p}" for i, p in enumerate(docs))

@@ -20,7 +20,7 @@ from jaxrl.config import RewardSpec
 from jaxrl.data.tasks import entities
 from jaxrl.losses.research.march import answers_match, fact_check_reward
 from jaxrl.multi_agent import march_text as mt
-from jaxrl.multi_agent.march import ROLE_IDS, MarchSystem
+from jaxrl.multi_agent.march import ROLE_IDS, MarchSystem, checker_gold_frac
 from jaxrl.multi_agent.roles import role_rows, row_roles
 from jaxrl.sampling import Generation, SamplingSpec
 from jaxrl.tokenizer import load_tokenizer
@@ -247,3 +247,34 @@ def test_demonstrations_cover_roles_and_distractors(tok):
     assert target.endswith(tok.eos_token)
     demos = system.demonstrations(recs[0]).values()
     assert any(u in role_text and target == t + tok.eos_token for u, t in demos)
+
+
+def test_rooms_world_passages_labels_and_wrong_solver_demonstrations(tok):
+    """configs/march_tiny.yaml's world: the distractor states another room for a name of another initial,
+    room codes are fact-checked, and `solver_demo_wrong` of the Solver demonstrations answer the
+    distractor's code (the Proposer and Checker demonstrations stay as they were)."""
+    system = MarchSystem(tok, corpus_size="rooms", solver_demo_wrong=0.4, max_questions=1)
+    right = MarchSystem(tok, corpus_size="rooms", max_questions=1)
+    recs = entities(200, 0, corpus_size="rooms", max_hops=1)
+    wrong = 0
+    for rec in recs:
+        docs, gold = system.context(rec)
+        other = docs[1 - gold]
+        assert len(docs) == 2 and docs[gold].endswith(f"room {rec['answer']}.")
+        assert not other.endswith(f"room {rec['answer']}.") and other[0] != docs[gold][0]
+        assert mt.label(rec) == mt.FACT_LABEL
+        demos, base = system.demonstrations(rec), right.demonstrations(rec)
+        assert base["solver"][1] == f"<answer>{rec['answer']}</answer>"
+        assert demos["checker"] == base["checker"] and demos["proposer"] == base["proposer"]
+        if demos["solver"][1] != base["solver"][1]:
+            wrong += 1
+            assert demos["solver"][1] == f"<answer>{other[-2]}</answer>"
+    assert 0.3 < wrong / len(recs) < 0.5
+    assert mt.label({"answers": ["Tarvel"]}) == "rag" and mt.label({"answers": ["1,173"]}) == mt.FACT_LABEL
+
+
+def test_checker_gold_frac_scores_question_one_against_the_gold_answer():
+    texts = ["1. Evidence: Doc 1 [Answer: C]", "1. Evidence: Doc 2 [Answer: 6]", "junk", "x", "y", "z"]
+    pairs = [[("What is the room of Lefan?", "6")], []]  # chain 2 has no claim: not counted
+    assert checker_gold_frac(texts, pairs, ["C", "6"], 3) == pytest.approx(1 / 3)
+    assert np.isnan(checker_gold_frac(texts, [[], []], ["C", "6"], 3))
