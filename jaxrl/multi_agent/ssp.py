@@ -24,6 +24,7 @@ Greedy evaluation (`train=False`) runs the Solver on the dataset's own questions
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 import zlib
 from typing import Any, Mapping, Sequence
@@ -34,7 +35,8 @@ import numpy as np
 from jaxrl.data.entities import build_world
 from jaxrl.envs.base import StepResult, prompt_ids
 from jaxrl.envs.episodes import EpisodeSpec, Episodes, collect_episodes
-from jaxrl.envs.search import SearchEnv, ToolEnv, exact_match, oracle_actions
+from jaxrl.envs.search import SearchEnv, ToolEnv, exact_match
+from jaxrl.envs.tools import format_results
 from jaxrl.losses.research.ssp import answer_tag_counts, proposer_reward, solver_reward
 from jaxrl.multi_agent.roles import RoleRows, joint_rollout, role_metrics, role_rows
 from jaxrl.multi_agent.ssp_pool import ProblemPool
@@ -48,6 +50,20 @@ _QUESTION = re.compile(r"<question>(.*?)</question>", re.DOTALL)
 _RESULT = re.compile(r"<result>\n?(.*?)\n?</result>", re.DOTALL)
 _SEARCH = re.compile(r"<search>(.*?)</search>", re.DOTALL)
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+
+@functools.lru_cache(maxsize=4)
+def cached_world(seed: int, size: str):
+    """`build_world` once per (seed, size): environments are built per episode (0.16 s for "rooms")."""
+    return build_world(seed, size)
+
+
+@functools.lru_cache(maxsize=4)
+def _docs_by_name(seed: int, size: str) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for c in cached_world(seed, size).contents:
+        out.setdefault(c.partition("\n")[0], []).append(c)
+    return out
 
 
 def proposer_text(answer: str, hops: int) -> str:
@@ -72,7 +88,17 @@ class Problem:
     reason: str
 
 
-def extract_problem(transcript: str, answer: str, *, min_searches: int, min_words: int) -> Problem:
+def leaks(answer: str, question: str, mode: str = "substring") -> bool:
+    """Rule 4: a* (lower-cased) in the question, as a substring (reference) or as a whole word ("word": for
+    one-character answers such as the rooms world's codes, which any question contains as a letter)."""
+    a, q = answer.lower(), question.lower()
+    if mode == "word":
+        return re.search(rf"(?<!\w){re.escape(a)}(?!\w)", q) is not None
+    return a in q
+
+
+def extract_problem(transcript: str, answer: str, *, min_searches: int, min_words: int,
+                    leak: str = "substring") -> Problem:
     """Rules of spec §2.5 (1-6, 8) in order; the RAG check (7) is the caller's (it needs the policy)."""
     found = _QUESTION.search(transcript)
     materials = "\n\n".join(m.strip() for m in _RESULT.findall(transcript) if m.strip())
@@ -82,7 +108,7 @@ def extract_problem(transcript: str, answer: str, *, min_searches: int, min_word
     q = found.group(1).strip()
     if len(q) < 10 or len(q.split()) < min_words:
         return Problem(q, materials, searches, False, "length")
-    if answer.lower() in q.lower():
+    if leaks(answer, q, leak):
         return Problem(q, materials, searches, False, "leak")
     if not materials:
         return Problem(q, materials, searches, False, "materials")
@@ -103,19 +129,27 @@ def noisy_materials(own: str, others: Sequence[str], key: int, max_others: int =
 class ProposerEnv(ToolEnv):
     """Search the world, then `<question>…</question>` ends the episode (reward 0: scored after solving)."""
 
-    def __init__(self, tokenizer, *, corpus_seed: int = 0, corpus_size: str = "tiny", top_k: int = 1):
-        world = build_world(int(corpus_seed), str(corpus_size))
+    def __init__(self, tokenizer, *, corpus_seed: int = 0, corpus_size: str = "tiny", top_k: int = 1,
+                 query_with_question: bool = False):
+        world = cached_world(int(corpus_seed), str(corpus_size))
         super().__init__(tokenizer, tools=("search",), tool_kwargs={"search": {"contents": world.contents,
                                                                                 "top_k": top_k}})
         self.stop_strings = ("</search>", "</question>")
+        self.query_with_question, self.question = bool(query_with_question), ""
 
     def reset(self, record: Mapping[str, Any]) -> list[int]:
+        self.question = str(record.get("question", ""))
         text = proposer_text(str(record["answers"][0]), int(record.get("hops", 1)))
         return prompt_ids(self.tokenizer, [{"role": "user", "content": text}])
 
     def step(self, action) -> StepResult:
         if "<question>" in action.text:
             return StepResult([], 0.0, True, {})
+        if self.query_with_question:  # as SearchEnv's option, with the record's own (unseen) question
+            q = self.question
+            text = re.sub(r"<search>(.*?)</search>", lambda m: f"<search>{q} {q} {m.group(1)}</search>",
+                          action.text, flags=re.DOTALL)
+            action = dataclasses.replace(action, text=text)
         res = super().step(action)
         return StepResult(res.observation, 0.0, res.done, res.info)
 
@@ -134,26 +168,69 @@ def episode_rows(name: str, eps: Episodes) -> RoleRows:
                     eps.lengths_N.astype(np.int32), eps.finished_N, list(eps.completions))
 
 
+class VerifierDemoEnv:
+    """The RAG check's prompt for a record (its own documents plus `others` other ones, as `noisy_materials`
+    mixes them), answered in one turn; `demonstration` is the record's answer."""
+
+    def __init__(self, tokenizer, *, corpus_seed: int = 0, corpus_size: str = "tiny", top_k: int = 1,
+                 others: int = 1):
+        self.tokenizer, self.others = tokenizer, int(others)
+        self.world = cached_world(int(corpus_seed), str(corpus_size))
+        self.by_name = _docs_by_name(int(corpus_seed), str(corpus_size))
+        self.top_k, self.stop_strings = int(top_k), ("</answer>",)
+
+    def materials(self, record: Mapping[str, Any]) -> tuple[str, list[str]]:
+        """(the record's chain documents, `others` other documents chosen by crc32 of the question)."""
+        docs = self.world.contents
+        own = "\n\n".join(format_results(self.by_name.get(n, [])[: self.top_k]) for n in record["chain"])
+        rng = np.random.default_rng(zlib.crc32(("verify:" + str(record["question"])).encode()))
+        picked = [format_results([docs[int(i)]]) for i in rng.choice(len(docs), self.others + 1, replace=False)]
+        return own, [m for m in picked if m != own][: self.others]
+
+    def reset(self, record):
+        own, others = self.materials(record)
+        key = zlib.crc32(str(record["question"]).encode())
+        text = verifier_text(noisy_materials(own, others, key, self.others), str(record["question"]))
+        return prompt_ids(self.tokenizer, [{"role": "user", "content": text}])
+
+    def step(self, action):
+        return StepResult([], 0.0, True, {})
+
+    def demonstration(self, record) -> list[str]:
+        return [f"<answer>{record['answers'][0]}</answer>"]
+
+
 class SspDemoEnv:
-    """SFT warm start: each record demonstrates one role (crc32 of its question), searches served live."""
+    """SFT warm start: each record demonstrates one role (crc32 of its question), searches served live:
+    the Proposer or the Solver, or also the RAG check's verifier with `verifier_demos`."""
 
     def __init__(self, tokenizer, system: "SspSystem"):
         self.tokenizer, self.system, self.inner = tokenizer, system, None
         self.stop_strings = ("</search>", "</question>", "</answer>")
+        self.roles = ROLES + ("verifier",) if system.verifier_demos else ROLES
 
     def _role(self, record) -> str:
-        return ROLES[zlib.crc32(str(record["question"]).encode()) % 2]
+        return self.roles[zlib.crc32(str(record["question"]).encode()) % len(self.roles)]
+
+    def _env(self, record):
+        role = self._role(record)
+        if role == "verifier":
+            return VerifierDemoEnv(self.tokenizer, **self.system.world, others=self.system.rag_others)
+        return (self.system.proposer_env if role == "proposer" else self.system.solver_env)(self.tokenizer)
 
     def reset(self, record):
-        make = self.system.proposer_env if self._role(record) == "proposer" else self.system.solver_env
-        self.inner = make(self.tokenizer)
+        self.inner = self._env(record)
         return self.inner.reset(record)
 
     def step(self, action):
         return self.inner.step(action)
 
     def demonstration(self, record) -> list[str]:
-        return proposer_demonstration(record) if self._role(record) == "proposer" else oracle_actions(record)
+        """The Proposer's `proposer_demonstration`, the Solver's `SearchEnv.demonstration` (searching for a
+        `solver_demo_search` share of questions, else a guess), the verifier's answer."""
+        if self._role(record) == "proposer":
+            return proposer_demonstration(record)
+        return self._env(record).demonstration(record)
 
 
 class SspSystem:
@@ -164,6 +241,7 @@ class SspSystem:
       corpus_seed, corpus_size, top_k: the searched world (as `SearchEnv`).
       max_turns, max_total_tokens: episode budgets of both roles.
       min_words: rule 3 (reference: 10 words; short for the tiny world's questions).
+      leak: rule 4, "substring" (reference) or "word" (a* as a whole word: one-character answers).
       min_searches: rule 6 (reference: 2); None: the record's hop count.
       format_penalty: R_p of an invalid problem (script 0, config default -1).
       rag_check: run rule 7 with the policy as verifier; rag_others: other episodes' materials mixed in
@@ -176,6 +254,12 @@ class SspSystem:
         pool, `jaxrl.multi_agent.ssp_pool`, else a dummy) or "dummy" (always the dummy problem).
       reuse_threshold, pool_clear_interval: the pool's eligibility (success rate <= threshold; reference
         1.0) and its clearing period in steps (reference 10; 0 never clears).
+      query_with_question: both roles' searches are "question question query" (`SearchEnv`'s option; the
+        Proposer's question is its record's own, which it never sees), so a tiny model that garbles names
+        still retrieves the right document.
+      solver_demo_search: the share of the Solver's SFT demonstrations that search (`SearchEnv.demo_search`);
+        below 1 the others guess, leaving RL the discovery that searching pays.
+      verifier_demos: the SFT warm start also demonstrates the RAG check (one role in three per record).
     """
 
     name = "ssp"  # the key of the pool's state in checkpoints
@@ -184,16 +268,21 @@ class SspSystem:
                  max_turns: int = 4, max_total_tokens: int = 512, min_words: int = 4,
                  min_searches: int | None = None, format_penalty: float = 0.0, rag_check: bool = True,
                  rag_others: int = 4, proposer_samples: int = 1, update: str = "sequential",
-                 failed_slots: str = "reuse", reuse_threshold: float = 1.0, pool_clear_interval: int = 10):
+                 failed_slots: str = "reuse", reuse_threshold: float = 1.0, pool_clear_interval: int = 10,
+                 leak: str = "substring", query_with_question: bool = False, solver_demo_search: float = 1.0,
+                 verifier_demos: bool = False):
         if int(proposer_samples) < 1:
             raise ValueError(f"proposer_samples={proposer_samples}: must be >= 1")
         if update not in ("sequential", "joint"):
             raise ValueError(f"update={update!r}: allowed values are 'sequential', 'joint'")
         if failed_slots not in ("reuse", "dummy"):
             raise ValueError(f"failed_slots={failed_slots!r}: allowed values are 'reuse', 'dummy'")
+        if leak not in ("substring", "word"):
+            raise ValueError(f"leak={leak!r}: allowed values are 'substring', 'word'")
         if int(pool_clear_interval) < 0:
             raise ValueError(f"pool_clear_interval={pool_clear_interval}: must be >= 0")
-        self.tokenizer = tokenizer
+        self.tokenizer, self.leak, self.verifier_demos = tokenizer, leak, bool(verifier_demos)
+        self.query_with_question, self.solver_demo_search = bool(query_with_question), float(solver_demo_search)
         self.world = dict(corpus_seed=int(corpus_seed), corpus_size=str(corpus_size), top_k=int(top_k))
         self.max_turns, self.max_total_tokens = int(max_turns), int(max_total_tokens)
         self.min_words, self.min_searches = int(min_words), min_searches
@@ -216,10 +305,11 @@ class SspSystem:
         return {"proposer": self.proposer_samples, "solver": int(group_size)}
 
     def proposer_env(self, tokenizer) -> ProposerEnv:
-        return ProposerEnv(tokenizer, **self.world)
+        return ProposerEnv(tokenizer, **self.world, query_with_question=self.query_with_question)
 
     def solver_env(self, tokenizer) -> SearchEnv:
-        return SearchEnv(tokenizer, **self.world)
+        return SearchEnv(tokenizer, **self.world, query_with_question=self.query_with_question,
+                         demo_search=self.solver_demo_search)
 
     def demonstration_env(self, tokenizer) -> SspDemoEnv:
         return SspDemoEnv(tokenizer, self)
@@ -274,7 +364,7 @@ class SspSystem:
         prop = self._episodes("proposer", graphdef, params, records, self.proposer_env, spec,
                               self.proposer_samples, keys[0])
         answers = [str(r["answers"][0]) for r in prop.records]
-        problems = [extract_problem(t, a, min_words=self.min_words,
+        problems = [extract_problem(t, a, min_words=self.min_words, leak=self.leak,
                                     min_searches=self.min_searches or int(r.get("hops", 1)))
                     for t, a, r in zip(prop.completions, answers, prop.records)]
         valid = self.verify(graphdef, params, problems, answers, spec, jax.random.fold_in(key, 9))

@@ -181,3 +181,40 @@ def test_failed_slots_reuse_earlier_problems_and_resume_exactly(tok):
     assert dummy_only.state_json() is None
     collect_scripted(dummy_only, records, g)
     assert [r["question"] for r in collect_scripted(dummy_only, records, g).records[n_p::g]][1] == DUMMY
+
+
+def test_rooms_options_leak_word_queries_and_verifier_demos(tok):
+    """The rooms world (configs/ssp_tiny.yaml): one-character answers leak only as a word; both roles' searches
+    reach the record's document through a garbled name (query_with_question); the warm start demonstrates the
+    three roles, the Solver guessing for a share of questions and the verifier reading a* from two documents."""
+    from jaxrl.data.entities import build_world
+    from jaxrl.multi_agent.ssp import leaks
+
+    assert leaks("e", "What is the room of Nidem?") and not leaks("e", "What is the room of Nidem?", "word")
+    assert leaks("e", "Is it room E?", "word") and leaks("3", "room 3 of Nidem", "word")
+    with pytest.raises(ValueError, match="leak"):
+        SspSystem(tok, leak="token")
+    records = build_world(0, "rooms").records("train")[:60]
+    system = SspSystem(tok, corpus_size="rooms", leak="word", query_with_question=True, solver_demo_search=0.5,
+                       verifier_demos=True, rag_others=1, max_total_tokens=384)
+    es = EpisodeSpec(group_size=1, max_turns=3, max_total_tokens=384)
+    garbled = scripted_episodes(records[:4], tok, system.proposer_env,
+                                lambda r: ["<search>Xqzzy</search>", f"<question>{r['question']}</question>"], es)
+    for r, c in zip(records[:4], garbled.completions):
+        assert f"(Title: {r['chain'][0]})" in c  # the record's own document despite the made-up name
+    probe = system.demonstration_env(tok)
+    eps = scripted_episodes(records, tok, system.demonstration_env, probe.demonstration, es)
+    roles = [probe._role(r) for r in records]
+    assert set(roles) == {"proposer", "solver", "verifier"}
+    for r, role, c, i in zip(records, roles, eps.completions, range(len(records))):
+        a = r["answers"][0]
+        if role == "proposer":
+            p = extract_problem(c, a, min_searches=1, min_words=4, leak="word")
+            assert p.valid and p.question == r["question"]
+        elif role == "verifier":
+            prompt = tok.decode(eps.tokens_BL[i, :eps.prompt_width], skip_special_tokens=True)
+            assert c == f"<answer>{a}</answer>" and prompt.count("(Title: ") == 2
+            assert f"{r['chain'][0]} has room {a}." in prompt
+    solver = [c for role, c in zip(roles, eps.completions) if role == "solver"]
+    searched = sum("<search>" in c for c in solver)
+    assert 0 < searched < len(solver)  # solver_demo_search 0.5: some search, the others guess
