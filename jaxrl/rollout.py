@@ -16,26 +16,33 @@ Everything here is host-side glue around jitted functions (the sampler); nothing
 Multi-host (tpu/README.md, "How a step is split across hosts"): every host calls `collect` with the same
 global batch of prompts; the sampler runs once over all devices. Each row of the output has one owner host
 (`jaxrl.sharding.hosts.row_owners`: the lowest process holding it): the owner alone decodes and scores it,
-and the reward matrix, lengths and error counts are then gathered, so every host holds the same `Rollout`
-(token arrays complete, `completions` text only for its own rows, "" elsewhere) and takes the same decisions.
+reading the rows from its own devices, and the reward matrix, lengths and error counts are then gathered, so
+every host takes the same decisions. The sampled tokens and their log-probs never leave the devices:
+`tokens_BL` and `old_logp_BT` of `collect` are global `jax.Array`s split over the batch axis like the
+sampler's output, and the stages that move rows (DAPO, mini-batches) do it on the devices
+(`jaxrl.sharding.rows`). The masks, derived from the prompt lengths and the gathered completion lengths, are
+host arrays, the same on every host; `completions` holds the text of this host's own rows ("" elsewhere).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxrl import rewards as rewards_lib
 from jaxrl.sampling import Generation, SamplingSpec, generate_from_state, pad_prompts
-from jaxrl.sharding import hosts
+from jaxrl.sharding import hosts, rows as rows_lib
 
 
 @dataclasses.dataclass
 class Rollout:
-    """One rollout batch of N = P * G samples (rows of a prompt contiguous)."""
+    """One rollout batch of N = P * G samples (rows of a prompt contiguous). `tokens_BL` and `old_logp_BT`
+    are numpy arrays or global jax.Arrays (single-turn `collect`: the rows stay on the devices)."""
 
     tokens_BL: np.ndarray
     mask_BL: np.ndarray
@@ -81,6 +88,29 @@ def sequences(prompt_ids: Sequence[Sequence[int]], gen: Generation, group_size: 
     return tokens, mask, cmask_BT, old_logp
 
 
+@functools.partial(jax.jit, static_argnames="pad_id")
+def _join(prompt_BW, tokens_BT, logp_BT, lengths_B, *, pad_id: int):
+    """[prompt | completion padded after its end] and the completion's log-probs (0 after its end)."""
+    cmask_BT = jnp.arange(tokens_BT.shape[1])[None, :] < lengths_B[:, None]
+    tokens_BL = jnp.concatenate([prompt_BW, jnp.where(cmask_BT, tokens_BT, pad_id)], axis=1)
+    return tokens_BL.astype(jnp.int32), jnp.where(cmask_BT, logp_BT, 0.0).astype(jnp.float32)
+
+
+def device_sequences(prompt_ids: Sequence[Sequence[int]], gen: Generation, group_size: int, pad_id: int,
+                     prompt_buckets: Sequence[int] | None, lengths_N: np.ndarray
+                     ) -> tuple[jax.Array, np.ndarray, np.ndarray, jax.Array]:
+    """`sequences` with the token and log-prob arrays left on the devices, split like the sampler's rows
+    (each host builds the prompt rows of its own devices: `hosts.host_to_global`); the masks, from the
+    prompt lengths and the gathered completion lengths `lengths_N`, on the host."""
+    prompt_PL, pmask_PL = pad_prompts(prompt_ids, prompt_buckets, pad_id)
+    prompt_NW = np.repeat(prompt_PL, group_size, axis=0).astype(np.int32)
+    cmask_NT = np.arange(gen.tokens.shape[1])[None, :] < lengths_N[:, None]
+    mask = np.concatenate([np.repeat(pmask_PL, group_size, axis=0), cmask_NT], axis=1)
+    prompt = hosts.host_to_global(prompt_NW, gen.tokens.sharding)
+    tokens, old_logp = _join(prompt, gen.tokens, gen.logprobs, gen.lengths, pad_id=pad_id)
+    return tokens, mask, cmask_NT, old_logp
+
+
 def decode(tokenizer, tokens_BT: np.ndarray, lengths_B: np.ndarray) -> list[str]:
     """Completion texts, without the EOS token and padding."""
     eos = tokenizer.eos_token_id
@@ -108,14 +138,15 @@ def collect(graphdef, params, records: list[dict[str, Any]], tokenizer, rewards,
     g = spec.num_samples
     gen = generate_from_state(graphdef, params, prompt_ids, spec, eos_ids=(int(tokenizer.eos_token_id),),
                               seed=seed, pad_id=pad_id)
-    tokens, mask, cmask, old_logp = sequences(prompt_ids, gen, g, pad_id, spec.prompt_buckets)
-    lengths = hosts.to_host(gen.lengths)
+    lengths = hosts.to_host(gen.lengths)  # per-row scalars: gathered
     finished = hosts.to_host(gen.finished)
+    tokens, mask, cmask, old_logp = device_sequences(prompt_ids, gen, g, pad_id, spec.prompt_buckets, lengths)
     rep = [r for r in records for _ in range(g)]
     owners = hosts.row_owners(gen.tokens.sharding, tuple(gen.tokens.shape))
     mine = np.flatnonzero(owners == jax.process_index())  # the rows this host decodes and scores
     completions = [""] * len(rep)
-    for i, text in zip(mine, decode(tokenizer, tokens[mine, -cmask.shape[1]:], lengths[mine])):
+    own_BT = hosts.fetch_held(gen.tokens)[mine]  # this host's devices only
+    for i, text in zip(mine, decode(tokenizer, own_BT, lengths[mine])):
         completions[i] = text
     fields = {k: [rep[i][k] for i in mine] for k in records[0] if k not in _INTERNAL}
     fields["completion_length"] = [int(lengths[i]) for i in mine]
@@ -151,13 +182,12 @@ def concat(parts: Sequence[Rollout], pad_id: int) -> Rollout:
     width = max(p.prompt_width for p in parts)
 
     def left(x, p, fill):
-        pad = width - p.prompt_width
-        return np.pad(x, ((0, 0), (pad, 0)), constant_values=fill) if pad else x
+        return rows_lib.pad_columns(x, width - p.prompt_width, 0, fill)
 
-    cat = lambda name: np.concatenate([getattr(p, name) for p in parts], axis=0)
+    cat = lambda name: rows_lib.concat([getattr(p, name) for p in parts])
     return Rollout(
-        np.concatenate([left(p.tokens_BL, p, pad_id) for p in parts]),
-        np.concatenate([left(p.mask_BL, p, False) for p in parts]),
+        rows_lib.concat([left(p.tokens_BL, p, pad_id) for p in parts]),
+        rows_lib.concat([left(p.mask_BL, p, False) for p in parts]),
         cat("completion_mask_BT"), cat("old_logp_BT"), cat("rewards_NK"), parts[0].weights_K,
         parts[0].reward_names, [r for p in parts for r in p.records], [c for p in parts for c in p.completions],
         cat("lengths_N"), cat("finished_N"), dict(parts[0].metrics),
@@ -176,8 +206,8 @@ def take_rows(r: Rollout, rows: np.ndarray) -> Rollout:
     """The given rows, in the given order (metrics and score infos kept as they are)."""
     rows = np.asarray(rows, np.int64)
     return dataclasses.replace(
-        r, tokens_BL=r.tokens_BL[rows], mask_BL=r.mask_BL[rows], completion_mask_BT=r.completion_mask_BT[rows],
-        old_logp_BT=r.old_logp_BT[rows], rewards_NK=r.rewards_NK[rows], records=[r.records[i] for i in rows],
+        r, tokens_BL=rows_lib.take(r.tokens_BL, rows), mask_BL=r.mask_BL[rows],
+        completion_mask_BT=r.completion_mask_BT[rows], old_logp_BT=rows_lib.take(r.old_logp_BT, rows), rewards_NK=r.rewards_NK[rows], records=[r.records[i] for i in rows],
         completions=[r.completions[i] for i in rows], lengths_N=r.lengths_N[rows],
         finished_N=r.finished_N[rows], segment_N=None if r.segment_N is None else r.segment_N[rows],
     )

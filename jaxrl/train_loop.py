@@ -32,6 +32,7 @@ from jaxrl.evaluate import evaluate
 from jaxrl.metrics import MetricsWriter
 from jaxrl.rl_step import TIMING_PREFIX, rl_step, total_reward  # noqa: F401 -- TIMING_PREFIX re-exported
 from jaxrl.sampling import bucket
+from jaxrl.sharding import hosts
 from jaxrl.train_step import LossSpec, TrainState, train_step, update_compiler_options
 
 log = logging.getLogger(__name__)
@@ -107,9 +108,11 @@ def _train(cfg: ExperimentConfig, run_dir: str | Path, checkpoint_dir: str | Non
                                               seed=d.seed, params=d.params, prompt_field=d.prompt_field,
                                               answer_field=d.answer_field)
     encoder = Encoder(run.tokenizer, d.system_prompt, d.target_format, tuple(d.target_formats))
-    # Every host iterates the same global batches (the sampler runs over all devices; each host then scores
-    # the rows it owns: jaxrl.rollout), so N hosts take exactly the steps of one host with all the devices.
-    data_it = train_iterator(train_records, encoder, batch_size=d.prompts_per_step, seed=d.seed)
+    # Each host reads and encodes its block of every global batch (the same global order on every host); the
+    # step's prompt records are then exchanged (`hosts.gather_json`, a few KB), so N hosts take exactly the
+    # steps of one host with all the devices. Tokens and completions stay on the hosts that own their rows.
+    data_it = train_iterator(train_records, encoder, batch_size=d.prompts_per_step, seed=d.seed,
+                             process_index=jax.process_index(), process_count=jax.process_count())
     warm_start = functools.partial(sft_warm_start, run, records=train_records, encoder=encoder, steps=w.steps,
                                    lr=w.lr, batch_size=w.batch_size)
     k = cfg.train.eval_samples
@@ -171,7 +174,7 @@ def _train(cfg: ExperimentConfig, run_dir: str | Path, checkpoint_dir: str | Non
         if start == 0 and cfg.train.eval_every:
             writer.write(0, evaluate_now(state.params))
         for step in range(start + 1, cfg.train.steps + 1):
-            records = next(data_it)
+            records = hosts.gather_json(next(data_it))
             state, metrics, ro = rl_step(run, state, records, step)
             reward_failures.update(*ro.score_infos)  # a reward failing on every sample stops the run
             nonfinite_run = nonfinite_run + 1 if metrics.get("train/nonfinite", 0) else 0

@@ -31,6 +31,7 @@ from jaxrl.errors import ConfigError, UserError
 from jaxrl.models import lora
 from jaxrl.optim import build_optimizer
 from jaxrl.sampling import SamplingSpec
+from jaxrl.sharding import rows as rows_lib
 from jaxrl.sharding import (RULES, batch_shardings, hosts, logical_to_spec, make_constrain, make_mesh,
                             state_shardings)
 from jaxrl.train_step import (LossSpec, TrainBatch, TrainState, sequence_logprobs, train_step,
@@ -311,8 +312,12 @@ def _lora_setup(cfg: ExperimentConfig, params, mesh, rules):
 
 
 def shard_batch(run: Run, batch: TrainBatch) -> TrainBatch:
-    arrays = jax.tree.map(np.asarray, batch)
-    return jax.device_put(arrays, batch_shardings(arrays, run.mesh, run.rules))
+    """The batch on the mesh, rows over the batch axis: host arrays (the same on every host) are cut into
+    each host's rows (`hosts.host_to_global`), global arrays (a rollout's tokens) resharded on the devices."""
+    shardings = batch_shardings(jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), batch),
+                                run.mesh, run.rules)
+    return jax.tree.map(lambda x, s: rows_lib.reshard(x, s) if rows_lib.is_device(x)
+                        else hosts.host_to_global(np.asarray(x), s), batch, shardings)
 
 
 def _row_multiple(run: Run) -> int:
@@ -333,11 +338,10 @@ def _pad_rows(extra: TrainBatch, n_rollout: int, multiple: int) -> TrainBatch:
         return extra
 
     def pad(name, a):
-        a = np.asarray(a)
-        fill = np.repeat(a[:1], k, axis=0)
+        fill = rows_lib.take(a, np.zeros((k,), np.int32))
         if name in ("completion_mask_BT", "sft_weight_B"):
-            fill = np.zeros_like(fill)
-        return np.concatenate([a, fill], axis=0)
+            fill = np.zeros(fill.shape, fill.dtype)
+        return rows_lib.concat([a, fill])
 
     return extra.replace(**{f.name: pad(f.name, getattr(extra, f.name)) for f in dataclasses.fields(extra)
                             if getattr(extra, f.name) is not None})
@@ -359,7 +363,7 @@ def assemble(run: Run, params, ro, adv, *, extra_rows: TrainBatch | None = None,
                        np.zeros((n,), np.float32))
     if extra_rows is not None:
         extra_rows = _pad_rows(extra_rows, n, _row_multiple(run))
-        batch = jax.tree.map(lambda a, b: np.concatenate([a, b], axis=0), batch, extra_rows)
+        batch = jax.tree.map(lambda a, b: rows_lib.concat([a, b]), batch, extra_rows)
     elif pad:
         batch = _pad_rows(batch, 0, _row_multiple(run))
     batch = shard_batch(run, batch)
@@ -405,7 +409,7 @@ def update(run: Run, state: TrainState, batch: TrainBatch, step: int) -> tuple[T
         order = rng.permutation(n) if u.mini_batches > 1 else np.arange(n)
         for j in range(u.mini_batches):
             rows = order[j * size:(j + 1) * size]
-            take = lambda x: hosts.to_host(x)[rows]  # noqa: B023 -- used immediately, inside this iteration
+            take = lambda x: rows_lib.take(x, rows)  # noqa: B023 -- used immediately, inside this iteration
             mb = batch if u.mini_batches == 1 else shard_batch(run, jax.tree.map(take, batch))
             state, metrics = run.step_fn(state, mb)
             collected.append(metrics)

@@ -17,6 +17,7 @@ share one code path. Nothing here ever reads another host's shards directly.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import jax
@@ -125,3 +126,28 @@ def sum_across_hosts(x: np.ndarray) -> np.ndarray:
     if jax.process_count() == 1:
         return x
     return np.asarray(multihost_utils.process_allgather(x, tiled=False)).sum(axis=0)
+
+
+def gather_json(local: list) -> list:
+    """Every process's list of JSON-able items, concatenated in process order (the same list everywhere).
+
+    For small metadata only (a step's prompt records: each host reads and encodes its own block of the
+    batch, then all hosts know every row's prompt and answer). Items go through JSON on every process,
+    so all hosts hold equal values (tuples become lists).
+    """
+    if jax.process_count() == 1:
+        return list(local)
+    data = np.frombuffer(json.dumps(local, separators=(",", ":"), default=_plain).encode(), np.uint8)
+    width = max_across_hosts(data.size)
+    sizes = np.asarray(multihost_utils.process_allgather(np.asarray(data.size, np.int64))).reshape(-1)
+    buf = np.zeros((width,), np.uint8)
+    buf[: data.size] = data
+    stacked = np.asarray(multihost_utils.process_allgather(buf, tiled=False))  # [processes, width]
+    return [item for p, n in enumerate(sizes) for item in json.loads(stacked[p, : int(n)].tobytes())]
+
+
+def _plain(x: Any) -> Any:
+    """numpy scalars and arrays as the Python values JSON can hold."""
+    if isinstance(x, (np.ndarray, np.generic)):
+        return x.tolist()
+    raise TypeError(f"a prompt record holds a {type(x).__name__}, which cannot be sent to the other hosts")

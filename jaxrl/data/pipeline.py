@@ -1,7 +1,7 @@
 """Train/eval splits, prompt encoding with the tokenizer's chat template, and the resumable grain iterator.
 
-The train iterator is `MapDataset.source(records)[host::hosts].shuffle(seed).repeat().map(encode).batch(n)`:
-in-process (no worker processes), reshuffled every epoch, and its position is a small JSON-able dict
+The train iterator is `MapDataset.source(records).shuffle(seed).repeat().batch(n)`, each host encoding its
+block of every batch: in-process (no worker processes), reshuffled every epoch, and its position is a small JSON-able dict
 (`get_state()` / `set_state()`) stored in checkpoints so a resumed run sees exactly the same batches.
 """
 
@@ -117,10 +117,15 @@ def train_iterator(
 ) -> Iterator[list[dict[str, Any]]]:
     """Endless iterator of this host's batches (lists of encoded records) with `get_state`/`set_state`.
 
+    Every host walks the same global order (the records shuffled by `seed`, reshuffled each epoch) in global
+    batches of `batch_size`; host p reads and encodes only its block of each batch, records
+    [p·b, (p+1)·b) with b = batch_size / process_count. So the hosts' blocks, concatenated in process order,
+    are exactly the batch one process would read, and the position (`get_state`) is the same on every host.
+
     Args:
       records: the training records (all hosts pass the same list).
-      batch_size: the global number of prompts per step; each host yields `batch_size / process_count`.
-      process_index, process_count: this host's shard of the records (disjoint across hosts).
+      batch_size: the global number of prompts per step.
+      process_index, process_count: this host's block of every batch.
     """
     if batch_size % process_count:
         raise ConfigError(
@@ -128,14 +133,13 @@ def train_iterator(
         )
     if not 0 <= process_index < process_count:
         raise ValueError(f"process_index={process_index} must be in [0, {process_count})")
-    shard = grain.MapDataset.source(list(records))[process_index::process_count]
-    if len(shard) == 0:
-        raise ConfigError(f"process {process_index} of {process_count} has no training records")
     per_host = batch_size // process_count
-    ds = shard.shuffle(seed=seed).repeat().map(encoder)
+    lo = process_index * per_host
+    ds = grain.MapDataset.source(list(records)).shuffle(seed=seed).repeat()
     # grain's `batch` takes `len` of the endless dataset, which overflows for a batch of 1 (sys.maxsize + 1
     # elements); a batch of one record is the same list.
-    ds = ds.batch(per_host, batch_fn=_as_list) if per_host > 1 else ds.map(lambda r: [r])
+    ds = ds.batch(batch_size, batch_fn=_as_list) if batch_size > 1 else ds.map(lambda r: [r])
+    ds = ds.map(lambda batch: [encoder(r) for r in batch[lo:lo + per_host]])
     return iter(ds.to_iter_dataset())
 
 

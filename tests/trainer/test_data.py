@@ -147,18 +147,22 @@ def test_one_prompt_per_step_is_the_same_stream(encoder):
     assert _prompts(fresh, 5) == _prompts(it, 5)
 
 
-def test_per_host_shards_are_disjoint_and_cover(encoder):
+def test_per_host_blocks_make_the_one_host_batches(encoder):
+    """Host p of N reads block p of every global batch: concatenated in process order, the hosts' batches
+    are the one-process batches (so 2 processes train on exactly what 1 does); disjoint within a step."""
     records = arithmetic(24, 1)
-    seen = []
-    for host in range(3):
-        it = train_iterator(records, encoder, batch_size=6, seed=0, process_index=host, process_count=3)
-        batches = _prompts(it, 4)  # 4 batches x 2 = one epoch of the 8-record shard
-        assert all(len(b) == 2 for b in batches)
-        seen.append({p for b in batches for p in b})
-    assert all(len(s) == 8 for s in seen) and not (
-        seen[0] & seen[1] or seen[1] & seen[2] or seen[0] & seen[2]
-    )
-    assert set().union(*seen) == {r["prompt"] for r in records}
+    whole = _prompts(train_iterator(records, encoder, batch_size=6, seed=0), 9)  # crosses an epoch
+    parts = [_prompts(train_iterator(records, encoder, batch_size=6, seed=0, process_index=host,
+                                     process_count=3), 9) for host in range(3)]
+    assert all(len(b) == 2 for p in parts for b in p)
+    assert [sum((p[k] for p in parts), []) for k in range(9)] == whole
+    assert all(len(set(sum((p[k] for p in parts), []))) == 6 for k in range(9))
+    it = train_iterator(records, encoder, batch_size=6, seed=0, process_index=1, process_count=3)
+    _prompts(it, 5)
+    state = json.loads(json.dumps(it.get_state()))
+    one = train_iterator(records, encoder, batch_size=6, seed=0)
+    _prompts(one, 5)
+    assert state == json.loads(json.dumps(one.get_state()))  # one position for all hosts
     with pytest.raises(ConfigError, match="not divisible"):
         train_iterator(records, encoder, batch_size=7, seed=0, process_count=3)
 
