@@ -9,7 +9,7 @@ accuracy on the held-out questions); right, per GRPO step, the training reward (
 episodes) and the searches per training episode (`episode/tool_calls`).
 `--panels march` (configs/march_tiny.yaml, docs/multi_agent.md): left, the held-out greedy Solver's accuracy
 and hallucination rate; right, per GRPO step, the sampled chains' hallucination rate (refuted claims), the
-Solver's exact-answer rate and the Checker's accuracy.
+Solver's exact-answer rate, the Checker's accuracy and the checked claims per chain.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ PANELS = {
         baseline=None, left_title="held-out questions (64), greedy", left_legend="center right",
         right=[("march/hallucination_rate", "hallucination rate"),
                ("role/solver/correct/mean", "Solver exact answer"),
-               ("march/checker_gold_frac", "Checker accuracy")],
+               ("march/checker_gold_frac", "Checker accuracy"), ("march/claims/mean", "claims per chain")],
         right_title="training chains (temperature 1)", right_ylim=(0, 1), right_legend="center right",
         title="configs/march_tiny.yaml: 4-layer character model, SFT warm start then GRPO on the Solver"),
 }
