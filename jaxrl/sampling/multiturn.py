@@ -44,6 +44,7 @@ from jaxrl.models import KVCache
 from jaxrl.sampling import filters
 from jaxrl.sampling.batching import DEFAULT_GEN_BUCKETS, DEFAULT_PROMPT_BUCKETS, bucket, left_pad
 from jaxrl.sampling.engine import _CPU_PER_LAYER_OPTIONS, _last_logits
+from jaxrl.sharding import hosts
 
 MODES = ("reprefill", "continue")
 _trace_count = 0
@@ -248,7 +249,8 @@ class TurnDecoder:
             top_k=None if self.top_k is None else int(self.top_k), use_top_p=self.top_p is not None,
             per_layer=self.per_layer, capacity=capacity, keep_cache=keep,
         )
-        tokens, logp, lengths, stopped = (np.asarray(x) for x in out[:4])
+        # every host drives every episode (the environments run on the host): the turn's rows are gathered
+        tokens, logp, lengths, stopped = (hosts.to_host(x) for x in out[:4])
         self._cache = out[4]
         self._index = (0 if fresh else self._index) + width + int(lengths.max(initial=0))
         for i, ok in enumerate(live):  # each cache now holds its chunk and all but the last action token

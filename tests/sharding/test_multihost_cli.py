@@ -75,15 +75,18 @@ def _env(devices: int, **extra: str) -> dict:
     return env
 
 
-def _argv(run_dir: Path, overrides: list[str]) -> list[str]:
-    return JAXRL + ["--run-dir", str(run_dir)] + [a for o in BASE + overrides for a in ("--set", o)]
+def _argv(run_dir: Path, overrides: list[str], config: str | None = None) -> list[str]:
+    base = BASE if config is None else []
+    return (JAXRL + ([config] if config else []) + ["--run-dir", str(run_dir)]
+            + [a for o in base + overrides for a in ("--set", o)])
 
 
 def launch(run_dir: Path, overrides: list[str], *, processes: int, devices: int, port: int | None = None,
-           **env: str) -> list[subprocess.Popen]:
-    """Start `processes` CLI processes with `devices` fake CPU devices each; stdout+stderr go to files."""
+           config: str | None = None, **env: str) -> list[subprocess.Popen]:
+    """Start `processes` CLI processes with `devices` fake CPU devices each; stdout+stderr go to files.
+    `config`: a config file instead of the quickstart defaults + BASE."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    argv = _argv(run_dir, overrides)
+    argv = _argv(run_dir, overrides, config)
     if processes > 1:
         port = port or _free_port()
         argv += ["--coordinator", f"127.0.0.1:{port}", "--num-processes", str(processes)]
@@ -229,6 +232,36 @@ def test_sft_aux_expert_rows_fit_any_mesh(tmp_root):
     assert_same_metrics(runs[1, 4], runs[1, 1], keys=keys)
     assert_same_metrics(runs[2, 2], runs[1, 1], keys=keys)
     assert all(r["sft/nll"] > 0 for r in runs[1, 1] if "loss" in r)
+
+
+SMALL = ["model.overrides={hidden_size: 32, num_layers: 1, num_heads: 2, num_kv_heads: 2, head_dim: 16,"
+         " mlp_dim: 64, max_position_embeddings: 640}",
+         "sft_warmup.steps=2", "sft_warmup.batch_size=4", "train.steps=2", "train.eval_every=2",
+         "data.prompts_per_step=2", "data.eval_size=4", "rollout.group_size=2", "logging.progress_bar=false",
+         "logging.tensorboard=false", "checkpoint.every=1", "mesh.data=1", "mesh.fsdp=-1"]
+HOST_DRIVEN = {  # rollouts assembled on the host from every row (environments, roles)
+    "search": ("configs/search_tiny.yaml", ["rollout.max_new_tokens=8", "rollout.gen_buckets=[8]"]),
+    "march": ("configs/march_tiny.yaml", ["rollout.max_new_tokens=16", "rollout.gen_buckets=[16]"]),
+    "ssp": ("configs/ssp_tiny.yaml", ["rollout.max_new_tokens=16", "rollout.gen_buckets=[16]"]),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(HOST_DRIVEN))
+def test_multi_turn_and_multi_agent_two_hosts_match_one_host(name, tmp_root):
+    """Multi-turn episodes with a search tool, MARCH's roles and SSP's (search episodes, a sequential update,
+    the problem pool), from their shipped configs (model and steps shrunk): every host drives every episode,
+    and 2 x 2 follows 1 x 4 step by step."""
+    config, extra = HOST_DRIVEN[name]
+    config = str(Path(__file__).resolve().parents[2] / config)
+    runs = {}
+    for processes in (1, 2):
+        run_dir = tmp_root / f"{name}-{processes}"
+        wait_all(launch(run_dir, SMALL + extra, processes=processes, devices=4 // processes, config=config))
+        runs[processes] = metrics(run_dir)
+    # the policy's entropy over the sampled (trained) tokens: equal only if both runs sampled the same tokens
+    assert_same_metrics(runs[2], runs[1], keys=COMPARED + ("entropy",))
+    assert sum(r.get("entropy", 0) > 0 for r in runs[1]) == 2, runs[1]
 
 
 def _wait_for(predicate, procs, timeout: float = TIMEOUT_S) -> None:
