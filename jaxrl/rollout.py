@@ -61,6 +61,7 @@ class Rollout:
     # of `segment_sizes[id]` consecutive rows of that segment; None: one segment, the run's group size.
     segment_N: np.ndarray | None = None
     segment_sizes: tuple[int, ...] = ()
+    pad_id: int | None = None  # the token written where `mask_BL` is off (None: not recorded)
 
     @property
     def prompt_width(self) -> int:
@@ -161,7 +162,7 @@ def collect(graphdef, params, records: list[dict[str, Any]], tokenizer, rewards,
     metrics["response_length/max"] = float(lengths.max())
     metrics["response/finished_frac"] = float(finished.mean())
     return Rollout(tokens, mask, cmask, old_logp, rewards_NK, info.weights_K, info.names, rep, completions,
-                   lengths, finished, metrics, (info,))
+                   lengths, finished, metrics, (info,), pad_id=pad_id)
 
 
 def _global_info(info: rewards_lib.ScoreInfo, rewards_NK: np.ndarray) -> rewards_lib.ScoreInfo:
@@ -192,7 +193,7 @@ def concat(parts: Sequence[Rollout], pad_id: int) -> Rollout:
         parts[0].reward_names, [r for p in parts for r in p.records], [c for p in parts for c in p.completions],
         cat("lengths_N"), cat("finished_N"), dict(parts[0].metrics),
         tuple(i for p in parts for i in p.score_infos),
-        None if parts[0].segment_N is None else cat("segment_N"), parts[0].segment_sizes,
+        None if parts[0].segment_N is None else cat("segment_N"), parts[0].segment_sizes, parts[0].pad_id,
     )
 
 

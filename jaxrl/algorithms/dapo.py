@@ -31,12 +31,16 @@ def dynamic_sampling(first: Rollout, collect: Callable[[int], Rollout], s: AlgoS
     while sum(int(informative_groups(x, s).sum()) for x in parts) < p and tries < s.section.dapo.max_tries:
         tries += 1
         parts.append(collect(tries))
-    # Widening a prompt writes the run's pad token (any masked position holds it; with none, the value is
-    # never read: masked positions do not reach the loss or other rows).
-    pad_id = int(first.tokens_BL[~first.mask_BL][0]) if (~first.mask_BL).any() else 0
-    merged = concat(parts, pad_id) if len(parts) > 1 else first
-    keep = informative_groups(merged, s)
+    keep = np.concatenate([informative_groups(x, s) for x in parts])
     good, bad = np.flatnonzero(keep), np.flatnonzero(~keep)
+    metrics = {"dapo/resample_rounds": float(tries), "dapo/kept_groups_frac": float(min(len(good), p) / p)}
+    if len(parts) == 1:  # nothing drawn again: every group, in order (no row moves)
+        return first, metrics
+    # Widening a prompt writes the run's pad token (any masked position holds it; with none, the value is
+    # never read: masked positions do not reach the loss or other rows). Device token arrays: the merged
+    # rows and the kept ones are jitted gathers, one compile per number of rounds (at most max_tries).
+    pad_id = first.pad_id
+    if pad_id is None:
+        pad_id = int(np.asarray(first.tokens_BL)[~first.mask_BL][0]) if (~first.mask_BL).any() else 0
     chosen = np.sort(np.concatenate([good, bad])[:p])
-    out = select_groups(merged, chosen, g)
-    return out, {"dapo/resample_rounds": float(tries), "dapo/kept_groups_frac": float(min(len(good), p) / p)}
+    return select_groups(concat(parts, pad_id), chosen, g), metrics
