@@ -2,6 +2,7 @@
 
     python docs/agentic_curve.py RUN_DIR [--baseline 0.031] [--out docs/agentic_search_tiny.png]
     python docs/agentic_curve.py RUN_DIR --panels march --out docs/march_tiny.png
+    python docs/agentic_curve.py RUN_DIR --panels ssp --baseline 0.109 --out docs/ssp_tiny.png
 
 `--panels search` (configs/search_tiny.yaml): left, held-out greedy accuracy (`eval/accuracy`, every
 `train.eval_every` GRPO steps) against the no-search baseline (a dashed line: the guess demonstrations'
@@ -10,6 +11,9 @@ episodes) and the searches per training episode (`episode/tool_calls`).
 `--panels march` (configs/march_tiny.yaml, docs/multi_agent.md): left, the held-out greedy Solver's accuracy
 and hallucination rate; right, per GRPO step, the sampled chains' hallucination rate (refuted claims), the
 Solver's exact-answer rate, the Checker's accuracy and the checked claims per chain.
+`--panels ssp` (configs/ssp_tiny.yaml): left, the Solver's held-out greedy accuracy against the no-search
+baseline; right, per step, the curriculum: proposed-question validity (`ssp/valid_frac`) and the Solver's
+success on valid problems (`ssp/solver_success`, temperature 1).
 """
 
 from __future__ import annotations
@@ -47,6 +51,13 @@ PANELS = {
                ("march/checker_gold_frac", "Checker accuracy"), ("march/claims/mean", "claims per chain")],
         right_title="training chains (temperature 1)", right_ylim=(0, 1), right_legend="center right",
         title="configs/march_tiny.yaml: 4-layer character model, SFT warm start then GRPO on the Solver"),
+    "ssp": dict(
+        left=[("eval/accuracy", "Solver, held-out greedy accuracy")], baseline="no-search baseline",
+        left_title="held-out questions (64), after the SFT warm start", left_legend="lower right",
+        right=[("ssp/valid_frac", "proposed-question validity"),
+               ("ssp/solver_success", "Solver success on valid problems")],
+        right_title="curriculum (training episodes)", right_ylim=(0, 1.05), right_legend="lower right",
+        title="configs/ssp_tiny.yaml: 4-layer character model, SFT warm start then SSP (GRPO)"),
 }
 
 
