@@ -52,7 +52,7 @@ def _take_fn(out: Sharding):
 
 
 @functools.lru_cache(maxsize=None)
-def _concat_fn(out: Sharding, n: int):
+def _concat_fn(out: Sharding):
     return jax.jit(lambda *xs: jnp.concatenate(xs, axis=0), out_shardings=out)
 
 
@@ -77,7 +77,7 @@ def concat(parts: Sequence) -> object:
     sharding = device[0].sharding
     placed = [p if is_device(p) else _replicated(np.asarray(p), sharding) for p in parts]
     n = sum(int(p.shape[0]) for p in placed)
-    return _concat_fn(_like(sharding, n), len(placed))(*placed)
+    return _concat_fn(_like(sharding, n))(*placed)
 
 
 def pad_columns(x, left: int, right: int, fill):
@@ -87,11 +87,6 @@ def pad_columns(x, left: int, right: int, fill):
     if not is_device(x):
         return np.pad(np.asarray(x), ((0, 0), (left, right)), constant_values=fill)
     return _pad_fn(x.sharding, int(left), int(right), fill)(x)
-
-
-def total(x) -> float:
-    """The sum of all elements, as a Python float (one scalar crosses hosts, not the array)."""
-    return float(jnp.sum(x)) if is_device(x) else float(np.sum(x))
 
 
 @functools.lru_cache(maxsize=None)

@@ -45,7 +45,6 @@ def test_row_operations_equal_numpy_and_keep_the_batch_split(mesh):
     assert odd.sharding.is_fully_replicated
     # host arrays take the numpy path and stay numpy
     assert isinstance(rows.take(a, order), np.ndarray) and isinstance(rows.concat([a, a]), np.ndarray)
-    assert rows.total(ga) == float(a.sum())
 
 
 def test_collect_leaves_tokens_on_the_devices(mesh):
