@@ -29,6 +29,11 @@ SIZES = {
     "small": dict(countries=12, cities=60, people=150, landmarks=80, companies=50),
     "lookup": dict(people=600, cities=16),  # `build_lookup_world`: closed-set answers, one question a person
     "rooms": dict(people=600),  # `build_room_world`: a one-letter answer at the end of a one-line document
+    # the rooms world made for copying names (configs/ssp_tiny.yaml): three-letter names, and a sentence in
+    # which "room of " precedes the name as in the question, so the question's name continues a text the
+    # search result already shows
+    "rooms_copy": dict(people=600, letters=3, sentence="The room of {name} is {room}.",
+                       avoid=("but", "for", "not")),  # the search's English stopwords of that shape
 }
 _ONSETS = ("b", "br", "c", "d", "dr", "f", "g", "gr", "h", "k", "l", "m", "n", "p", "qu", "r", "s", "st",
            "t", "th", "tr", "v", "w", "z")
@@ -78,12 +83,13 @@ class _Names:
     def __init__(self, rng: np.random.Generator):
         self.rng, self.used = rng, set()
 
-    def short(self) -> str:
-        """A five-letter name, consonant-vowel-consonant-vowel-consonant (fixed length: easy to copy)."""
+    def short(self, letters: int = 5, avoid: tuple[str, ...] = ()) -> str:
+        """A name of `letters` letters, consonants and vowels alternating from a consonant (CVCVC for five;
+        fixed length: easy to copy), never one of `avoid` (lower case)."""
         while True:
             c, v = "bdfgklmnprstvz", "aeiou"
-            w = "".join(self.rng.choice(list(c if i % 2 == 0 else v)) for i in range(5)).capitalize()
-            if w not in self.used:
+            w = "".join(self.rng.choice(list(c if i % 2 == 0 else v)) for i in range(letters)).capitalize()
+            if w not in self.used and w.lower() not in avoid:
                 self.used.add(w)
                 return w
 
@@ -110,8 +116,8 @@ def build_world(seed: int = 0, size: str = "tiny") -> World:
         raise ValueError(f"size={size!r}: allowed values are {', '.join(map(repr, SIZES))}")
     if size == "lookup":
         return build_lookup_world(seed, **SIZES[size])
-    if size == "rooms":
-        return build_room_world(seed, **SIZES[size])
+    if size in ("rooms", "rooms_copy"):
+        return build_room_world(seed, **SIZES[size], size=size)
     n = SIZES[size]
     rng = np.random.default_rng(int(seed))
     names = _Names(rng)
@@ -174,26 +180,30 @@ def build_lookup_world(seed: int = 0, people: int = 600, cities: int = 16) -> Wo
     return World(int(seed), "lookup", docs, tuple(questions), ent)
 
 
-def build_room_world(seed: int = 0, people: int = 600) -> World:
+def build_room_world(seed: int = 0, people: int = 600, *, letters: int = 5,
+                     sentence: str = "{name} has room {room}.", avoid: tuple[str, ...] = (),
+                     size: str = "rooms") -> World:
     """The easiest world to read an answer from (`size="rooms"` of `build_world`, configs/search_tiny.yaml).
 
     Each person (a five-letter name) has a room, one of 16 codes (`_ROOMS`) drawn uniformly; its document
     reads "Name\nName has room K." and its one question is "What is the room of Name?". The answer is
     one character at a fixed place (the end of the only line of the search result), so a tiny
     character-level model can learn to copy it; without searching, a guess scores about 1/16.
+    `letters` (names of that many letters, none in `avoid`) and `sentence` (the document's line, with {name}
+    and {room}) make variants ("rooms_copy"); the defaults are the "rooms" world. `size`: its `SIZES` key.
     """
     rng = np.random.default_rng([int(seed), 23])
     names = _Names(rng)
     ent: dict[str, dict[str, Any]] = {}
     questions = []
     for i in range(int(people)):
-        name = names.short()
+        name = names.short(letters, avoid)
         ent[name] = dict(type="person", room=_pick(rng, _ROOMS))
         q = dict(_q(f"What is the room of {name}?", ent[name]["room"], [name]), attribute="room")
         questions.append(dict(q, index=i, id=f"r{seed}-{i:05d}"))
-    docs = tuple({"id": f"d{i:06d}", "contents": f"{name}\n{name} has room {e['room']}."}
+    docs = tuple({"id": f"d{i:06d}", "contents": f"{name}\n" + sentence.format(name=name, room=e["room"])}
                  for i, (name, e) in enumerate(ent.items()))
-    return World(int(seed), "rooms", docs, tuple(questions), ent)
+    return World(int(seed), size, docs, tuple(questions), ent)
 
 
 def _article(word: str) -> str:
