@@ -12,9 +12,11 @@ forward keeps q, k, v, the visibility mask and, per query, the row maximum m and
     dQ = dS K / √H,       dK = dSᵀ Q / √H          (dS zero where a key is not visible).
 
 Both passes run over static blocks of `block_q` queries, so that only one block's [B, K, G, block_q, S]
-scores exist at a time. With `causal=True` (no query sees a later key, as in a causal LM's full-sequence
-forward) a block of queries ending at row r reads keys [0, r) only, which skips about half of the scores; a
-query with no visible key still gets the dense result (its unread keys carry the same weight 1/S).
+scores exist at a time. With `causal=True` (query l is the key at slot S − L + l and sees no later key, as in
+a causal LM's full-sequence forward, S = L, or a completion attending over [shared prompt keys | its own keys],
+`jaxrl.models.shared_prompt`) a block of queries ending at row r reads keys [0, S − L + r) only, which skips
+about half of the self-attention scores; a query with no visible key still gets the dense result (its unread
+keys carry the same weight 1/S).
 
 Numerics are the dense path's: the same float32 scores, masking and softmax (P = exp(S − m) / ℓ, the
 operations of `jax.nn.softmax`), probabilities cast to the compute dtype before they mix V, and the backward
@@ -52,8 +54,9 @@ def attend(q_BLKGH: jax.Array, k_BKSH: jax.Array, v_BKSH: jax.Array, visible_BLS
       q_BLKGH: [B, L, K, G, H] queries (G query heads per kv head), compute dtype.
       k_BKSH, v_BKSH: [B, K, S, H] keys (after RoPE) and values, compute dtype.
       visible_BLS: [B, L, S] bool, which keys each query sees.
-      causal: the caller guarantees S == L and that no query sees a later key (`visible[:, l, s]` False for
-        s > l); blocks then skip the keys after their last query. Not checked (it would cost a pass).
+      causal: the caller guarantees S >= L and that no query sees a later key: query l sits at key slot
+        S − L + l (`visible[:, l, s]` False for s > S − L + l; S == L for self-attention); blocks then skip the
+        keys after their last query. Not checked (it would cost a pass).
       block_q: queries per block (static); L need not be a multiple.
 
     Returns:
@@ -62,7 +65,10 @@ def attend(q_BLKGH: jax.Array, k_BKSH: jax.Array, v_BKSH: jax.Array, visible_BLS
     chex.assert_rank([q_BLKGH, k_BKSH, v_BKSH, visible_BLS], [5, 4, 4, 3])
     b, length, kv, _, h = q_BLKGH.shape
     chex.assert_equal_shape([k_BKSH, v_BKSH])
-    chex.assert_shape(k_BKSH, (b, kv, length if causal else None, h))
+    chex.assert_shape(k_BKSH, (b, kv, None, h))
+    if causal and k_BKSH.shape[2] < length:
+        raise ValueError(f"causal attention needs at least as many keys as queries, got {k_BKSH.shape[2]} "
+                         f"keys for {length} queries")
     chex.assert_shape(visible_BLS, (b, length, k_BKSH.shape[2]))
     chex.assert_type(visible_BLS, bool)
     if block_q < 1:
@@ -71,8 +77,10 @@ def attend(q_BLKGH: jax.Array, k_BKSH: jax.Array, v_BKSH: jax.Array, visible_BLS
 
 
 def _blocks(length: int, num_keys: int, causal: bool, block_q: int) -> list[tuple[slice, int]]:
-    """(query rows, number of keys read) per block."""
-    return [(slice(start, min(start + block_q, length)), min(start + block_q, length) if causal else num_keys)
+    """(query rows, number of keys read) per block; causal: query l sits at key slot S − L + l."""
+    offset = num_keys - length
+    return [(slice(start, min(start + block_q, length)),
+             offset + min(start + block_q, length) if causal else num_keys)
             for start in range(0, length, block_q)]
 
 

@@ -28,6 +28,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from jaxrl.models.attention import MASK_VALUE, attend, masked_scores  # noqa: F401 (MASK_VALUE re-exported)
 from jaxrl.models.config import Llama3RopeScaling
+from jaxrl.models.shared_prompt import GroupVisibility, attend_groups
 from jaxrl.sharding import param
 
 _INIT_STD = 0.02  # HF `initializer_range` default for Llama/Qwen
@@ -201,8 +202,8 @@ class Attention(nnx.Module):
           x_BLD: [B, L, D] input.
           cos_BLH, sin_BLH: [B, L, H] RoPE tables of the query/new-key positions.
           visible: without a cache, [B, L, L] bool (which keys each query sees; causal: no query sees a later
-            key); with a cache, the pair
-            ([B, L, S] visible old slots, [B, L, L] visible new keys).
+            key), or a `shared_prompt.GroupVisibility` (rows are [prompt | G completions] groups); with a
+            cache, the pair ([B, L, S] visible old slots, [B, L, L] visible new keys).
           cache_kv: None, or (k_BKSH, v_BKSH) of this layer.
           norm: None, or the pre-norm applied to `x_BLD` first.
 
@@ -213,7 +214,9 @@ class Attention(nnx.Module):
         q_BLKGH, k_BKLH, v_BKLH = jax.checkpoint(project, policy=_KEEP_RAW_QK)(x_BLD)
         b, l, kv, g, h = q_BLKGH.shape
         n = kv * g
-        if cache_kv is None:  # training / scoring: keeps no [.., L, L] tensor for the backward pass
+        if isinstance(visible, GroupVisibility):  # [prompt | G completions] rows (`shared_prompt`)
+            out_BLKGH = attend_groups(q_BLKGH, k_BKLH, v_BKLH, visible)
+        elif cache_kv is None:  # training / scoring: keeps no [.., L, L] tensor for the backward pass
             out_BLKGH = attend(q_BLKGH, k_BKLH, v_BKLH, visible, causal=True)
         else:
             k_cache, v_cache = cache_kv

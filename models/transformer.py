@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxrl.models import siamese
+from jaxrl.models import shared_prompt, siamese
 from jaxrl.models.config import TransformerConfig
 from jaxrl.models.kv_cache import KVCache
 from jaxrl.models.layers import MLP, Attention, Embed, Proj, RMSNorm, rope_inv_freq, rope_tables
@@ -169,7 +169,6 @@ class Transformer(nnx.Module):
         Returns:
           ModelOutput(logits, hidden, cache) — cache is the updated cache (index += L), or None.
         """
-        cfg = self.cfg
         chex.assert_rank(tokens_BL, 2)
         chex.assert_type(tokens_BL, int)
         batch, length = tokens_BL.shape
@@ -183,17 +182,7 @@ class Transformer(nnx.Module):
             counts_BL = prior_B[:, None] + jnp.cumsum(mask_BL, axis=-1, dtype=jnp.int32)
             positions_BL = jnp.maximum(counts_BL - 1, 0)
         chex.assert_shape(positions_BL, (batch, length))
-        cos_BLH, sin_BLH = rope_tables(positions_BL, rope_inv_freq(cfg.head_dim, cfg.rope_theta,
-                                                                   cfg.rope_scaling), jnp.dtype(cfg.dtype))
-
-        x_BLD = self.constrain(self.embed_tokens(tokens_BL), _ACT_BLD)
-        carry = (x_BLD, x_BLD) if cfg.two_stream else x_BLD
-        carry, new_kv = self._run_layers(carry, cos_BLH, sin_BLH, visible, cache, layers)
-        if cfg.two_stream:
-            hidden_BLD = siamese.siamese_merge(*carry, norm_x=self.norm_x, norm_y=self.norm_y, norm=self.norm)
-        else:
-            hidden_BLD = self.norm(carry)
-        hidden_BLD = self.constrain(hidden_BLD, _ACT_BLD)
+        hidden_BLD, new_kv = self._hidden(tokens_BL, positions_BL, visible, cache, layers)
 
         logits_BLV = None
         if return_logits:
@@ -203,6 +192,37 @@ class Transformer(nnx.Module):
         if cache is not None:
             new_cache = cache.append(*new_kv, valid_BS, length)
         return ModelOutput(logits_BLV, hidden_BLD if return_hidden else None, new_cache)
+
+    def forward_groups(self, prompt_PW, prompt_mask_PW, completion_BT, completion_mask_BT) -> jax.Array:
+        """[B, T, D] final hidden states predicting each completion token, each prompt run once for the G = B / P
+        completions of its group (rows of a group consecutive): `jaxrl.models.shared_prompt`.
+
+        Args:
+          prompt_PW, prompt_mask_PW: [P, W] left-padded prompts and their real tokens (W >= 1).
+          completion_BT, completion_mask_BT: [B, T] completions and their real tokens.
+
+        Returns:
+          hidden_BTD, equal to `forward(...).hidden[:, W - 1:W + T - 1]` of the rows [prompt | completion].
+        """
+        tokens_PS, positions_PS, visible = shared_prompt.layout(prompt_PW, prompt_mask_PW, completion_BT,
+                                                                completion_mask_BT)
+        hidden_PSD, _ = self._hidden(tokens_PS, positions_PS, visible)
+        group = completion_BT.shape[0] // prompt_PW.shape[0]
+        return shared_prompt.prediction_hidden(hidden_PSD, prompt_PW.shape[1], group)
+
+    def _hidden(self, tokens_BL, positions_BL, visible, cache=None, layers=None):
+        """(final normed hidden [B, L, D], new keys/values): embedding, the layer loop, the final norm."""
+        cfg = self.cfg
+        cos_BLH, sin_BLH = rope_tables(positions_BL, rope_inv_freq(cfg.head_dim, cfg.rope_theta,
+                                                                   cfg.rope_scaling), jnp.dtype(cfg.dtype))
+        x_BLD = self.constrain(self.embed_tokens(tokens_BL), _ACT_BLD)
+        carry = (x_BLD, x_BLD) if cfg.two_stream else x_BLD
+        carry, new_kv = self._run_layers(carry, cos_BLH, sin_BLH, visible, cache, layers)
+        if cfg.two_stream:
+            hidden_BLD = siamese.siamese_merge(*carry, norm_x=self.norm_x, norm_y=self.norm_y, norm=self.norm)
+        else:
+            hidden_BLD = self.norm(carry)
+        return self.constrain(hidden_BLD, _ACT_BLD), new_kv
 
     def layer_states(self) -> tuple[nnx.State, ...]:
         """The stacked block parameters as Y per-layer states, for `forward(layers=...)`.
