@@ -24,8 +24,10 @@ import numpy as np
 from jaxrl import rewards as rewards_lib
 from jaxrl.envs import Episodes, EpisodeSpec, collect_episodes, scripted_episodes
 from jaxrl.errors import ConfigError
+from jaxrl import rollout as rollout_lib
 from jaxrl.rollout import Rollout
 from jaxrl.sampling import SamplingSpec
+from jaxrl.sharding import hosts
 from jaxrl.train_step import TrainBatch
 
 ENV_REWARD = "env"
@@ -40,43 +42,68 @@ def episode_spec(base: EpisodeSpec, spec: SamplingSpec) -> EpisodeSpec:
 
 
 def to_rollout(eps: Episodes, rewards, tokenizer) -> Rollout:
-    """Episodes as a completion-space `Rollout` (column 0: the episode return; then `rewards` on transcripts)."""
+    """Episodes as a completion-space `Rollout` (column 0: the episode return; then `rewards` on transcripts).
+
+    Episodes whose hosts drove their own rows (`eps.row_sharding`) give a rollout like
+    `jaxrl.rollout.collect`'s: tokens and log-probs as global arrays split over the rows' hosts, each
+    transcript scored by its row's owner and the reward matrix gathered."""
     w = eps.prompt_width
     rewards_NK = eps.rewards_N[:, None].astype(np.float32)
     names, weights = (ENV_REWARD,), np.ones((1,), np.float32)
     infos = ()
     metrics = dict(eps.metrics)
     metrics[f"reward/{ENV_REWARD}/mean"] = float(eps.rewards_N.mean())
+    n = rewards_NK.shape[0]
+    owners = None if eps.row_sharding is None else hosts.row_owners(eps.row_sharding, (n,))
+    mine = np.arange(n) if owners is None else np.flatnonzero(owners == jax.process_index())
     if len(rewards):
-        fields = {k: [r[k] for r in eps.records] for k in eps.records[0] if k not in _INTERNAL}
-        fields["completion_length"] = [int(n) for n in eps.lengths_N]
-        extra_NK, info = rewards_lib.score(rewards, eps.prompts, eps.completions, fields)
+        fields = {k: [eps.records[i][k] for i in mine] for k in eps.records[0] if k not in _INTERNAL}
+        fields["completion_length"] = [int(eps.lengths_N[i]) for i in mine]
+        own_NK, info = rewards_lib.score(rewards, [eps.prompts[i] for i in mine],
+                                         [eps.completions[i] for i in mine], fields)
+        extra_NK = own_NK
+        if owners is not None:
+            extra_NK = np.zeros((n, own_NK.shape[1]), np.float32)
+            extra_NK[mine] = own_NK
+            extra_NK = hosts.gather_owned(extra_NK, owners)
+            info = rollout_lib.global_info(info, extra_NK)
         rewards_NK = np.concatenate([rewards_NK, extra_NK], axis=1)
         names, weights, infos = (*names, *info.names), np.concatenate([weights, info.weights_K]), (info,)
         metrics.update(info.metrics)
-    return Rollout(eps.tokens_BL, eps.mask_BL, eps.loss_mask_BL[:, w:], eps.old_logp_BL[:, w:], rewards_NK,
-                   weights, names, list(eps.records), list(eps.completions), eps.lengths_N, eps.finished_N,
-                   metrics, infos)
+    tokens, old_logp = eps.tokens_BL, eps.old_logp_BL[:, w:]
+    if eps.row_sharding is not None:  # each host's rows to its own devices
+        tokens, old_logp = (hosts.host_to_global(x, eps.row_sharding) for x in (tokens, old_logp))
+    return Rollout(tokens, eps.mask_BL, eps.loss_mask_BL[:, w:], old_logp, rewards_NK, weights, names,
+                   list(eps.records), list(eps.completions), eps.lengths_N, eps.finished_N, metrics, infos,
+                   pad_id=int(tokenizer.pad_token_id))
 
 
 def collect_env(graphdef, params, records: list[dict[str, Any]], tokenizer, rewards, env_factory,
-                base: EpisodeSpec, spec: SamplingSpec, seed) -> Rollout:
+                base: EpisodeSpec, spec: SamplingSpec, seed, *, row_layout=None) -> Rollout:
     """G episodes per record (`spec.num_samples`), decoded turn by turn on the jitted sampler; `seed` is an
-    int or a PRNG key (from which the episode sampler's int seed is drawn)."""
+    int or a PRNG key (from which the episode sampler's int seed is drawn). `row_layout`: rows -> the
+    rows' sharding (`jaxrl.sharding.row_sharding` of the run's mesh), so that each host drives only the
+    episodes of the rows it holds; None: every host drives every episode."""
     if not isinstance(seed, (int, np.integer)):
         seed = int(jax.random.randint(seed, (), 0, 2**31 - 1))
-    eps = collect_episodes(graphdef, params, records, tokenizer, env_factory, episode_spec(base, spec), seed)
+    es = episode_spec(base, spec)
+    layout = None if row_layout is None else row_layout(len(records) * es.group_size)
+    eps = collect_episodes(graphdef, params, records, tokenizer, env_factory, es, seed, row_sharding=layout)
     return to_rollout(eps, rewards, tokenizer)
 
 
-def demonstration_rows(records, tokenizer, env_factory, base: EpisodeSpec) -> TrainBatch:
-    """Expert rows of the environment's demonstrations (`env.demonstration(record)`), SFT weight 1."""
+def demonstration_rows(records, tokenizer, env_factory, base: EpisodeSpec, *,
+                       row_sharding=None) -> TrainBatch:
+    """Expert rows of the environment's demonstrations (`env.demonstration(record)`), SFT weight 1.
+
+    `row_sharding` (the train batch's row layout): each host plays only the demonstrations of the rows it
+    holds; the rows of other hosts are left empty (`jaxrl.trainer.shard_batch` reads each host's own rows)."""
     probe = env_factory(tokenizer)
     if not callable(getattr(probe, "demonstration", None)):
         raise ConfigError(f"sft_warmup.steps > 0 with env {type(probe).__name__}: the environment has no "
                           "demonstration(record) method giving the action texts to imitate")
     eps = scripted_episodes(records, tokenizer, env_factory, lambda r: probe.demonstration(r),
-                            dataclasses.replace(base, group_size=1))
+                            dataclasses.replace(base, group_size=1), row_sharding=row_sharding)
     w, n = eps.prompt_width, eps.tokens_BL.shape[0]
     cmask = eps.loss_mask_BL[:, w:]
     zeros = np.zeros(cmask.shape, np.float32)

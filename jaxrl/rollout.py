@@ -156,7 +156,7 @@ def collect(graphdef, params, records: list[dict[str, Any]], tokenizer, rewards,
     rewards_NK = np.zeros((len(rep), own_NK.shape[1]), np.float32)
     rewards_NK[mine] = own_NK
     rewards_NK = hosts.gather_owned(rewards_NK, owners)
-    info = _global_info(info, rewards_NK)
+    info = global_info(info, rewards_NK)
     metrics = dict(info.metrics)
     metrics["response_length/mean"] = float(lengths.mean())
     metrics["response_length/max"] = float(lengths.max())
@@ -165,7 +165,7 @@ def collect(graphdef, params, records: list[dict[str, Any]], tokenizer, rewards,
                    lengths, finished, metrics, (info,), pad_id=pad_id)
 
 
-def _global_info(info: rewards_lib.ScoreInfo, rewards_NK: np.ndarray) -> rewards_lib.ScoreInfo:
+def global_info(info: rewards_lib.ScoreInfo, rewards_NK: np.ndarray) -> rewards_lib.ScoreInfo:
     """A host's `ScoreInfo` of its own rows made global: failure counts summed over hosts, per-reward means
     recomputed from the gathered matrix (the same on every host). Single-process: the same values."""
     counts = hosts.sum_across_hosts(np.asarray([info.errors.get(name, 0) for name in info.names], np.int64))

@@ -32,7 +32,7 @@ from jaxrl.evaluate import evaluate
 from jaxrl.metrics import MetricsWriter
 from jaxrl.rl_step import TIMING_PREFIX, rl_step, total_reward  # noqa: F401 -- TIMING_PREFIX re-exported
 from jaxrl.sampling import bucket
-from jaxrl.sharding import hosts
+from jaxrl.sharding import hosts, row_sharding
 from jaxrl.train_step import LossSpec, TrainState, train_step, update_compiler_options
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,8 @@ def sft_warm_start(run: trainer.Run, state: TrainState, records, encoder, *, ste
         idx = rng.choice(len(records), size=batch_size, replace=False)
         if run.env_factory is not None:  # the environment's demonstrations, laid out like episodes
             batch = agentic.demonstration_rows([records[i] for i in idx], run.tokenizer, run.env_factory,
-                                               run.episode_spec)
+                                               run.episode_spec,
+                                               row_sharding=row_sharding(run.mesh, run.rules, batch_size))
         else:
             batch = expert_rows([encoder(records[i], k) for i in idx], run.tokenizer, width, completion_width)
         sft_state, metrics = step_fn(sft_state, trainer.shard_batch(run, batch))

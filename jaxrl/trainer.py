@@ -33,7 +33,7 @@ from jaxrl.optim import build_optimizer
 from jaxrl.sampling import SamplingSpec
 from jaxrl.sharding import rows as rows_lib
 from jaxrl.sharding import (RULES, batch_shardings, hosts, logical_to_spec, make_constrain, make_mesh,
-                            state_shardings)
+                            row_sharding, state_shardings)
 from jaxrl.train_step import (LossSpec, TrainBatch, TrainState, sequence_logprobs, train_step,
                               update_compiler_options)
 
@@ -107,7 +107,8 @@ def collect(run: Run, params, records, spec: SamplingSpec, key) -> rollout_lib.R
                                        train=spec is run.sampling)
     if run.env_factory is not None:
         return agentic.collect_env(run.graphdef, params, records, run.tokenizer, run.rewards, run.env_factory,
-                                   run.episode_spec, spec, key)
+                                   run.episode_spec, spec, key,
+                                   row_layout=functools.partial(row_sharding, run.mesh, run.rules))
     return rollout_lib.collect(run.graphdef, params, records, run.tokenizer, run.rewards, spec, seed=key)
 
 

@@ -9,6 +9,7 @@ from jaxrl.sharding.place import (
     kv_cache_shardings,
     make_constrain,
     named_sharding,
+    row_sharding,
     state_shardings,
 )
 from jaxrl.sharding.rules import FSDP, FSDP_TP, LOGICAL_NAMES, RULES, Rules, check_divisible, logical_to_spec
@@ -17,5 +18,5 @@ __all__ = [
     "AXES", "Constrain", "FSDP", "FSDP_TP", "KV_CACHE_NAMES", "LOGICAL_NAMES", "LogicalNames", "MeshConfig",
     "RULES", "Rules", "abstract_with_shardings", "batch_shardings", "check_divisible", "global_batch",
     "kv_cache_shardings", "logical_names", "logical_to_spec", "make_constrain", "make_mesh", "named_sharding",
-    "no_constraint", "param", "state_shardings",
+    "no_constraint", "param", "row_sharding", "state_shardings",
 ]

@@ -59,6 +59,16 @@ def owned_rows(sharding: Sharding, shape: tuple[int, ...]) -> np.ndarray:
     return np.flatnonzero(row_owners(sharding, shape) == jax.process_index())
 
 
+def shared_rows(sharding: Sharding, shape: tuple[int, ...]) -> bool:
+    """Whether some row sits on the devices of more than one process (a batch axis that does not span the
+    processes, or too few rows to split), so that its holders need its owner's values."""
+    holders: dict[int, set[int]] = {}
+    for process, rows in _row_slices(sharding, shape):
+        for r in rows:
+            holders.setdefault(r, set()).add(process)
+    return any(len(p) > 1 for p in holders.values())
+
+
 def fetch_held(x: jax.Array, fill: Any = 0) -> np.ndarray:
     """A global-shaped numpy copy of `x` with the rows this process holds filled in (`fill` elsewhere).
 

@@ -160,6 +160,14 @@ def _fit_spec(shape: tuple[int, ...], spec: PartitionSpec, mesh: Mesh) -> Partit
     return PartitionSpec(*entries)
 
 
+def row_sharding(mesh: Mesh, rules: Rules, rows: int) -> NamedSharding:
+    """The layout of arrays of any rank whose leading axis is `rows` batch rows (the other axes whole): the
+    rows split like a `batch` activation under `make_constrain` (the longest prefix of the batch axes that
+    divides `rows`). Host-driven stages (multi-turn episodes) use it to know which rows each host holds
+    before the jitted call that `make_constrain` pins to the same layout."""
+    return NamedSharding(mesh, _fit_spec((int(rows),), logical_to_spec(("batch",), rules), mesh))
+
+
 def make_constrain(mesh: Mesh, rules: Rules, *, strict: bool = False) -> Constrain:
     """A `Constrain` callback: `with_sharding_constraint` of an activation from its logical names.
 

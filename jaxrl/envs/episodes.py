@@ -10,6 +10,12 @@ model emits EOS, `max_turns` is reached or the context would exceed `max_total_t
 in the layout of `jaxrl.rollout.Rollout` (prompt_width columns of prompt, then the completion region).
 `rewards_N` is the episode return Σ_k r_k of the per-turn rewards (`turn_rewards_NK`); environments that
 only score the final answer give a return equal to that final reward.
+
+Hosts: with `row_sharding` (`jaxrl.sharding.row_sharding` of the N rows) a host runs the environments of the
+rows it owns (`jaxrl.sharding.hosts.row_owners`) and no others, so a tool is called once per episode on a pod,
+not once per host. The rows' tokens and log-probs are then valid at the rows this host holds (its own; also
+the others' when some row sits on several hosts, whose values come from their owners); the per-row numbers
+(rewards, lengths, turns, masks) are exchanged, so they and the metrics are the same on every host.
 """
 
 from __future__ import annotations
@@ -18,12 +24,14 @@ import dataclasses
 import time
 from typing import Any, Callable, Sequence
 
+import jax
 import numpy as np
 
 from jaxrl.envs.base import Action, Env
 from jaxrl.errors import UserError
 from jaxrl.sampling.batching import DEFAULT_GEN_BUCKETS, DEFAULT_PROMPT_BUCKETS, bucket
 from jaxrl.sampling.multiturn import MODES, TurnDecoder, stop_token_sequences
+from jaxrl.sharding import hosts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +75,11 @@ class EpisodeSpec:
 
 @dataclasses.dataclass
 class Episodes:
-    """N episodes as host arrays (row n = p·G + g); field names follow `jaxrl.rollout.Rollout` if shared."""
+    """N episodes as host arrays (row n = p·G + g); field names follow `jaxrl.rollout.Rollout` if shared.
+
+    `prompts`, `completions` and `turn_info` are valid at the rows this host drove (`driven_N`; "" and []
+    elsewhere), `tokens_BL` and `old_logp_BL` at the rows it holds (pad and 0 elsewhere); every other field
+    is the same on every host."""
 
     tokens_BL: np.ndarray  # int32 [N, L], L = prompt_width + completion width
     mask_BL: np.ndarray  # bool, real tokens
@@ -88,6 +100,8 @@ class Episodes:
     completions: list[str]  # readable transcript of the completion region (special tokens kept)
     turn_info: list[list[dict[str, Any]]]  # the env's info of every turn
     metrics: dict[str, float]
+    driven_N: np.ndarray | None = None  # bool, the rows this host drove (None: all)
+    row_sharding: Any = None  # the rows' layout when hosts drove their own rows (`collect_episodes`)
 
     @property
     def completion_mask_NT(self) -> np.ndarray:
@@ -125,10 +139,16 @@ class _Episode:
             self.sampled += [False] * len(obs)
 
 
-def _start(env_factory: Callable[[Any], Env], records, tokenizer, spec: EpisodeSpec) -> tuple[list, list]:
+def _start(env_factory: Callable[[Any], Env], records, tokenizer, spec: EpisodeSpec,
+           row_sharding=None) -> tuple[list, list]:
+    """The repeated records and an episode per row (None for the rows this host does not drive)."""
     rep = [r for r in records for _ in range(spec.group_size)]
+    owners = None if row_sharding is None else hosts.row_owners(row_sharding, (len(rep),))
     eps = []
     for i, r in enumerate(rep):
+        if owners is not None and owners[i] != jax.process_index():
+            eps.append(None)
+            continue
         env = env_factory(tokenizer)
         prompt = [int(x) for x in env.reset(r)]
         if not prompt:
@@ -142,7 +162,7 @@ def _start(env_factory: Callable[[Any], Env], records, tokenizer, spec: EpisodeS
 
 def collect_episodes(graphdef, params, records: Sequence[dict[str, Any]], tokenizer,
                      env_factory: Callable[[Any], Env], spec: EpisodeSpec, seed, *,
-                     row_offset: int = 0) -> Episodes:
+                     row_offset: int = 0, row_sharding=None) -> Episodes:
     """Runs G episodes per record, all live episodes decoding each turn together (`TurnDecoder`).
 
     Args:
@@ -151,63 +171,71 @@ def collect_episodes(graphdef, params, records: Sequence[dict[str, Any]], tokeni
       tokenizer: the model's HF tokenizer (eos and pad ids, decoding of actions).
       env_factory: `tokenizer -> Env`, e.g. `jaxrl.envs.make_env(name, params)`; one env per episode.
       spec: `EpisodeSpec`; seed: int or PRNG key of this rollout.
-      row_offset: global index of this call's first episode (its row id for the random draws); on several
-        hosts, host h passes h·N so that hosts draw independently from one seed.
+      row_offset: global index of this call's first episode (its row id for the random draws).
+      row_sharding: the layout of the N rows (`jaxrl.sharding.row_sharding`, as the model pins them): each
+        host drives its own rows' episodes (module notes). None: every host drives every episode.
 
     Returns:
       Episodes with N = P·G rows.
     """
-    rep, eps = _start(env_factory, records, tokenizer, spec)
+    rep, eps = _start(env_factory, records, tokenizer, spec, row_sharding)
     eos = int(tokenizer.eos_token_id)
     pad = int(tokenizer.pad_token_id)
-    stops = stop_token_sequences(tokenizer, eps[0].env.stop_strings)
+    probe = next((e.env for e in eps if e is not None), None) or env_factory(tokenizer)
+    stops = stop_token_sequences(tokenizer, probe.stop_strings)
     gen_width = bucket(spec.max_new_tokens, spec.gen_buckets, "completion")
     slots = spec.cache_slots or -(-(spec.max_total_tokens + spec.max_turns * gen_width) // 128) * 128
     decoder = TurnDecoder(graphdef, params, len(eps), max_new_tokens=spec.max_new_tokens,
                           temperature=spec.temperature, top_k=spec.top_k, top_p=spec.top_p, eos_ids=(eos,),
                           stop_sequences=stops, pad_id=pad, seed=seed, mode=spec.cache,
                           rows=range(row_offset, row_offset + len(eps)),
-                          cache_slots=slots,
+                          cache_slots=slots, row_sharding=row_sharding,
                           chunk_buckets=spec.chunk_buckets, gen_buckets=spec.gen_buckets)
     gen_s = env_s = 0.0
+    mine = [e for e in eps if e is not None]
     for k in range(spec.max_turns):
-        budgets = [0 if e.done else min(spec.max_new_tokens, spec.max_total_tokens - len(e.context))
-                   for e in eps]
+        budgets = [0 if e is None or e.done
+                   else min(spec.max_new_tokens, spec.max_total_tokens - len(e.context)) for e in eps]
         for e, b in zip(eps, budgets):
-            e.done = e.done or b <= 0
-        if all(e.done for e in eps):
+            if e is not None:
+                e.done = e.done or b <= 0
+        all_done = all(e.done for e in mine)
+        if all_done if row_sharding is None else hosts.agree(all_done):
             break
         t0 = time.perf_counter()
-        turn = decoder.turn(k, [None if e.done else e.context for e in eps], budgets)
+        turn = decoder.turn(k, [None if e is None or e.done else e.context for e in eps], budgets)
         t1 = time.perf_counter()
         gen_s += t1 - t0
         for i, e in enumerate(eps):
             n = int(turn.lengths[i])
-            if e.done or n == 0:
+            if e is None or e.done or n == 0:
                 continue
             ids = [int(x) for x in turn.tokens[i, :n]]
             action = Action(tuple(ids), tokenizer.decode(ids, skip_special_tokens=True), ids[-1] == eos)
             logp = [float(x) for x in turn.logprobs[i, :n]]
             e.act(ids, logp, action, spec.max_turns, spec.max_total_tokens)
         env_s += time.perf_counter() - t1
-    out = _assemble(eps, rep, tokenizer, spec)
+    out = _assemble(eps, rep, tokenizer, spec, row_sharding)
     out.metrics.update({"time/generate_s": gen_s, "time/env_s": env_s,
-                        "rollout/prefill_tokens": float(decoder.stats["prefill_tokens"]),
+                        "rollout/prefill_tokens": float(decoder.prefill_tokens()),
                         "rollout/cache_compactions": float(decoder.stats["compactions"])})
     return out
 
 
 def scripted_episodes(records: Sequence[dict[str, Any]], tokenizer, env_factory: Callable[[Any], Env],
-                      policy: Callable[[dict[str, Any]], Sequence[str]], spec: EpisodeSpec) -> Episodes:
+                      policy: Callable[[dict[str, Any]], Sequence[str]], spec: EpisodeSpec, *,
+                      row_sharding=None) -> Episodes:
     """Episodes whose actions are given texts (demonstrations for an SFT warm start; oracle tests).
 
     Action k of record r is `policy(r)[k]`, tokenized alone (no EOS: a stop string such as `</answer>` ends
     the turn, as in sampling). old_logp_BL is 0 (no sampler). Budgets as in `collect_episodes`, so the rows
-    look exactly like sampled ones.
+    look exactly like sampled ones. `row_sharding`: as in `collect_episodes` (each host plays its own rows).
     """
-    rep, eps = _start(env_factory, records, tokenizer, spec)
+    rep, eps = _start(env_factory, records, tokenizer, spec, row_sharding)
     eos = int(tokenizer.eos_token_id)
     for r, e in zip(rep, eps):
+        if e is None:
+            continue
         for text in policy(r):
             if e.done:
                 break
@@ -219,36 +247,53 @@ def scripted_episodes(records: Sequence[dict[str, Any]], tokenizer, env_factory:
                 break
             action = Action(tuple(ids), tokenizer.decode(ids, skip_special_tokens=True), ids[-1] == eos)
             e.act(ids, [0.0] * len(ids), action, spec.max_turns, spec.max_total_tokens)
-    return _assemble(eps, rep, tokenizer, spec)
+    return _assemble(eps, rep, tokenizer, spec, row_sharding)
 
 
-def _assemble(eps: list[_Episode], rep: list[dict[str, Any]], tokenizer, spec: EpisodeSpec) -> Episodes:
+def _assemble(eps: list, rep: list[dict[str, Any]], tokenizer, spec: EpisodeSpec,
+              row_sharding=None) -> Episodes:
+    """The rows of `eps` (None: a row another host drove). With `row_sharding` the widths and every per-row
+    number come from all hosts (each row from its owner), so they are the same everywhere."""
     pad = int(tokenizer.pad_token_id)
     n = len(eps)
-    width = bucket(max(len(e.prompt) for e in eps), spec.row_buckets, "prompt")
-    comp = bucket(max(max(len(e.context) - len(e.prompt) for e in eps), 1), spec.row_buckets, "completion")
+    mine = [e for e in eps if e is not None]
+    longest = max((len(e.prompt) for e in mine), default=1)
+    longest_completion = max((len(e.context) - len(e.prompt) for e in mine), default=1)
+    if row_sharding is not None:
+        longest, longest_completion = (hosts.max_across_hosts(v) for v in (longest, longest_completion))
+    width = bucket(longest, spec.row_buckets, "prompt")
+    comp = bucket(max(longest_completion, 1), spec.row_buckets, "completion")
     tokens = np.full((n, width + comp), pad, np.int32)
     mask = np.zeros((n, width + comp), bool)
     loss_mask = np.zeros((n, width + comp), bool)
     old_logp = np.zeros((n, width + comp), np.float32)
     turn_rewards = np.zeros((n, spec.max_turns), np.float32)
+    per_row = np.zeros((n, 6), np.int32)  # turns, tool calls, tool errors, action tokens, length, finished
     for i, e in enumerate(eps):
+        if e is None:
+            continue
         p, c = len(e.prompt), len(e.context)
         cols = slice(width - p, width - p + c)
         tokens[i, cols], mask[i, cols] = e.context, True
         loss_mask[i, cols], old_logp[i, cols] = e.sampled, e.logp
         turn_rewards[i, : len(e.rewards)] = e.rewards
-    def count(key: str) -> np.ndarray:
-        return np.asarray([sum(int(x.get(key, 0)) for x in e.info) for e in eps], np.int32)
-
-    action_tokens = np.asarray([sum(e.sampled) for e in eps], np.int32)
-    lengths = np.asarray([len(e.context) - len(e.prompt) for e in eps], np.int32)
+        per_row[i] = (len(e.rewards), sum(int(x.get("tool_calls", 0)) for x in e.info),
+                      sum(int(x.get("tool_errors", 0)) for x in e.info), sum(e.sampled), c - p, e.finished)
+    driven = None
+    if row_sharding is not None:  # the small per-row arrays from each row's owner
+        driven = np.asarray([e is not None for e in eps])
+        owners = hosts.row_owners(row_sharding, (n,))
+        mask, loss_mask, turn_rewards, per_row = (hosts.gather_owned(x, owners)
+                                                  for x in (mask, loss_mask, turn_rewards, per_row))
+        if hosts.shared_rows(row_sharding, (n,)):  # a row on several hosts: its holders need its tokens
+            tokens, old_logp = (hosts.gather_owned(x, owners) for x in (tokens, old_logp))
+    turns, tool_calls, tool_errors, action_tokens, lengths, finished = per_row.T
     out = Episodes(
-        tokens, mask, loss_mask, old_logp, width, turn_rewards.sum(axis=1), turn_rewards,
-        np.asarray([len(e.rewards) for e in eps], np.int32), count("tool_calls"), count("tool_errors"),
-        lengths - action_tokens, action_tokens, lengths, np.asarray([e.finished for e in eps]), list(rep),
-        [tokenizer.decode(e.prompt) for e in eps], [tokenizer.decode(e.context[len(e.prompt):]) for e in eps],
-        [e.info for e in eps], {},
+        tokens, mask, loss_mask, old_logp, width, turn_rewards.sum(axis=1), turn_rewards, turns, tool_calls,
+        tool_errors, lengths - action_tokens, action_tokens, lengths, finished.astype(bool), list(rep),
+        ["" if e is None else tokenizer.decode(e.prompt) for e in eps],
+        ["" if e is None else tokenizer.decode(e.context[len(e.prompt):]) for e in eps],
+        [[] if e is None else e.info for e in eps], {}, driven, row_sharding,
     )
     out.metrics.update({
         "reward/mean": float(out.rewards_N.mean()), "episode/turns": float(out.turns_N.mean()),

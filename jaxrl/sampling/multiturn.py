@@ -23,6 +23,15 @@ fixed for the episode batch (finished rows get max_new = 0 and a masked dummy to
 top-p and per-row max_new are traced. So a rollout compiles once per (chunk bucket, fresh cache or not),
 never per turn; `compile_count()` counts traces.
 
+Hosts (multi-controller JAX): with `row_sharding` (the batch layout of the N rows,
+`jaxrl.sharding.row_sharding`) each host passes the contexts of the rows it owns only (None elsewhere,
+`jaxrl.sharding.hosts.row_owners`): the chunk is built from every host's rows as one global array, the
+outputs are pinned to the same layout and each host reads back its own rows' tokens; only the chunk width,
+the per-row lengths and stop flags are exchanged. When some row sits on several hosts' devices (too few rows
+to split, or a batch axis that does not span the hosts) the chunk is gathered from the owners first, so
+that every holder feeds the same values. Without `row_sharding` every host passes every row's context and
+reads every row back (the turn's rows gathered).
+
 Stop sequences are token-id sequences (`stop_token_sequences` turns strings into the ids the tokenizer
 produces for them); a turn is ended when its last sampled tokens equal one of them. The stop tokens are
 kept in the action (they were sampled). Row r of turn k draws with fold_in(fold_in(fold_in(key(seed), k),
@@ -43,7 +52,7 @@ from flax import nnx
 from jaxrl.models import KVCache
 from jaxrl.sampling import filters
 from jaxrl.sampling.batching import DEFAULT_GEN_BUCKETS, DEFAULT_PROMPT_BUCKETS, bucket, left_pad
-from jaxrl.sampling.engine import _CPU_PER_LAYER_OPTIONS, _last_logits
+from jaxrl.sampling.engine import _CPU_PER_LAYER_OPTIONS, _last_logits, _pin_cache
 from jaxrl.sharding import hosts
 
 MODES = ("reprefill", "continue")
@@ -113,9 +122,12 @@ def _turn(graphdef, state, cache, chunk_NW, chunk_mask_NW, key, rows_N, temperat
     _trace_count += 1
     chex.assert_rank([chunk_NW, chunk_mask_NW, stop_SK], 2)
     model = nnx.merge(graphdef, state)
+    pin = model.constrain  # the batch layout of the rows (a no-op without a mesh)
+    chunk_NW, chunk_mask_NW = pin(chunk_NW, ("batch", "length")), pin(chunk_mask_NW, ("batch", "length"))
     rows = chunk_NW.shape[0]
     if cache is None:
-        cache = jax.lax.optimization_barrier(KVCache.init(model.cfg, rows, capacity, model.cfg.dtype))
+        cache = KVCache.init(model.cfg, rows, capacity, model.cfg.dtype)
+        cache = _pin_cache(jax.lax.optimization_barrier(cache), pin)
     layers = None
     if per_layer:
         layers, cache = model.layer_states(), cache.unstack()
@@ -152,6 +164,8 @@ def _turn(graphdef, state, cache, chunk_NW, chunk_mask_NW, key, rows_N, temperat
             jnp.zeros((rows, gen_width), jnp.float32), max_new_N <= 0, jnp.zeros((rows,), jnp.int32),
             jnp.full((rows, width), -2, jnp.int32), jnp.zeros((rows,), bool))
     _, _, cache, tokens_NT, logp_NT, _, length_N, _, stopped_N = jax.lax.while_loop(cond, body, init)
+    tokens_NT, logp_NT = pin(tokens_NT, ("batch", "length")), pin(logp_NT, ("batch", "length"))
+    length_N, stopped_N = pin(length_N, ("batch",)), pin(stopped_N, ("batch",))
     return tokens_NT, logp_NT, length_N, stopped_N, (cache if keep_cache else None)
 
 
@@ -175,6 +189,9 @@ class TurnDecoder:
       mode: "reprefill" or "continue"; cache_slots: the carried cache capacity in continue mode.
       chunk_buckets, gen_buckets: allowed chunk / decode widths (None: exact sizes, more compiles).
       per_layer: decode on per-layer buffers (default: on CPU), see `jaxrl.sampling.engine`.
+      row_sharding: the rows' layout (`jaxrl.sharding.row_sharding`; the model must pin the same one, i.e.
+        be built with `make_constrain` of that mesh): each host then gives and gets back only the rows it
+        holds (module notes). None: every host gives every row.
     """
 
     def __init__(self, graphdef, state, num_rows: int, *, max_new_tokens: int, temperature: float = 1.0,
@@ -182,7 +199,8 @@ class TurnDecoder:
                  stop_sequences: Sequence[Sequence[int]] = (), pad_id: int = 0, seed: int | jax.Array = 0,
                  rows: Sequence[int] | None = None, mode: str = "reprefill", cache_slots: int = 1024,
                  chunk_buckets: Sequence[int] | None = DEFAULT_PROMPT_BUCKETS,
-                 gen_buckets: Sequence[int] | None = DEFAULT_GEN_BUCKETS, per_layer: bool | None = None):
+                 gen_buckets: Sequence[int] | None = DEFAULT_GEN_BUCKETS, per_layer: bool | None = None,
+                 row_sharding=None):
         if mode not in MODES:
             raise ValueError(f"mode={mode!r}: allowed values are {', '.join(map(repr, MODES))}")
         if int(max_new_tokens) < 1 or not float(temperature) >= 0.0:
@@ -212,35 +230,56 @@ class TurnDecoder:
         self._fn = _turn_cpu if on_cpu and self.per_layer else _turn_jit
         self._cache, self._index = None, 0
         self._fed: list[list[int]] = [[] for _ in range(self.num_rows)]  # tokens in each row's cache
-        self.stats = {"prefill_tokens": 0, "compactions": 0}
+        self.stats = {"prefill_tokens": 0, "compactions": 0}  # prefill: the owned rows' tokens
+        self.row_sharding = row_sharding
+        self.owned_N, self._owners, self._shared = np.ones((self.num_rows,), bool), None, False
+        if row_sharding is not None:
+            self._owners = hosts.row_owners(row_sharding, (self.num_rows,))
+            self.owned_N = self._owners == jax.process_index()
+            self._shared = hosts.shared_rows(row_sharding, (self.num_rows,))
+
+    def prefill_tokens(self) -> int:
+        """Context tokens prefilled so far, over all hosts' rows."""
+        n = self.stats["prefill_tokens"]
+        return n if self.row_sharding is None else int(hosts.sum_across_hosts(np.asarray(n, np.int64)))
 
     def turn(self, turn_index: int, contexts: Sequence[Sequence[int] | None], max_new: Sequence[int]) -> Turn:
         """Decodes one turn: row i continues `contexts[i]` for at most `max_new[i]` tokens (None/0: idle).
 
         In continue mode the context of a row must extend what the row was given before (its earlier
-        context plus the tokens this decoder sampled); ValueError otherwise.
+        context plus the tokens this decoder sampled); ValueError otherwise. With `row_sharding`, rows this
+        host does not own must be None; the result then holds this host's rows' tokens and log-probs (pad
+        and 0 elsewhere) and every row's lengths and stop flags.
         """
         if len(contexts) != self.num_rows or len(max_new) != self.num_rows:
             raise ValueError(f"turn needs {self.num_rows} contexts and budgets, got {len(contexts)}, "
                              f"{len(max_new)}")
         live = [c is not None and int(m) > 0 for c, m in zip(contexts, max_new)]
+        if any(ok and not own for ok, own in zip(live, self.owned_N)):
+            raise ValueError("a context was given for a row this host does not own (row_sharding)")
         budget_N = np.asarray([min(int(m), self.max_new_tokens) if ok else 0 for m, ok in zip(max_new, live)],
                               np.int32)
         fresh = self.mode == "reprefill" or self._cache is None
         chunks = self._chunks(contexts, live, fresh)
-        width = bucket(max(len(c) for c in chunks), self.chunk_buckets, "chunk")
+        width = self._width(chunks)
         if not fresh and self._index + width + self.gen_width > self.cache_slots:
             self.stats["compactions"] += 1
             fresh, chunks = True, self._chunks(contexts, live, True)
-            width = bucket(max(len(c) for c in chunks), self.chunk_buckets, "chunk")
+            width = self._width(chunks)
         capacity = 0  # unused with a carried cache (a constant, so it never causes a compile)
         if fresh:
             capacity = (max(self.cache_slots, width + self.gen_width) if self.mode == "continue"
                         else width + self.gen_width)
         chunk_NW, mask_NW = left_pad(chunks, width, self.pad_id)
         mask_NW[~np.asarray(live)] = False  # idle rows: a masked dummy token leaves their cache as it was
-        self.stats["prefill_tokens"] += int(sum(len(c) for c, ok in zip(chunks, live) if ok))
+        self.stats["prefill_tokens"] += int(sum(len(c) for c, ok, own in zip(chunks, live, self.owned_N)
+                                                if ok and own))
         keep = self.mode == "continue"
+        if self.row_sharding is not None:  # every host's rows as one global array
+            parts = (chunk_NW, mask_NW, budget_N)
+            if self._shared:  # a row held by several hosts: all of them feed its owner's values
+                parts = tuple(hosts.gather_owned(x, self._owners) for x in parts)
+            chunk_NW, mask_NW, budget_N = (hosts.host_to_global(x, self.row_sharding) for x in parts)
         out = self._fn(
             self.graphdef, self.state, None if fresh else self._cache, chunk_NW, mask_NW,
             jax.random.fold_in(self.key, int(turn_index)), self.rows_N, jnp.float32(self.temperature),
@@ -249,8 +288,11 @@ class TurnDecoder:
             top_k=None if self.top_k is None else int(self.top_k), use_top_p=self.top_p is not None,
             per_layer=self.per_layer, capacity=capacity, keep_cache=keep,
         )
-        # every host drives every episode (the environments run on the host): the turn's rows are gathered
-        tokens, logp, lengths, stopped = (hosts.to_host(x) for x in out[:4])
+        if self.row_sharding is None:  # every host drives every episode: the turn's rows are gathered
+            tokens, logp, lengths, stopped = (hosts.to_host(x) for x in out[:4])
+        else:  # this host's rows only; per-row lengths and stop flags of every row
+            tokens, logp = hosts.fetch_held(out[0], self.pad_id), hosts.fetch_held(out[1])
+            lengths, stopped = hosts.to_host(out[2]), hosts.to_host(out[3])
         self._cache = out[4]
         self._index = (0 if fresh else self._index) + width + int(lengths.max(initial=0))
         for i, ok in enumerate(live):  # each cache now holds its chunk and all but the last action token
@@ -261,6 +303,13 @@ class TurnDecoder:
             elif keep and fresh:
                 self._fed[i] = []  # an idle row's new cache holds nothing: if it comes back, prefill it all
         return Turn(tokens, logp, lengths, stopped & (lengths > 0))
+
+    def _width(self, chunks) -> int:
+        """The chunk width bucket, the same on every host."""
+        longest = max(len(c) for c in chunks)
+        if self.row_sharding is not None:
+            longest = hosts.max_across_hosts(longest)
+        return bucket(longest, self.chunk_buckets, "chunk")
 
     def _chunks(self, contexts, live, fresh: bool) -> list[list[int]]:
         out = []

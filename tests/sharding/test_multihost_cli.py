@@ -239,7 +239,7 @@ SMALL = ["model.overrides={hidden_size: 32, num_layers: 1, num_heads: 2, num_kv_
          "sft_warmup.steps=2", "sft_warmup.batch_size=4", "train.steps=2", "train.eval_every=2",
          "data.prompts_per_step=2", "data.eval_size=4", "rollout.group_size=2", "logging.progress_bar=false",
          "logging.tensorboard=false", "checkpoint.every=1", "mesh.data=1", "mesh.fsdp=-1"]
-HOST_DRIVEN = {  # rollouts assembled on the host from every row (environments, roles)
+HOST_DRIVEN = {  # rollouts built on the hosts from environments and roles
     "search": ("configs/search_tiny.yaml", ["rollout.max_new_tokens=8", "rollout.gen_buckets=[8]"]),
     "march": ("configs/march_tiny.yaml", ["rollout.max_new_tokens=16", "rollout.gen_buckets=[16]"]),
     "ssp": ("configs/ssp_tiny.yaml", ["rollout.max_new_tokens=16", "rollout.gen_buckets=[16]"]),
@@ -250,18 +250,35 @@ HOST_DRIVEN = {  # rollouts assembled on the host from every row (environments, 
 @pytest.mark.parametrize("name", list(HOST_DRIVEN))
 def test_multi_turn_and_multi_agent_two_hosts_match_one_host(name, tmp_root):
     """Multi-turn episodes with a search tool, MARCH's roles and SSP's (search episodes, a sequential update,
-    the problem pool), from their shipped configs (model and steps shrunk): every host drives every episode,
-    and 2 x 2 follows 1 x 4 step by step."""
+    the problem pool), from their shipped configs (model and steps shrunk): 2 x 2 follows 1 x 4 step by step.
+    Multi-turn episodes (`env:`): each host runs the environments of its own rows only (warm-start
+    demonstrations, rollouts, evaluation), so two hosts start exactly as many episodes and answer exactly as
+    many actions as one host does, and each of them some."""
     config, extra = HOST_DRIVEN[name]
     config = str(Path(__file__).resolve().parents[2] / config)
-    runs = {}
+    runs, logs = {}, {}
     for processes in (1, 2):
         run_dir = tmp_root / f"{name}-{processes}"
-        wait_all(launch(run_dir, SMALL + extra, processes=processes, devices=4 // processes, config=config))
+        logged = []
+        if name == "search":  # the same SearchEnv, logging each episode and action to its process's file
+            env_file = Path(__file__).resolve().parent / "mh_env.py"
+            logged = [f"env.name={env_file}:LoggedSearchEnv", f"env.params.log_dir={run_dir}"]
+        wait_all(launch(run_dir, SMALL + extra + logged, processes=processes, devices=4 // processes,
+                        config=config))
         runs[processes] = metrics(run_dir)
+        logs[processes] = [Path(f).read_text().splitlines() for f in sorted(run_dir.glob("env.*.log"))]
     # the policy's entropy over the sampled (trained) tokens: equal only if both runs sampled the same tokens
     assert_same_metrics(runs[2], runs[1], keys=COMPARED + ("entropy",))
     assert sum(r.get("entropy", 0) > 0 for r in runs[1]) == 2, runs[1]
+    if name == "search":
+        one, two = logs[1], logs[2]
+        assert len(one) == 1 and len(two) == 2, "one log file per process"
+        count = lambda lines, kind: sum(line.startswith(kind) for line in lines)
+        for kind in ("reset ", "step "):
+            assert count(one[0], kind) > 0
+            assert count(two[0], kind) + count(two[1], kind) == count(one[0], kind), kind
+            assert count(two[0], kind) > 0 and count(two[1], kind) > 0, kind
+        assert sorted(two[0] + two[1]) == sorted(one[0]), "the same episodes and actions, split over hosts"
 
 
 def _wait_for(predicate, procs, timeout: float = TIMEOUT_S) -> None:
