@@ -28,6 +28,7 @@ from jaxrl.envs.tools import TOOLS, ToolError, find_calls
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 OBS_FORMATS = ("inline", "message")
+SEARCH_INSTRUCTIONS = "Search with <search>name</search>, then reply <answer>...</answer>."
 
 
 def normalize_answer(text: str) -> str:
@@ -119,18 +120,19 @@ class SearchEnv(ToolEnv):
         cannot copy the name out of the question (a tiny character-level one) still retrieves the right
         document; the question counts twice in BM25, so a query naming another person (a memorised training
         name) cannot tie with it.
+      instructions: the user message's text before "Question: …" (`SEARCH_INSTRUCTIONS` by default).
     """
 
     def __init__(self, tokenizer, *, corpus_seed: int = 0, corpus_size: str = "tiny", top_k: int = 1,
                  obs_format: str = "inline", call_reward: float = 0.0, demo_search: float = 1.0,
-                 query_with_question: bool = False):
+                 query_with_question: bool = False, instructions: str = SEARCH_INSTRUCTIONS):
         if not 0.0 <= float(demo_search) <= 1.0:
             raise ValueError(f"demo_search must be in [0, 1], got {demo_search}")
         world = _world(int(corpus_seed), str(corpus_size))
         self.world, self.demo_search = world, float(demo_search)
         self.query_with_question, self.question = bool(query_with_question), ""
         super().__init__(tokenizer, tools=("search",),
-                         instructions="Search with <search>name</search>, then reply <answer>...</answer>.",
+                         instructions=instructions,
                          obs_format=obs_format, call_reward=call_reward,
                          tool_kwargs={"search": {"contents": world.contents, "top_k": top_k}})
 

@@ -33,7 +33,7 @@ import jax
 import numpy as np
 
 from jaxrl.data.entities import build_world
-from jaxrl.envs.base import StepResult, prompt_ids
+from jaxrl.envs.base import StepResult, encode_text, prompt_ids
 from jaxrl.envs.episodes import EpisodeSpec, Episodes, collect_episodes
 from jaxrl.envs.search import SearchEnv, ToolEnv, exact_match
 from jaxrl.envs.tools import format_results
@@ -66,8 +66,14 @@ def _docs_by_name(seed: int, size: str) -> dict[str, list[str]]:
     return out
 
 
-def proposer_text(answer: str, hops: int) -> str:
-    """The Proposer's user text (spec §2.2, paraphrased and shortened): the answer and the search count."""
+SHORT_SOLVER_INSTRUCTIONS = "Search, then answer."
+
+
+def proposer_text(answer: str, hops: int, short: bool = False) -> str:
+    """The Proposer's user text (spec §2.2, paraphrased and shortened): the answer and the search count
+    (`short`: without the tags' syntax, which the demonstrations teach)."""
+    if short:
+        return f"Write a question whose answer is {answer} ({hops} search)."
     return (f"Write a question whose answer is {answer}, needing {hops} search(es). Search with "
             f"<search>name</search>, then write <question>...</question>.")
 
@@ -130,8 +136,9 @@ class ProposerEnv(ToolEnv):
     """Search the world, then `<question>…</question>` ends the episode (reward 0: scored after solving)."""
 
     def __init__(self, tokenizer, *, corpus_seed: int = 0, corpus_size: str = "tiny", top_k: int = 1,
-                 query_with_question: bool = False):
+                 query_with_question: bool = False, short_prompt: bool = False):
         world = cached_world(int(corpus_seed), str(corpus_size))
+        self.short_prompt = bool(short_prompt)
         super().__init__(tokenizer, tools=("search",), tool_kwargs={"search": {"contents": world.contents,
                                                                                 "top_k": top_k}})
         self.stop_strings = ("</search>", "</question>")
@@ -139,7 +146,7 @@ class ProposerEnv(ToolEnv):
 
     def reset(self, record: Mapping[str, Any]) -> list[int]:
         self.question = str(record.get("question", ""))
-        text = proposer_text(str(record["answers"][0]), int(record.get("hops", 1)))
+        text = proposer_text(str(record["answers"][0]), int(record.get("hops", 1)), self.short_prompt)
         return prompt_ids(self.tokenizer, [{"role": "user", "content": text}])
 
     def step(self, action) -> StepResult:
@@ -157,9 +164,13 @@ class ProposerEnv(ToolEnv):
         return proposer_demonstration(record)
 
 
-def proposer_demonstration(record: Mapping[str, Any]) -> list[str]:
-    """Search the chain, then ask the world's own question about a* (valid: a* is not in it)."""
-    return [f"<search>{n}</search>" for n in record["chain"]] + [f"<question>{record['question']}</question>"]
+def proposer_demonstration(record: Mapping[str, Any], query: str = "chain") -> list[str]:
+    """Search the chain (`query` "answer": a* instead of its first name), then ask the world's own
+    question about a* (valid: a* is not in it)."""
+    names = list(record["chain"])
+    if query == "answer":
+        names[0] = str(record["answers"][0])
+    return [f"<search>{n}</search>" for n in names] + [f"<question>{record['question']}</question>"]
 
 
 def episode_rows(name: str, eps: Episodes) -> RoleRows:
@@ -169,15 +180,15 @@ def episode_rows(name: str, eps: Episodes) -> RoleRows:
 
 
 class VerifierDemoEnv:
-    """The RAG check's prompt for a record (its own documents plus `others` other ones, as `noisy_materials`
-    mixes them), answered in one turn; `demonstration` is the record's answer."""
+    """The RAG check's prompt for a record (its own documents plus the system's `rag_others` other ones, as
+    `noisy_materials` mixes them, in the system's `rag_layout`), answered in one turn; `demonstration` is the
+    record's answer."""
 
-    def __init__(self, tokenizer, *, corpus_seed: int = 0, corpus_size: str = "tiny", top_k: int = 1,
-                 others: int = 1):
-        self.tokenizer, self.others = tokenizer, int(others)
-        self.world = cached_world(int(corpus_seed), str(corpus_size))
-        self.by_name = _docs_by_name(int(corpus_seed), str(corpus_size))
-        self.top_k, self.stop_strings = int(top_k), ("</answer>",)
+    def __init__(self, tokenizer, system: "SspSystem"):
+        self.tokenizer, self.system, self.others = tokenizer, system, system.rag_others
+        seed, size = system.world["corpus_seed"], system.world["corpus_size"]
+        self.world, self.by_name = cached_world(seed, size), _docs_by_name(seed, size)
+        self.top_k, self.stop_strings = system.world["top_k"], ("</answer>",)
 
     def materials(self, record: Mapping[str, Any]) -> tuple[str, list[str]]:
         """(the record's chain documents, `others` other documents chosen by crc32 of the question)."""
@@ -190,8 +201,8 @@ class VerifierDemoEnv:
     def reset(self, record):
         own, others = self.materials(record)
         key = zlib.crc32(str(record["question"]).encode())
-        text = verifier_text(noisy_materials(own, others, key, self.others), str(record["question"]))
-        return prompt_ids(self.tokenizer, [{"role": "user", "content": text}])
+        materials = noisy_materials(own, others, key, self.others)
+        return self.system.verifier_ids(materials, str(record["question"]))
 
     def step(self, action):
         return StepResult([], 0.0, True, {})
@@ -215,7 +226,7 @@ class SspDemoEnv:
     def _env(self, record):
         role = self._role(record)
         if role == "verifier":
-            return VerifierDemoEnv(self.tokenizer, **self.system.world, others=self.system.rag_others)
+            return VerifierDemoEnv(self.tokenizer, self.system)
         return (self.system.proposer_env if role == "proposer" else self.system.solver_env)(self.tokenizer)
 
     def reset(self, record):
@@ -229,7 +240,7 @@ class SspDemoEnv:
         """The Proposer's `proposer_demonstration`, the Solver's `SearchEnv.demonstration` (searching for a
         `solver_demo_search` share of questions, else a guess), the verifier's answer."""
         if self._role(record) == "proposer":
-            return proposer_demonstration(record)
+            return proposer_demonstration(record, self.system.proposer_query)
         return self._env(record).demonstration(record)
 
 
@@ -260,6 +271,16 @@ class SspSystem:
       solver_demo_search: the share of the Solver's SFT demonstrations that search (`SearchEnv.demo_search`);
         below 1 the others guess, leaving RL the discovery that searching pays.
       verifier_demos: the SFT warm start also demonstrates the RAG check (one role in three per record).
+      rag_layout: the RAG check's prompt: "materials" (`verifier_text`: materials, then the question) or
+        "solver" (the paper's verifier, the Solver answering from the materials without searching: the
+        Solver's prompt for the question, then the materials as a search result, laid out as in a Solver
+        episode, so reading the answer is the Solver's own skill).
+      short_prompts: short user texts for both roles (`proposer_text(short=True)`, the Solver's
+        `SHORT_SOLVER_INSTRUCTIONS`), so a tiny model's rows fit 128-token buckets.
+      proposer_query: what the Proposer's SFT demonstrations search: "chain" (the record's entity names) or
+        "answer" (a* for the first hop, the chain's names after it: with `query_with_question` the
+        retrieved person is the record's anyway, and a demonstrated query naming that person would let the
+        question copy its name from the query, which at sampling time names someone else).
     """
 
     name = "ssp"  # the key of the pool's state in checkpoints
@@ -270,7 +291,8 @@ class SspSystem:
                  rag_others: int = 4, proposer_samples: int = 1, update: str = "sequential",
                  failed_slots: str = "reuse", reuse_threshold: float = 1.0, pool_clear_interval: int = 10,
                  leak: str = "substring", query_with_question: bool = False, solver_demo_search: float = 1.0,
-                 verifier_demos: bool = False):
+                 verifier_demos: bool = False, rag_layout: str = "materials", proposer_query: str = "chain",
+                 short_prompts: bool = False):
         if int(proposer_samples) < 1:
             raise ValueError(f"proposer_samples={proposer_samples}: must be >= 1")
         if update not in ("sequential", "joint"):
@@ -279,9 +301,15 @@ class SspSystem:
             raise ValueError(f"failed_slots={failed_slots!r}: allowed values are 'reuse', 'dummy'")
         if leak not in ("substring", "word"):
             raise ValueError(f"leak={leak!r}: allowed values are 'substring', 'word'")
+        if rag_layout not in ("materials", "solver"):
+            raise ValueError(f"rag_layout={rag_layout!r}: allowed values are 'materials', 'solver'")
+        if proposer_query not in ("chain", "answer"):
+            raise ValueError(f"proposer_query={proposer_query!r}: allowed values are 'chain', 'answer'")
         if int(pool_clear_interval) < 0:
             raise ValueError(f"pool_clear_interval={pool_clear_interval}: must be >= 0")
         self.tokenizer, self.leak, self.verifier_demos = tokenizer, leak, bool(verifier_demos)
+        self.rag_layout, self.proposer_query = rag_layout, proposer_query
+        self.short_prompts = bool(short_prompts)
         self.query_with_question, self.solver_demo_search = bool(query_with_question), float(solver_demo_search)
         self.world = dict(corpus_seed=int(corpus_seed), corpus_size=str(corpus_size), top_k=int(top_k))
         self.max_turns, self.max_total_tokens = int(max_turns), int(max_total_tokens)
@@ -305,14 +333,25 @@ class SspSystem:
         return {"proposer": self.proposer_samples, "solver": int(group_size)}
 
     def proposer_env(self, tokenizer) -> ProposerEnv:
-        return ProposerEnv(tokenizer, **self.world, query_with_question=self.query_with_question)
+        return ProposerEnv(tokenizer, **self.world, query_with_question=self.query_with_question,
+                           short_prompt=self.short_prompts)
 
     def solver_env(self, tokenizer) -> SearchEnv:
+        short = {"instructions": SHORT_SOLVER_INSTRUCTIONS} if self.short_prompts else {}
         return SearchEnv(tokenizer, **self.world, query_with_question=self.query_with_question,
-                         demo_search=self.solver_demo_search)
+                         demo_search=self.solver_demo_search, **short)
 
     def demonstration_env(self, tokenizer) -> SspDemoEnv:
         return SspDemoEnv(tokenizer, self)
+
+    def verifier_ids(self, materials: str, question: str) -> list[int]:
+        """The RAG check's prompt ids in `rag_layout` ("solver": the Solver's prompt, then the materials as
+        the observation of a search, whose query is left out: the Proposer's could hold a*)."""
+        tok = self.tokenizer
+        if self.rag_layout == "materials":
+            return prompt_ids(tok, [{"role": "user", "content": verifier_text(materials, question)}])
+        ids = self.solver_env(tok).reset({"question": question, "answers": [""]})
+        return ids + encode_text(tok, f"\n<result>\n{materials}\n</result>\n")
 
     def _episodes(self, name, graphdef, params, records, factory, spec: SamplingSpec, g: int,
                   key) -> Episodes:
@@ -329,9 +368,8 @@ class SspSystem:
         if not self.rag_check or not len(idx):
             return ok
         others = [p.materials for p in problems]
-        texts = [verifier_text(noisy_materials(problems[i].materials, others, int(i), self.rag_others),
-                               problems[i].question) for i in idx]
-        ids = [prompt_ids(self.tokenizer, [{"role": "user", "content": t}]) for t in texts]
+        ids = [self.verifier_ids(noisy_materials(problems[i].materials, others, int(i), self.rag_others),
+                                 problems[i].question) for i in idx]
         greedy = dataclasses.replace(spec, temperature=0.0, num_samples=1)
         tok = self.tokenizer
         gen = generate_from_state(graphdef, params, ids, greedy, eos_ids=(int(tok.eos_token_id),), seed=key,

@@ -218,3 +218,54 @@ def test_rooms_options_leak_word_queries_and_verifier_demos(tok):
     solver = [c for role, c in zip(roles, eps.completions) if role == "solver"]
     searched = sum("<search>" in c for c in solver)
     assert 0 < searched < len(solver)  # solver_demo_search 0.5: some search, the others guess
+
+
+def test_rooms_copy_world_proposer_query_and_solver_layout_verifier(tok):
+    """configs/ssp_tiny.yaml's copy-friendly options: the "rooms_copy" world (three-letter names after "room of ",
+    as in the question), Proposer demonstrations that search a* (the name the question needs is then only in
+    the search result), the RAG check laid out as a Solver episode whose search result is the materials
+    (`rag_layout: solver`), and short prompts (every demonstration row fits 128 + 128 tokens)."""
+    import collections
+
+    from jaxrl.data.entities import build_world
+    from jaxrl.envs.tools import format_results
+
+    w = build_world(0, "rooms_copy")
+    assert w.size == "rooms_copy" and build_world(0, "rooms_copy").docs == w.docs
+    names = [q["chain"][0] for q in w.questions]
+    assert len(set(names)) == 600 and {len(n) for n in names} == {3}
+    assert not {"But", "For", "Not"} & set(names)  # English stopwords: the search would drop them
+    for q, doc in zip(w.questions, w.contents):
+        name, room = q["chain"][0], q["answers"][0]
+        assert doc == f"{name}\nThe room of {name} is {room}." and q["question"] == f"What is the room of {name}?"
+        assert room not in q["question"] + doc[:-2] + "Search with name then reply answer Doc 1 (Title: )"
+    assert len(collections.Counter(q["answers"][0] for q in w.questions)) == 16
+    with pytest.raises(ValueError, match="rag_layout"):
+        SspSystem(tok, rag_layout="chat")
+    with pytest.raises(ValueError, match="proposer_query"):
+        SspSystem(tok, proposer_query="name")
+    records = w.records("train")[:60]
+    system = SspSystem(tok, corpus_size="rooms_copy", leak="word", query_with_question=True, verifier_demos=True,
+                       rag_others=0, rag_layout="solver", proposer_query="answer", short_prompts=True,
+                       solver_demo_search=0.5, max_total_tokens=384)
+    es = EpisodeSpec(group_size=1, max_turns=3, max_total_tokens=384, row_buckets=(128, 256, 384))
+    probe = system.demonstration_env(tok)
+    eps = scripted_episodes(records, tok, system.demonstration_env, probe.demonstration, es)
+    assert eps.tokens_BL.shape[1] == 256  # prompt and completion buckets of 128
+    roles = [probe._role(r) for r in records]
+    assert set(roles) == {"proposer", "solver", "verifier"}
+    for i, (r, role, c) in enumerate(zip(records, roles, eps.completions)):
+        name, a = r["chain"][0], r["answers"][0]
+        prompt = tok.decode(eps.tokens_BL[i, :eps.prompt_width], skip_special_tokens=True)
+        if role == "proposer":  # searches the answer, reads the record's person, asks the world's question
+            assert c.startswith(f"<search>{a}</search>\n<result>\nDoc 1 (Title: {name})\n")
+            p = extract_problem(c, a, min_searches=1, min_words=4, leak="word")
+            assert p.valid and p.question == r["question"] and name not in p.searches[0]
+        elif role == "verifier":  # the Solver's prompt, then the materials as a search result
+            solver_prompt = tok.decode(system.solver_env(tok).reset(r), skip_special_tokens=True)
+            assert solver_prompt.startswith("Search, then answer.\nQuestion: ")
+            result = format_results([f"{name}\nThe room of {name} is {a}."])
+            assert prompt.endswith(f"{solver_prompt}\n<result>\n{result}\n</result>\n")
+            assert c == f"<answer>{a}</answer>"
+    ids = system.verifier_ids("Doc 1 (Title: Kop)\nThe room of Kop is 7.", "What is the room of Kop?")
+    assert tok.decode(ids, skip_special_tokens=True).endswith("The room of Kop is 7.\n</result>\n")
