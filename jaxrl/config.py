@@ -365,13 +365,18 @@ class SFTWarmupConfig:
 class TrainConfig:
     """`max_failed_reward_steps`: consecutive steps on which a reward may fail (raise or give NaN) on every
     sample before the run stops with that reward's first error. `eval_samples` k > 1: the held-out evaluation
-    also samples k completions per prompt (rollout temperature) and reports avg@k and unbiased pass@j."""
+    also samples k completions per prompt (rollout temperature) and reports avg@k and unbiased pass@j.
+    `share_prompts`: run each prompt once for the G completions of its group in the update and the old /
+    reference log-prob passes (`jaxrl.models.shared_prompt`; same numbers up to float summation order).
+    "auto": wherever the batch keeps whole groups (`jaxrl.trainer.prompt_groups` lists the cases that fall
+    back to the unshared forward), "always": the same, but a batch that cannot is an error, "never": off."""
 
     steps: int = 100
     seed: int = 0
     eval_every: int = 20
     max_failed_reward_steps: int = 3
     eval_samples: int = 1
+    share_prompts: str = "auto"
 
     def __post_init__(self):
         _check(self.eval_samples >= 1, "train.eval_samples", self.eval_samples,
@@ -380,6 +385,7 @@ class TrainConfig:
                "must be >= 1")
         _check(self.steps >= 0, "train.steps", self.steps, "must be >= 0")
         _check(self.eval_every >= 0, "train.eval_every", self.eval_every, "must be >= 0 (0 = never)")
+        _check_choice("train.share_prompts", self.share_prompts, ("auto", "always", "never"))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,7 +18,10 @@ the run).
 
 Deviations from verl/TRL: token log-probs are computed from final hidden states in vocabulary chunks in
 float32 (`jaxrl.losses.token_logprobs_and_entropy`), never from a materialised [B, L, V] logits tensor, and
-only at the T completion positions (the batch is in completion space, `TrainBatch`).
+only at the T completion positions (the batch is in completion space, `TrainBatch`). A batch of GRPO groups
+(`TrainBatch.group` = G) runs each prompt through the layers once for its G completions
+(`Transformer.forward_groups`): the same numbers up to summation order, 0.56x the per-token work at W = T,
+G = 8 (TRL and verl recompute the prompt G times; benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -54,6 +57,12 @@ class TrainBatch:
     completion positions: `completion_mask_BT[b, t]` marks token `tokens_BL[b, W + t]` as trained on, and
     `old_logp_BT`, `ref_logp_BT`, `adv_BT` are aligned with those tokens. The forward pass projects only the
     hidden states that predict them (positions W-1 .. L-2) onto the vocabulary.
+
+    `group` (static): G > 1 says that the rows come in groups of G consecutive rows with identical prompt
+    columns (`tokens_BL[:, :W]` where `mask_BL`; a GRPO group); the forward then runs each prompt once per
+    group (`Transformer.forward_groups`, equal to the unshared forward up to summation order). 1: no such
+    structure.
+    Whoever builds or reorders the rows keeps groups whole (`jaxrl.trainer.assemble`, `update`).
     """
 
     tokens_BL: jax.Array  # int32
@@ -66,6 +75,7 @@ class TrainBatch:
     clip_high_B: jax.Array  # float32 per-sequence upper clip bounds
     sft_weight_B: jax.Array  # float32, 1 for expert (SFT-aux) rows, 0 for rollout rows
     is_weight_BT: Any = None  # float32 train/sampler importance weights (TIS / MIS), None = no correction
+    group: int = flax.struct.field(pytree_node=False, default=1)  # rows per shared-prompt group (1: none)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,18 +130,29 @@ OBJECTIVES = {
 }
 
 
-def token_logprobs(model: nnx.Module, tokens_BL, mask_BL, width: int, *, chunk: int, temperature: float = 1.0):
-    """(logp_BT, entropy_BT, hidden_BLD) of the last `width` tokens given their prefixes, chunked over V.
+def token_logprobs(model: nnx.Module, tokens_BL, mask_BL, width: int, *, chunk: int, temperature: float = 1.0,
+                   group: int = 1):
+    """(logp_BT, entropy_BT, hidden_BTD) of the last `width` tokens given their prefixes, chunked over V.
 
-    Only the T = `width` hidden states that predict those tokens are projected onto the vocabulary.
+    Only the T = `width` hidden states that predict those tokens (`hidden_BTD`, positions W-1 .. L-2) are
+    projected onto the vocabulary. `group` > 1: rows come in groups of `group` with identical prompt columns
+    (`TrainBatch.group`), and each group's prompt runs through the layers once (`Transformer.forward_groups`).
     """
-    out = model.forward(tokens_BL, None, mask_BL, return_hidden=True, return_logits=False)
-    length = tokens_BL.shape[1]
-    hidden_BTD = out.hidden[:, length - width - 1:length - 1]
+    b, length = tokens_BL.shape
+    w = length - width
+    if group > 1:
+        if b % group:
+            raise ValueError(f"{b} rows do not split into prompt groups of {group}")
+        first_PW = lambda x_BW: x_BW.reshape(b // group, group, w)[:, 0]
+        hidden_BTD = model.forward_groups(first_PW(tokens_BL[:, :w]), first_PW(mask_BL[:, :w]),
+                                          tokens_BL[:, w:], mask_BL[:, w:])
+    else:
+        out = model.forward(tokens_BL, None, mask_BL, return_hidden=True, return_logits=False)
+        hidden_BTD = out.hidden[:, w - 1:length - 1]
     logp_BT, ent_BT = losses.token_logprobs_and_entropy(
-        hidden_BTD, model.unembedding(), tokens_BL[:, length - width:], chunk_size=chunk, temperature=temperature
+        hidden_BTD, model.unembedding(), tokens_BL[:, w:], chunk_size=chunk, temperature=temperature
     )
-    return logp_BT, ent_BT, out.hidden
+    return logp_BT, ent_BT, hidden_BTD
 
 
 def _masks(batch: TrainBatch):
@@ -149,9 +170,9 @@ def _loss(params, graphdef, batch: TrainBatch, spec: LossSpec, norm, base=None):
     """
     model = nnx.merge(graphdef, full_params(params, base, spec.lora))
     width = batch.completion_mask_BT.shape[1]
-    logp_BT, ent_BT, _ = token_logprobs(
-        model, batch.tokens_BL, batch.mask_BL, width, chunk=spec.logprob_chunk, temperature=spec.temperature
-    )
+    logp_BT, ent_BT, _ = token_logprobs(model, batch.tokens_BL, batch.mask_BL, width,
+                                        chunk=spec.logprob_chunk, temperature=spec.temperature,
+                                        group=batch.group)
     rl_m_BT, sft_m_BT = _masks(batch)
     agg = lambda v_BT: losses.aggregate(v_BT, rl_m_BT, spec.agg, normalizer=norm["rl"])
     pg_BT, metrics = OBJECTIVES[spec.objective](logp_BT, batch, rl_m_BT, spec, **dict(spec.objective_kwargs))
@@ -197,6 +218,9 @@ def loss_and_grad(params, graphdef, batch: TrainBatch, spec: LossSpec, base=None
     b = batch.tokens_BL.shape[0]
     if b % spec.grad_accum:
         raise ValueError(f"mini-batch of {b} rows is not divisible by grad_accum={spec.grad_accum}")
+    if (b // spec.grad_accum) % batch.group:
+        raise ValueError(f"grad_accum={spec.grad_accum} micro-batches of {b // spec.grad_accum} rows split "
+                         f"the prompt groups of {batch.group} rows (assemble the batch with group=1)")
     micro = jax.tree.map(lambda x: x.reshape(spec.grad_accum, b // spec.grad_accum, *x.shape[1:]), batch)
 
     def body(carry, mb):
@@ -251,11 +275,13 @@ def update_compiler_options(backend: str | None = None) -> dict[str, str] | None
 
 
 def sequence_logprobs(params, graphdef, tokens_BL, mask_BL, width: int, *, chunk: int,
-                      temperature: float = 1.0):
+                      temperature: float = 1.0, group: int = 1):
     """Log-probs [B, T] of the last T = `width` tokens of each row (the completion), for old / reference
-    log-probs. Quantised kernels (a QLoRA base) are dequantised inside the computation, not kept."""
+    log-probs (`group`: shared-prompt groups, as `token_logprobs`). Quantised kernels (a QLoRA base) are
+    dequantised inside the computation, not kept."""
     model = nnx.merge(graphdef, dequantized(params))
-    logp_BT, _, _ = token_logprobs(model, tokens_BL, mask_BL, width, chunk=chunk, temperature=temperature)
+    logp_BT, _, _ = token_logprobs(model, tokens_BL, mask_BL, width, chunk=chunk, temperature=temperature,
+                                   group=group)
     return logp_BT
 
 

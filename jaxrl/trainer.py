@@ -7,6 +7,9 @@
     batch = assemble(run, params, ro, adv)     # completion-space TrainBatch, old / reference log-probs
     state = update(run, state, batch, step)    # jitted, donated; PPO epochs x mini-batches
 
+A batch of whole GRPO groups runs each prompt once per group in the update and log-prob passes
+(`TrainBatch.group`; `prompt_groups` says which batches do, `train.share_prompts` switches it).
+
 Everything below `setup` takes the `Run` (and plain arrays); nothing imports or reads `ExperimentConfig`.
 """
 
@@ -87,7 +90,7 @@ class Run:
     mismatch: MismatchSpec
     state_sharding: Any
     step_fn: Any
-    logprob_fn: Any  # (params, tokens_BL, mask_BL, T) -> logp_BT
+    logprob_fn: Any  # (params, tokens_BL, mask_BL, T, group=1) -> logp_BT
     ref_params: Any
     shapers: list[Shaper] = dataclasses.field(default_factory=list)
     base: Any = None  # LoRA: the frozen (maybe quantised) base model under the trained adapters
@@ -96,6 +99,7 @@ class Run:
     env_factory: Any = None  # `jaxrl.envs.EnvFactory` when the run collects multi-turn episodes
     episode_spec: Any = None  # `jaxrl.envs.EpisodeSpec` (turn and token budgets, cache policy)
     multi_agent: Any = None  # a `jaxrl.multi_agent` system when several roles share the policy
+    share_prompts: str = "auto"  # train.share_prompts: "auto" | "always" | "never" (`prompt_groups`)
 
 
 def collect(run: Run, params, records, spec: SamplingSpec, key) -> rollout_lib.Rollout:
@@ -206,11 +210,13 @@ def setup(cfg: ExperimentConfig, run_dir: Path) -> tuple[Run, TrainState, Any]:
                      donate_argnums=0, compiler_options=update_compiler_options())
     step_fn = lambda state, batch: jitted(state, batch, base)
 
-    def logprobs(params, tokens_BL, mask_BL, width):
+    def logprobs(params, tokens_BL, mask_BL, width, group):
         return sequence_logprobs(params, graphdef, tokens_BL, mask_BL, width, chunk=spec.logprob_chunk,
-                                 temperature=spec.temperature)
+                                 temperature=spec.temperature, group=group)
 
-    logprob_fn = jax.jit(logprobs, static_argnums=3)
+    jitted_logprobs = jax.jit(logprobs, static_argnums=(3, 4))
+    def logprob_fn(params, tokens_BL, mask_BL, width, group=1):
+        return jitted_logprobs(params, tokens_BL, mask_BL, width, group)
     # beta = 0 keeps no reference model in memory; under LoRA the reference is the base itself.
     ref_params = None
     if cfg.algorithm.kl.beta > 0:
@@ -223,7 +229,10 @@ def setup(cfg: ExperimentConfig, run_dir: Path) -> tuple[Run, TrainState, Any]:
               algorithm=algorithm, settings=settings, seed=cfg.train.seed,
               logprobs_from_sampler=cfg.rollout.logprobs_from_sampler,
               mismatch=MismatchSpec(m.mode.value, m.level.value, m.lower, m.upper), state_sharding=state_sharding,
-              step_fn=step_fn, logprob_fn=logprob_fn, ref_params=ref_params, base=base, base_sha256=base_sha)
+              step_fn=step_fn, logprob_fn=logprob_fn, ref_params=ref_params, base=base, base_sha256=base_sha,
+              share_prompts=cfg.train.share_prompts)
+    if cfg.train.share_prompts == "always":
+        _check_always_shared(cfg, run, algorithm)
     if lora_cfg is not None:
         merge = jax.jit(lambda b, a: lora.merge(b, a, lora_cfg))
         run.policy = lambda adapters: merge(base, adapters)
@@ -348,10 +357,83 @@ def _pad_rows(extra: TrainBatch, n_rollout: int, multiple: int) -> TrainBatch:
                             if getattr(extra, f.name) is not None})
 
 
+def prompt_groups(run: Run, ro, *, extra_rows: bool = False) -> tuple[int, str]:
+    """(G, "") when the update and log-prob passes of this rollout can run each prompt once per group
+    (`TrainBatch.group`, `jaxrl.models.shared_prompt`), else (1, why not).
+
+    Shared (`train.share_prompts: auto`, the default): single-turn and multi-turn (`env:`) GRPO-family
+    rollouts, DAPO's resampled batches (whole groups by construction), with or without mini-batches, gradient
+    accumulation, KL, mismatch correction, LoRA / QLoRA, on any mesh; when
+
+      * G = `rollout.group_size` > 1,
+      * the rows split into whole groups per data shard x mini-batch x micro-batch (`_row_multiple`; then no
+        group straddles a shard, a mini-batch or a micro-batch), and
+      * the G rows of each group have identical prompt columns (checked on the devices: one [B, W] compare).
+
+    Unshared (the plain forward): `train.share_prompts: never`; groups of 1; multi-agent role segments (each
+    role its own group size and, in a sequential update, padding rows); extra rows appended to the rollout
+    (AFRL SFT-aux expert rows, one per prompt); row counts that do not split as above. `always` raises in
+    these cases instead (a config that can never share is refused at setup, `_check_always_shared`).
+    """
+    if run.share_prompts == "never":
+        return 1, "train.share_prompts is never"
+    g, n = run.settings.group_size, ro.completion_mask_BT.shape[0]
+    why = ""
+    if g == 1:
+        why = "groups of 1 (rollout.group_size: 1)"
+    elif ro.segment_N is not None:
+        why = "multi-agent role segments"
+    elif extra_rows:
+        why = "extra rows (SFT-aux) are appended"
+    elif n % (g * _row_multiple(run)):
+        why = (f"{n} rows do not split into whole groups of {g} per data shard x mini-batch x micro-batch "
+               f"({_row_multiple(run)})")
+    elif not _same_prompts(ro.tokens_BL, ro.mask_BL, ro.prompt_width, g):
+        why = f"the {g} rows of a group differ in their prompt columns"
+    if why and run.share_prompts == "always":
+        raise UserError(f"train.share_prompts: always, but this batch cannot share prompts: {why}")
+    return (1, why) if why else (g, "")
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _same_prompt_tokens(tokens_BL, width: int, group: int):
+    prompt_PGW = tokens_BL[:, :width].reshape(-1, group, width)
+    return jnp.all(prompt_PGW == prompt_PGW[:, :1])
+
+
+def _same_prompts(tokens_BL, mask_BL, width: int, group: int) -> bool:
+    """Whether the rows of every group of `group` consecutive rows have identical prompt columns (tokens,
+    padding included, and mask)."""
+    mask_PGW = np.asarray(mask_BL)[:, :width].reshape(-1, group, width)
+    if not (mask_PGW == mask_PGW[:, :1]).all():
+        return False
+    if rows_lib.is_device(tokens_BL):
+        return bool(hosts.to_host(_same_prompt_tokens(tokens_BL, width, group)))
+    tokens_PGW = np.asarray(tokens_BL)[:, :width].reshape(-1, group, width)
+    return bool((tokens_PGW == tokens_PGW[:, :1]).all())
+
+
+def _check_always_shared(cfg: ExperimentConfig, run: Run, algorithm: Algorithm) -> None:
+    """`train.share_prompts: always` with a config whose batches can never share prompts is a config error."""
+    why = ""
+    if cfg.rollout.group_size == 1:
+        why = "rollout.group_size is 1"
+    elif cfg.multi_agent is not None:
+        why = "multi-agent role segments update unshared"
+    elif algorithm.extra_rows is not None:
+        why = f"algorithm.name={algorithm.name!r} appends extra rows"
+    elif cfg.data.prompts_per_step % _row_multiple(run):
+        why = (f"data.prompts_per_step={cfg.data.prompts_per_step} groups do not split over the data shards "
+               f"x mini-batches x micro-batches ({_row_multiple(run)})")
+    if why:
+        raise ConfigError(f"train.share_prompts: always, but {why}; use auto or never")
+
+
 def assemble(run: Run, params, ro, adv, *, extra_rows: TrainBatch | None = None, recompute_old: bool = False,
              pad: bool = False) -> tuple[TrainBatch, dict[str, float]]:
     """The completion-space train batch of a rollout (advantages, old and reference log-probs, importance
-    weights of the mismatch correction) and the mismatch metrics.
+    weights of the mismatch correction) and the metrics: mismatch, and `train/shared_prompts` (1 when the
+    batch runs each prompt once per group, `prompt_groups`).
 
     recompute_old: take the old log-probs at `params` even when the run uses the sampler's (a later phase of
     a sequential multi-agent update starts from the policy the previous phase left).
@@ -359,23 +441,26 @@ def assemble(run: Run, params, ro, adv, *, extra_rows: TrainBatch | None = None,
     role's rows in a sequential update need not divide them)."""
     n, t = ro.completion_mask_BT.shape
     zeros = np.zeros((n, t), np.float32)
+    group, _ = prompt_groups(run, ro, extra_rows=extra_rows is not None or pad)
     batch = TrainBatch(ro.tokens_BL, ro.mask_BL, ro.completion_mask_BT, ro.old_logp_BT, zeros,
                        np.asarray(adv.adv_NT, np.float32), adv.clip_low_N, adv.clip_high_N,
-                       np.zeros((n,), np.float32))
+                       np.zeros((n,), np.float32), group=group)
     if extra_rows is not None:
         extra_rows = _pad_rows(extra_rows, n, _row_multiple(run))
         batch = jax.tree.map(lambda a, b: rows_lib.concat([a, b]), batch, extra_rows)
     elif pad:
         batch = _pad_rows(batch, 0, _row_multiple(run))
     batch = shard_batch(run, batch)
-    metrics: dict[str, float] = {}
+    metrics: dict[str, float] = {"train/shared_prompts": float(group > 1)}
     if recompute_old or not run.logprobs_from_sampler or run.mismatch.mode != "off":
         sampler_BT = batch.old_logp_BT
-        old_BT = run.logprob_fn(params, batch.tokens_BL, batch.mask_BL, t) * batch.completion_mask_BT
+        old_BT = run.logprob_fn(params, batch.tokens_BL, batch.mask_BL, t, group) * batch.completion_mask_BT
         batch = batch.replace(old_logp_BT=old_BT)
-        batch, metrics = _mismatch(run, batch, sampler_BT, n)
+        batch, mismatch_metrics = _mismatch(run, batch, sampler_BT, n)
+        metrics.update(mismatch_metrics)
     if run.loss.kl_beta > 0:
-        batch = batch.replace(ref_logp_BT=run.logprob_fn(run.ref_params, batch.tokens_BL, batch.mask_BL, t))
+        ref_BT = run.logprob_fn(run.ref_params, batch.tokens_BL, batch.mask_BL, t, group)
+        batch = batch.replace(ref_logp_BT=ref_BT)
     return batch, metrics
 
 
@@ -398,16 +483,22 @@ def _mismatch(run: Run, batch: TrainBatch, sampler_BT, n_rollout: int) -> tuple[
 
 
 def update(run: Run, state: TrainState, batch: TrainBatch, step: int) -> tuple[TrainState, dict[str, float]]:
-    """PPO epochs x mini-batches over one rollout batch (rows shuffled per epoch with a step-seeded RNG)."""
+    """PPO epochs x mini-batches over one rollout batch (rows shuffled per epoch with a step-seeded RNG; a
+    shared-prompt batch, `batch.group` > 1, shuffles whole groups, so each mini-batch holds whole groups)."""
     u = run.update
-    n = batch.tokens_BL.shape[0]
+    n, g = batch.tokens_BL.shape[0], batch.group
     if n % u.mini_batches:
         raise UserError(f"algorithm.mini_batches={u.mini_batches} does not divide the {n} rows of a batch")
     size = n // u.mini_batches
+    if size % g:
+        raise ValueError(f"mini-batches of {size} rows split the prompt groups of {g} rows")
     rng = np.random.default_rng([u.seed, step])
     collected: list[dict] = []
     for _ in range(u.ppo_epochs):
-        order = rng.permutation(n) if u.mini_batches > 1 else np.arange(n)
+        if u.mini_batches == 1:
+            order = np.arange(n)
+        else:  # groups of g consecutive rows (g = 1: rows)
+            order = (rng.permutation(n // g)[:, None] * g + np.arange(g)[None, :]).reshape(-1)
         for j in range(u.mini_batches):
             rows = order[j * size:(j + 1) * size]
             take = lambda x: rows_lib.take(x, rows)  # noqa: B023 -- used immediately, inside this iteration

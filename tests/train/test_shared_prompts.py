@@ -1,0 +1,229 @@
+"""Shared-prompt update (`TrainBatch.group`): train step, log-prob pass and trainer equal the unshared path.
+
+Step level, in-process on one device: loss, metrics and gradients of `loss_and_grad` with `group = G` equal
+`group = 1` on the same GRPO-shaped batch (fp32: loss rtol 1e-5; gradients atol 1e-6 of the leaf's largest
+entry, rtol 1e-5, as tests/models/test_shared_prompt.py explains), for every aggregation mode, with KL,
+entropy and SFT terms, gradient accumulation that keeps groups whole, LoRA adapters; `sequence_logprobs` too.
+Trainer level: which batches share (`trainer.prompt_groups`), and that mini-batches hold whole groups.
+"""
+
+import functools
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxrl import losses, trainer
+from jaxrl.errors import UserError
+from jaxrl.models import Transformer, TransformerConfig, lora
+from jaxrl.sharding import RULES, MeshConfig, make_mesh
+from jaxrl.train_step import LossSpec, TrainBatch, loss_and_grad, sequence_logprobs
+
+P, G, W, T = 4, 3, 6, 5
+B = P * G
+
+
+def grouped_batch(seed=0, p=P, g=G, w=W, t=T, vocab=64, sft_rows=0) -> TrainBatch:
+    """Prompt lengths w, 1, w//2 (cycled) left-padded, shared by the g rows of a group; completion lengths
+    1..t (row 1 empty), random old / reference log-probs and advantages."""
+    rng = np.random.default_rng(seed)
+    b = p * g
+    plen = np.repeat(np.resize(np.array([w, 1, w // 2]), p), g)
+    pmask = np.arange(w)[None, :] >= w - plen[:, None]
+    prompt = np.repeat(rng.integers(3, vocab, (p, w)), g, axis=0)
+    clen = rng.integers(1, t + 1, b)
+    clen[1] = 0
+    cmask = np.arange(t)[None, :] < clen[:, None]
+    comp = rng.integers(3, vocab, (b, t))
+    tokens = np.concatenate([np.where(pmask, prompt, 0), np.where(cmask, comp, 0)], 1).astype(np.int32)
+    old = np.where(cmask, -rng.uniform(1.0, 5.0, (b, t)), 0.0).astype(np.float32)
+    ref = np.where(cmask, -rng.uniform(1.0, 5.0, (b, t)), 0.0).astype(np.float32)
+    adv = np.where(cmask, rng.normal(size=(b, 1)), 0.0).astype(np.float32)
+    sft = np.zeros(b, np.float32)
+    sft[b - sft_rows:] = 1.0
+    return TrainBatch(jnp.asarray(tokens), jnp.asarray(np.concatenate([pmask, cmask], 1)), jnp.asarray(cmask),
+                      jnp.asarray(old), jnp.asarray(ref), jnp.asarray(adv), jnp.full((b,), 0.2, jnp.float32),
+                      jnp.full((b,), 0.28, jnp.float32), jnp.asarray(sft))
+
+
+@functools.lru_cache(maxsize=None)
+def _model(norm="pre", qk_norm=False):
+    cfg = TransformerConfig.tiny(norm=norm, qk_norm=qk_norm, family="qwen3" if qk_norm else "llama")
+    graphdef, state = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)))
+    return graphdef, state.to_pure_dict()
+
+
+def _run(params, graphdef, batch, spec, base=None):
+    fn = jax.jit(functools.partial(loss_and_grad, graphdef=graphdef, spec=spec))
+    return jax.device_get(fn(params, batch=batch, base=base))
+
+
+def _assert_same(shared, unshared):
+    (loss, grads, metrics), (ref_loss, ref_grads, ref_metrics) = shared, unshared
+    np.testing.assert_allclose(loss, ref_loss, rtol=1e-5)
+    assert set(metrics) == set(ref_metrics)
+    for key in metrics:
+        np.testing.assert_allclose(metrics[key], ref_metrics[key], rtol=1e-5, atol=1e-6, err_msg=key)
+
+    def close(path, got, want):
+        scale = max(float(np.max(np.abs(want))), 1.0)
+        np.testing.assert_allclose(got, want, atol=1e-6 * scale, rtol=1e-5,
+                                   err_msg=jax.tree_util.keystr(path))
+
+    jax.tree_util.tree_map_with_path(close, grads, ref_grads)
+    assert max(float(np.max(np.abs(g))) for g in jax.tree.leaves(grads)) > 1e-3
+
+
+@pytest.mark.parametrize("agg", list(losses.AggMode))
+def test_loss_and_gradients_equal_the_unshared_step(agg):
+    graphdef, params = _model()
+    batch = grouped_batch()
+    spec = LossSpec(agg=agg, kl_beta=0.05, entropy_coef=0.01)
+    _assert_same(_run(params, graphdef, batch.replace(group=G), spec), _run(params, graphdef, batch, spec))
+
+
+@pytest.mark.parametrize("norm, qk_norm", [("post", False), ("siamese_hybrid", True)])
+def test_norm_variants_with_grad_accum_and_sft_rows(norm, qk_norm):
+    """Two micro-batches of two whole groups each; the SFT term on the last group's rows (the step itself
+    allows it; the trainer never shares prompts with appended expert rows)."""
+    graphdef, params = _model(norm, qk_norm)
+    batch = grouped_batch(seed=1, sft_rows=G)
+    spec = LossSpec(grad_accum=2, sft_lambda=0.5, dual_clip=3.0)
+    _assert_same(_run(params, graphdef, batch.replace(group=G), spec), _run(params, graphdef, batch, spec))
+
+
+def test_lora_adapters_over_a_frozen_base():
+    graphdef, params = _model()
+    lcfg = lora.LoraConfig(rank=2, alpha=4.0)
+    adapters = lora.init_adapters(params, lcfg, jax.random.key(1))
+    adapters = jax.tree.map(lambda x: x + 0.1 * jax.random.normal(jax.random.key(2), x.shape), adapters)
+    batch, spec = grouped_batch(seed=2), LossSpec(lora=lcfg)
+    _assert_same(_run(adapters, graphdef, batch.replace(group=G), spec, base=params),
+                 _run(adapters, graphdef, batch, spec, base=params))
+
+
+def test_sequence_logprobs_and_micro_batches_that_split_groups():
+    graphdef, params = _model()
+    batch = grouped_batch(seed=3)
+    fn = functools.partial(sequence_logprobs, params, graphdef, batch.tokens_BL, batch.mask_BL, T, chunk=8192)
+    m = np.asarray(batch.completion_mask_BT)
+    np.testing.assert_allclose(np.asarray(fn(group=G))[m], np.asarray(fn())[m], rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="split the prompt groups"):
+        _run(params, graphdef, batch.replace(group=G), LossSpec(grad_accum=3))  # 4-row micro-batches
+
+
+def _fake_run(share="auto", group_size=G, mini_batches=1, grad_accum=1):
+    """The `Run` fields `prompt_groups`, `update` and `shard_batch` read, on a one-device mesh."""
+    mesh = make_mesh(MeshConfig(data=1, fsdp=1), devices=jax.devices()[:1])
+    return types.SimpleNamespace(
+        share_prompts=share, settings=types.SimpleNamespace(group_size=group_size), mesh=mesh,
+        rules=RULES["fsdp"], update=trainer.UpdateSpec(ppo_epochs=2, mini_batches=mini_batches, seed=0),
+        loss=LossSpec(grad_accum=grad_accum))
+
+
+def _with(ns, **changes):
+    return types.SimpleNamespace(**{**vars(ns), **changes})
+
+
+def _rollout(batch: TrainBatch, segment_N=None):
+    return types.SimpleNamespace(tokens_BL=batch.tokens_BL, mask_BL=np.asarray(batch.mask_BL),
+                                 completion_mask_BT=np.asarray(batch.completion_mask_BT), prompt_width=W,
+                                 segment_N=segment_N)
+
+
+def test_which_batches_share_prompts():
+    batch = grouped_batch()
+    ro = _rollout(batch)
+    assert trainer.prompt_groups(_fake_run(), ro) == (G, "")
+    assert trainer.prompt_groups(_fake_run(mini_batches=2, grad_accum=2), ro) == (G, "")  # 3 rows per micro
+    host = _rollout(jax.device_get(batch))  # host token arrays are checked on the host
+    assert trainer.prompt_groups(_fake_run(), host) == (G, "")
+    cases = {
+        "never": (_fake_run("never"), ro, {}),
+        "groups of 1": (_fake_run(group_size=1), ro, {}),
+        "role segments": (_fake_run(), _rollout(batch, np.zeros(B, np.int32)), {}),
+        "extra rows": (_fake_run(), ro, {"extra_rows": True}),
+        "do not split": (_fake_run(mini_batches=4, grad_accum=2), ro, {}),
+        "differ in their prompt": (_fake_run(), _rollout(batch.replace(tokens_BL=batch.tokens_BL.at[1, -T - 1]
+                                                                       .add(1))), {}),
+    }
+    for why, (run, rollout, kw) in cases.items():
+        group, reason = trainer.prompt_groups(run, rollout, **kw)
+        assert group == 1 and why in reason, (why, reason)
+        if why != "never":
+            with pytest.raises(UserError, match="cannot share prompts"):
+                trainer.prompt_groups(_with(run, share_prompts="always"), rollout, **kw)
+    other_mask = np.asarray(batch.mask_BL).copy()
+    other_mask[G, 0] = ~other_mask[G, 0]  # a padding difference inside group 1
+    assert trainer.prompt_groups(_fake_run(), _with(ro, mask_BL=other_mask))[0] == 1
+
+
+@pytest.mark.parametrize("group", [1, G])
+def test_mini_batches_hold_whole_groups(group):
+    """Row r's tokens carry r, so each mini-batch the step sees names its rows. With groups, every mini-batch
+    is whole groups (consecutive, in order inside a group) and each epoch covers every row once; without,
+    rows are shuffled as before (`rng.permutation(n)` of the step-seeded RNG)."""
+    batch = grouped_batch(seed=4)
+    batch = batch.replace(tokens_BL=batch.tokens_BL.at[:, 0].set(jnp.arange(B)), group=group)
+    seen = []
+
+    def step_fn(state, mb):
+        seen.append(np.asarray(mb.tokens_BL[:, 0]))
+        assert mb.group == group
+        return state, {"loss": jnp.zeros(()), "train/nonfinite": jnp.zeros((), jnp.int32)}
+
+    run = _with(_fake_run(mini_batches=2), step_fn=step_fn)
+    trainer.update(run, None, batch, step=7)
+    assert len(seen) == 4 and all(len(rows) == B // 2 for rows in seen)
+    for epoch in (seen[:2], seen[2:]):
+        assert sorted(np.concatenate(epoch)) == list(range(B))
+    if group == 1:
+        rng = np.random.default_rng([0, 7])
+        np.testing.assert_array_equal(np.concatenate(seen[:2]), rng.permutation(B))
+    else:
+        for rows in seen:
+            groups = rows.reshape(-1, G)
+            np.testing.assert_array_equal(groups, groups[:, :1] + np.arange(G))
+            assert (groups[:, 0] % G == 0).all()
+
+
+@pytest.mark.slow  # a sharded and a single-device compile of the RL step per mesh
+@pytest.mark.parametrize("mesh_cfg, rules", [(MeshConfig(data=2, fsdp=4), "fsdp"),
+                                             (MeshConfig(fsdp=2, tensor=4, rules="fsdp_tp"), "fsdp_tp")])
+def test_sharded_shared_step_equals_the_single_device_unshared_step(mesh_cfg, rules):
+    """Rows over the batch shards, two micro-batches of 8 groups of 2 (one group per shard of data x fsdp),
+    activation constraints on the grouped [P, W + G·T] layout: the same loss, gradients and update."""
+    import optax
+
+    from jaxrl.sharding import batch_shardings, make_constrain, state_shardings
+    from jaxrl.train_step import TrainState, train_step
+
+    g, spec = 2, LossSpec(kl_beta=0.05, entropy_coef=0.01, grad_accum=2)
+    batch = grouped_batch(seed=5, p=16, g=g)
+    cfg = TransformerConfig.tiny(num_kv_heads=4)
+    tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-2, eps=1e-4))
+    graphdef, state = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)))
+    params = state.to_pure_dict()
+    ref = _run(params, graphdef, batch, spec)
+    ref_state, _ = jax.jit(functools.partial(train_step, graphdef=graphdef, spec=spec, tx=tx))(
+        TrainState(params, tx.init(params), jnp.zeros((), jnp.int32)), batch)
+
+    mesh, rules = make_mesh(mesh_cfg), RULES[rules]
+    graphdef, state = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0), constrain=make_constrain(mesh, rules)))
+    param_sh = state_shardings(state, mesh, rules).to_pure_dict()
+    params = jax.device_put(state.to_pure_dict(), param_sh)
+    opt_state = tx.init(params)
+    rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    state_sh = TrainState(param_sh, state_shardings(opt_state, mesh, rules, params=state), rep)
+    shared = batch.replace(group=g)
+    shared = jax.device_put(shared, batch_shardings(shared, mesh, rules))
+    _assert_same(_run(params, graphdef, shared, spec), ref)
+    step = jax.jit(functools.partial(train_step, graphdef=graphdef, spec=spec, tx=tx),
+                   in_shardings=(state_sh, None), out_shardings=(state_sh, None), donate_argnums=0)
+    train_state = jax.device_put(TrainState(params, opt_state, jnp.zeros((), jnp.int32)), state_sh)
+    new_state, _ = step(train_state, shared)
+    for p, r in zip(jax.tree.leaves(new_state.params), jax.tree.leaves(ref_state.params), strict=True):
+        np.testing.assert_allclose(np.asarray(p), np.asarray(r), rtol=1e-5, atol=1e-6)
