@@ -100,20 +100,21 @@ def vote_matrix(checker_texts: Sequence[str], pairs: Sequence[Sequence[tuple[str
 class MarchDemoEnv:
     """One role-format demonstration per record, for the SFT warm start (`jaxrl.agentic.demonstration_rows`):
     the role is a function of the question (crc32 over the roles the record has: numeric answers have all
-    three, others the Solver only), so the prompt and the demonstrated text always belong together."""
+    three, others the Solver only) and, with `demo_roles="all"`, of how often the record was drawn before
+    (`MarchSystem.demo_role`), so the prompt (`reset`) and the demonstrated text always belong together."""
 
     stop_strings: tuple[str, ...] = ()
 
     def __init__(self, tokenizer, system: "MarchSystem"):
         self.tokenizer, self.system = tokenizer, system
 
-    def _demo(self, record: Mapping[str, Any]) -> tuple[str, str]:
+    def _demo(self, record: Mapping[str, Any], *, draw: bool = False) -> tuple[str, str]:
         demos = self.system.demonstrations(record)
         roles = [r for r in ROLES if r in demos]
-        return demos[roles[mt._crc(str(record["question"])) % len(roles)]]
+        return demos[roles[self.system.demo_role(record, len(roles), draw=draw)]]
 
     def reset(self, record: Mapping[str, Any]) -> list[int]:
-        return prompt_ids(self.tokenizer, [{"role": "user", "content": self._demo(record)[0]}])
+        return prompt_ids(self.tokenizer, [{"role": "user", "content": self._demo(record, draw=True)[0]}])
 
     def step(self, action) -> StepResult:
         return StepResult([], 0.0, True, {})
@@ -136,11 +137,17 @@ class MarchSystem:
       solver_demo_wrong: the share of Solver warm-start demonstrations that answer from a distractor
         passage (`march_text.solver_wrong`): a warm-started Solver that hallucinates, for the fact check to
         correct (0 = every demonstration answers right).
+      demo_roles: "one" (each record always demonstrates the same role, crc32 of its question) or "all"
+        (the k-th draw of a record in the warm start demonstrates role crc32 + k, so every record shows
+        every role: three times the data per role).
+      prompts: "full" (the Proposer's and Checker's prompts open with an instruction line) or "terse"
+        (without it: for a character model, 40 % shorter Checker prompts).
     """
 
     def __init__(self, tokenizer, *, corpus_seed: int = 0, corpus_size: str = "tiny",
                  num_distractors: int = 1, train_roles: Sequence[str] = TRAINABLE, checker_samples: int = 3,
-                 mode: str = "ztr", max_questions: int = 4, solver_demo_wrong: float = 0.0):
+                 mode: str = "ztr", max_questions: int = 4, solver_demo_wrong: float = 0.0,
+                 demo_roles: str = "one", prompts: str = "full"):
         bad = [r for r in train_roles if r not in TRAINABLE]
         if bad or not train_roles:
             raise ValueError(f"train_roles={list(train_roles)!r}: a non-empty subset of {list(TRAINABLE)} "
@@ -151,11 +158,20 @@ class MarchSystem:
             raise ValueError("checker_samples and max_questions must be >= 1, num_distractors >= 0")
         if not 0.0 <= float(solver_demo_wrong) <= 1.0:
             raise ValueError(f"solver_demo_wrong={solver_demo_wrong!r}: a share in [0, 1]")
+        for name, value, allowed in (("demo_roles", demo_roles, ("one", "all")),
+                                     ("prompts", prompts, ("full", "terse"))):
+            if value not in allowed:
+                raise ValueError(f"{name}={value!r}: allowed values are {', '.join(map(repr, allowed))}")
         self.tokenizer = tokenizer
         self.world = build_world(int(corpus_seed), str(corpus_size))
         self.num_distractors, self.train_roles = int(num_distractors), tuple(train_roles)
         self.checker_samples, self.mode, self.max_questions = int(checker_samples), mode, int(max_questions)
         self.solver_demo_wrong = float(solver_demo_wrong)
+        self.demo_roles = demo_roles
+        self.task = {"task": ""} if prompts == "terse" else {}  # the Proposer's and Checker's instruction
+        self._draws: dict[str, int] = {}  # demo_roles="all": warm-start draws of each question so far
+        # the rooms world's codes: made-up answers of wrong Solver demonstrations with no distractor passage
+        self.codes = tuple(sorted({str(e["room"]) for e in self.world.entities.values() if "room" in e}))
 
     def group_sizes(self, group_size: int) -> dict[str, int]:
         """The group size of each trained role: G Solver answers of a prompt, their G trained Checker rows."""
@@ -172,7 +188,17 @@ class MarchSystem:
 
     def demonstrations(self, record: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
         docs, gold = self.context(record)
-        return mt.demonstrations(record, docs, gold, self.solver_demo_wrong)
+        return mt.demonstrations(record, docs, gold, self.solver_demo_wrong, terse=bool(self.task),
+                                 codes=self.codes)
+
+    def demo_role(self, record: Mapping[str, Any], num_roles: int, *, draw: bool = False) -> int:
+        """The index of the role a warm-start demonstration of `record` shows: crc32 of its question, plus,
+        with demo_roles="all", the number of earlier draws of it (`draw=True` counts a new draw: the
+        environment's `reset`; its `demonstration` then reads the same index)."""
+        q = str(record["question"])
+        if draw and self.demo_roles == "all":
+            self._draws[q] = self._draws.get(q, -1) + 1
+        return (mt._crc(q) + self._draws.get(q, 0)) % num_roles
 
     def demonstration_env(self, tokenizer) -> MarchDemoEnv:
         return MarchDemoEnv(tokenizer, self)
@@ -200,11 +226,12 @@ class MarchSystem:
         parsed = [mt.parse_solver_prompt(self.tokenizer.decode(ids, skip_special_tokens=True))
                   for ids in solver_ids]
         n = len(solver.completions)
-        prop_ids = [self._ids(mt.proposer_text(parsed[i // g][1], mt.answer_part(solver.completions[i])))
-                    for i in range(n)]
+        prop_ids = [self._ids(mt.proposer_text(parsed[i // g][1], mt.answer_part(solver.completions[i]),
+                                               **self.task)) for i in range(n)]
         proposer = self._generate("proposer", graphdef, params, prop_ids, spec, 1, keys[1])
         pairs = [mt.parse_pairs(t, self.max_questions) for t in proposer.completions]
-        chk_ids = [self._ids(mt.checker_text(parsed[i // g][0], [q for q, _ in pairs[i]])) for i in range(n)]
+        chk_ids = [self._ids(mt.checker_text(parsed[i // g][0], [q for q, _ in pairs[i]], **self.task))
+                   for i in range(n)]
         checker = self._generate("checker", graphdef, params, chk_ids, spec, s, keys[2])
         votes, qmask = vote_matrix(checker.completions, pairs, s, self.max_questions)
         labelled = np.asarray([mt.label(records[i // g]) == mt.FACT_LABEL for i in range(n)])

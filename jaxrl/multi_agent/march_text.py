@@ -55,17 +55,22 @@ def answer_part(text: str) -> str:
     return text
 
 
-def proposer_text(query: str, answer: str) -> str:
-    """The Proposer's user text: the query and the Solver's answer part (never the passages)."""
-    return f"{PROPOSER_TASK}\nUser Query: {query}\nModel Response: {answer}"
+def proposer_text(query: str, answer: str, *, task: str = PROPOSER_TASK) -> str:
+    """The Proposer's user text: the instruction line `task` (none when empty), the query and the Solver's
+    answer part (never the passages)."""
+    head = f"{task}\n" if task else ""
+    return f"{head}User Query: {query}\nModel Response: {answer}"
 
 
-def checker_text(passages: str, questions: Sequence[str]) -> str:
-    """The Checker's user text: the passages and the question texts, `- Question {k}:{text}` (k from 1).
+def checker_text(passages: str, questions: Sequence[str], *, task: str = CHECKER_TASK) -> str:
+    """The Checker's user text: the instruction line `task` (none when empty), the passages and the question
+    texts, `- Question {k}:{text}` (k from 1).
 
-    The signature is the information barrier: no Solver response, no Proposer answer."""
+    The signature is the information barrier: no Solver response, no Proposer answer (`task` is the run's
+    fixed instruction)."""
     listed = "\n".join(f"- Question {k + 1}:{q}" for k, q in enumerate(questions))
-    return f"{CHECKER_TASK}\nReference Materials:\n{passages}\nQuestions:\n{listed}"
+    head = f"{task}\n" if task else ""
+    return f"{head}Reference Materials:\n{passages}\nQuestions:\n{listed}"
 
 
 def parse_pairs(text: str, max_pairs: int) -> list[tuple[str, str]]:
@@ -143,12 +148,15 @@ def label(record: Mapping[str, Any]) -> str:
     return FACT_LABEL if is_numeric(gold) or is_code(gold) else "rag"
 
 
-def wrong_answer(gold: str, docs: Sequence[str], gold_doc: int, key: int) -> str:
-    """An answer of the gold answer's kind that a distractor passage states (gold itself when none): for a
-    code, the code ending a distractor passage; for a number, a distractor's number of the same length."""
+def wrong_answer(gold: str, docs: Sequence[str], gold_doc: int, key: int, codes: Sequence[str] = ()) -> str:
+    """An answer of the gold answer's kind that a distractor passage states: for a code, the code ending a
+    distractor passage; for a number, a distractor's number of the same length. When no distractor states
+    one: for a code, a made-up one (a code of `codes` other than gold) when `codes` are given; else gold."""
     if is_code(gold):
         found = [m.group(1) for j, d in enumerate(docs) if j != gold_doc for m in [_CODE.search(d)]
                  if m and m.group(1) != gold]
+        if not found:
+            found = [c for c in codes if c != gold]
     else:
         found = [n for j, d in enumerate(docs) if j != gold_doc for n in _NUMBER.findall(d)
                  if bare_number(n) != bare_number(gold) and len(bare_number(n)) == len(bare_number(gold))]
@@ -161,25 +169,28 @@ def solver_wrong(query: str, fraction: float) -> bool:
     return _crc(f"solver-wrong:{query}") % 10_000 < round(float(fraction) * 10_000)
 
 
-def demonstrations(record: Mapping[str, Any], docs: Sequence[str], gold_doc: int, wrong_frac: float = 0.0
-                   ) -> dict[str, tuple[str, str]]:
+def demonstrations(record: Mapping[str, Any], docs: Sequence[str], gold_doc: int, wrong_frac: float = 0.0, *,
+                   terse: bool = False, codes: Sequence[str] = ()) -> dict[str, tuple[str, str]]:
     """Role-format demonstrations of one record: role -> (user text, target text).
 
     Solver: `<answer>{gold}</answer>`, or, for a `wrong_frac` share of the questions (`solver_wrong`), the
-    answer a distractor passage states (a demonstrated hallucination: headroom for the fact-check reward).
+    answer a distractor passage states, or with no distractor a made-up code of `codes` (`wrong_answer`; a
+    demonstrated hallucination: headroom for the fact-check reward).
     Proposer: fed an answer that is the gold one or, for one record in two, the one a distractor passage
     states (so it learns to transcribe the Solver's number or code, right or wrong). Checker: the gold
-    answer and the passage that states it. Records that are not fact-checked (`label`): Solver only."""
+    answer and the passage that states it. `terse`: the Proposer's and Checker's prompts without their
+    instruction lines. Records that are not fact-checked (`label`): Solver only."""
     gold = str(record["answers"][0])
     query = record["question"]
-    said = wrong_answer(gold, docs, gold_doc, _crc(query)) if solver_wrong(query, wrong_frac) else gold
+    said = wrong_answer(gold, docs, gold_doc, _crc(query), codes) if solver_wrong(query, wrong_frac) else gold
     out = {"solver": (solver_text(docs, query), f"<answer>{said}</answer>")}
     if label(record) != FACT_LABEL:
         return out
-    shown = wrong_answer(gold, docs, gold_doc, _crc(query)) if _crc(query) % 2 else gold
-    out["proposer"] = (proposer_text(query, f"<answer>{shown}</answer>"),
+    shown = wrong_answer(gold, docs, gold_doc, _crc(query), codes) if _crc(query) % 2 else gold
+    task = {"task": ""} if terse else {}
+    out["proposer"] = (proposer_text(query, f"<answer>{shown}</answer>", **task),
                        f"- Question: {query} [Answer: {bare_number(shown)}]")
     passages_text = "\n".join(f"Doc {i + 1}: {p}" for i, p in enumerate(docs))
-    out["checker"] = (checker_text(passages_text, [query]),
+    out["checker"] = (checker_text(passages_text, [query], **task),
                       f"1. Evidence: Doc {gold_doc + 1} [Answer: {bare_number(gold)}]")
     return out

@@ -115,8 +115,9 @@ def run_collect(tok, monkeypatch, *, train=True, train_roles=("solver", "checker
 
 
 def test_checker_prompt_structurally_excludes_solver_output(tok, monkeypatch):
-    params = list(inspect.signature(mt.checker_text).parameters)
-    assert params == ["passages", "questions"]
+    params = inspect.signature(mt.checker_text).parameters
+    assert list(params) == ["passages", "questions", "task"]  # task: the run's fixed instruction line
+    assert params["task"].kind is inspect.Parameter.KEYWORD_ONLY and params["task"].default == mt.CHECKER_TASK
     _, script, records = run_collect(tok, monkeypatch)
     assert all(MARKER in p for p in script.prompts["proposer"])  # the Proposer does see the answer
     for text in script.prompts["checker"]:
@@ -278,3 +279,58 @@ def test_checker_gold_frac_scores_question_one_against_the_gold_answer():
     pairs = [[("What is the room of Lefan?", "6")], []]  # chain 2 has no claim: not counted
     assert checker_gold_frac(texts, pairs, ["C", "6"], 3) == pytest.approx(1 / 3)
     assert np.isnan(checker_gold_frac(texts, [[], []], ["C", "6"], 3))
+
+
+def test_all_roles_demonstrations_cycle_per_draw(tok):
+    """demo_roles="all": the k-th warm-start draw of a record shows role crc32 + k, so three draws show the
+    three roles, and the prompt (`reset`) and the target (`demonstration`) of a draw belong together."""
+    system = MarchSystem(tok, corpus_size="rooms", max_questions=1, demo_roles="all")
+    one = MarchSystem(tok, corpus_size="rooms", max_questions=1)
+    recs = entities(6, 0, corpus_size="rooms", max_hops=1)
+    env, env_one = system.demonstration_env(tok), one.demonstration_env(tok)
+    for rec in recs:
+        demos = system.demonstrations(rec)
+        shown = []
+        for _ in range(3):
+            prompt = tok.decode(env.reset(rec), skip_special_tokens=True)
+            target = env.demonstration(rec)[0][: -len(tok.eos_token)]
+            role = next(r for r, (u, t) in demos.items() if u in prompt)
+            assert demos[role][1] == target
+            shown.append(role)
+        assert sorted(shown) == ["checker", "proposer", "solver"]
+        first = tok.decode(env_one.reset(rec), skip_special_tokens=True)  # "one": always the same role,
+        assert all(first == tok.decode(env_one.reset(rec), skip_special_tokens=True) for _ in range(2))
+        assert demos[shown[0]][0] in first  # the first "all" draw is the role "one" shows
+
+
+def test_terse_prompts_and_one_passage_with_made_up_hallucinations(tok, monkeypatch):
+    """prompts="terse" drops the Proposer's and Checker's instruction lines (demonstrations and sampled
+    chains alike); with no distractor passage, the wrong Solver demonstrations answer a made-up code."""
+    system = MarchSystem(tok, corpus_size="rooms", num_distractors=0, max_questions=1, solver_demo_wrong=0.4,
+                         prompts="terse")
+    recs = entities(200, 0, corpus_size="rooms", max_hops=1)
+    wrong = 0
+    for rec in recs:
+        docs, gold = system.context(rec)
+        assert len(docs) == 1 and gold == 0 and docs[0] == f"{rec['chain'][0]} has room {rec['answer']}."
+        demos = system.demonstrations(rec)
+        assert mt.PROPOSER_TASK not in demos["proposer"][0] and mt.CHECKER_TASK not in demos["checker"][0]
+        assert demos["proposer"][0].startswith("User Query: ")
+        assert demos["checker"][0].startswith("Reference Materials:\nDoc 1: ")
+        said = re.fullmatch(r"<answer>(.)</answer>", demos["solver"][1]).group(1)
+        if said != rec["answer"]:
+            wrong += 1
+            assert said in system.codes and f"room {said}." not in docs[0]
+    assert 0.3 < wrong / len(recs) < 0.5
+    script = Script(system, [], set())
+    script.records = recs[:2]
+    script.solver = lambda text, p, g: f"<answer>{script.records[p]['answer']}</answer>"
+    script.checker = lambda text, chain, s: "1. Evidence: Doc 1 [Answer: 2]"
+    monkeypatch.setattr(system, "_generate", script.generate)
+    rewards = rewards_lib.resolve((RewardSpec(name="answer", type="exact_answer"),))
+    spec = SamplingSpec(max_new_tokens=64, num_samples=2, prompt_buckets=(256,))
+    system.collect(None, None, recs[:2], rewards, spec, jax.random.key(0))
+    assert all(p.startswith("User Query: ") for p in script.prompts["proposer"])
+    assert all(p.startswith("Reference Materials:\n") for p in script.prompts["checker"])
+    with pytest.raises(ValueError, match="prompts"):
+        MarchSystem(tok, prompts="short")
