@@ -1,4 +1,5 @@
-"""Compiles the train step, log-prob pass and rollout of one reduced shipped config on fake CPU devices.
+"""Compiles the train step and log-prob pass (unshared and shared-prompt) and the rollout of one reduced
+shipped config on fake CPU devices.
 
 Run by test_compile_hygiene.py as a subprocess (the compiler writes its warnings to the process's stderr);
 not collected by pytest. argv: CONFIG_PATH DATA FSDP TENSOR. Prints "compiled <what>" lines on stdout.
@@ -45,15 +46,20 @@ def main() -> None:
     run, state, _ = trainer.setup(cfg, Path("/nonexistent-run-dir"))
     n, w, t = 16, 16, 8
     rng = np.random.default_rng(0)
-    tokens = rng.integers(3, 100, (n, w + t)).astype(np.int32)
     zeros, ones = np.zeros((n, t), np.float32), np.ones((n,), np.float32)
-    batch = trainer.shard_batch(run, TrainBatch(tokens, np.ones((n, w + t), bool), np.ones((n, t), bool),
-                                                zeros, zeros, zeros, ones * 0.2, ones * 0.2, ones * 0))
-    logp_BT = run.logprob_fn(state.params, batch.tokens_BL, batch.mask_BL, t)  # compiles and runs
-    jax.block_until_ready(logp_BT)
+    g = cfg.rollout.group_size  # 2: 8 groups, one per batch shard of the 8-device meshes
+    tokens = rng.integers(3, 100, (n, w + t)).astype(np.int32)
+    tokens[:, :w] = np.repeat(tokens[::g, :w], g, axis=0)  # GRPO rows: one prompt per group
+    # both forwards: unshared (group 1) and shared-prompt (`TrainBatch.group`, the trainer's default)
+    batches = [trainer.shard_batch(run, TrainBatch(tokens, np.ones((n, w + t), bool), np.ones((n, t), bool),
+                                                   zeros, zeros, zeros, ones * 0.2, ones * 0.2, ones * 0,
+                                                   group=group)) for group in (1, g)]
+    for batch in batches:
+        jax.block_until_ready(run.logprob_fn(state.params, batch.tokens_BL, batch.mask_BL, t, batch.group))
     print("compiled log-prob pass", flush=True)
-    state, metrics = run.step_fn(state, batch)
-    jax.block_until_ready(metrics)
+    for batch in batches:
+        state, metrics = run.step_fn(state, batch)
+        jax.block_until_ready(metrics)
     print("compiled train step", flush=True)
     prompts = [list(rng.integers(3, 100, 5 + i % 7)) for i in range(8)]
     gen = generate_from_state(run.graphdef, state.params, prompts, run.sampling, eos_ids=(2,), seed=0,

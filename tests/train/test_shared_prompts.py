@@ -227,3 +227,25 @@ def test_sharded_shared_step_equals_the_single_device_unshared_step(mesh_cfg, ru
     new_state, _ = step(train_state, shared)
     for p, r in zip(jax.tree.leaves(new_state.params), jax.tree.leaves(ref_state.params), strict=True):
         np.testing.assert_allclose(np.asarray(p), np.asarray(r), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow  # two one-step CLI trainings
+def test_cli_step_equals_the_unshared_step(tmp_path):
+    """One GRPO step through the CLI (old and reference log-probs recomputed by the trainer, KL in the loss,
+    two micro-batches) with `train.share_prompts` auto and never: the same rollout, so every metric agrees
+    (the loss terms to fp32 rounding); `train/shared_prompts` says which path ran."""
+    from _common import metrics, run_train
+
+    sets = ("train.steps=1", "algorithm.kl.beta=0.1", "algorithm.grad_accum=2")
+    rows = {}
+    for share in ("auto", "never"):
+        proc = run_train(tmp_path / share, *sets, f"train.share_prompts={share}")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        (rows[share],) = metrics(tmp_path / share)
+    shared, unshared = rows["auto"], rows["never"]
+    assert shared.pop("train/shared_prompts") == 1.0 and unshared.pop("train/shared_prompts") == 0.0
+    assert set(shared) == set(unshared)
+    for key, value in unshared.items():
+        np.testing.assert_allclose(shared[key], value, rtol=1e-5, atol=1e-6, err_msg=key)
+    assert "kl/loss" in shared and shared["loss"] != 0  # (the KL itself is 0 at step 1: policy = reference)
+    assert shared["mismatch/abs_logp_diff_mean"] < 1e-3  # the shared log-prob pass agrees with the sampler
