@@ -1,11 +1,16 @@
 """Tokens/s of one GRPO update: jaxrl's jitted train step vs TRL's GRPOTrainer loss + AdamW step (torch CPU).
 
-    .venv/bin/python benchmarks/train_step.py [--batch 16] [--prompt 32] [--completion 96] [--steps 5]
-        [--rounds 1] [--shape tiny|smollm2]
+    .venv/bin/python benchmarks/train_step.py [--batch 16] [--prompt 32] [--completion 96] [--group 1]
+        [--steps 5] [--rounds 1] [--shape tiny|smollm2]
 
 Same model (a Llama-architecture transformer written once with `jaxrl.hf.save_pretrained` and loaded by both
 sides), same batch (B rows of prompt + completion tokens, random advantages, old log-probs, masks), same loss
 (token-mean clipped surrogate, ε = 0.2, β = 0: TRL `loss_type="bnpo"`), same optimiser (AdamW, clip norm 1).
+With `--group G` > 1 the batch is GRPO-shaped: G consecutive rows share one prompt (same tokens, same left
+padding), and both sides receive that identical batch; jaxrl's sides mark it (`TrainBatch.group = G`) and run
+each prompt once per group (`Transformer.forward_groups`), as the trainer does, while TRL computes it
+unshared, as it does in practice; the `unshared` side is jaxrl's default step on the same batch with
+`group = 1`. `--group 1` (default) is the earlier benchmark: every row its own prompt.
 Each side runs in its own child process so that its peak host memory (ru_maxrss) is its own; the update is
 timed after one warm-up (compile) call, median of `--steps` calls; tokens/s counts all B·L batch tokens.
 jaxrl runs twice: with the default scanned layer loop and with `scan_layers=False` (the layers unrolled).
@@ -42,10 +47,15 @@ SHAPES = {"tiny": MODEL,
                           max_position_embeddings=8192, tie_embeddings=True)}
 
 
-def make_inputs(b: int, lp: int, lc: int, seed: int = 0) -> dict[str, np.ndarray]:
+def make_inputs(b: int, lp: int, lc: int, seed: int = 0, group: int = 1) -> dict[str, np.ndarray]:
+    """Random rows: prompts of lp//2 .. lp tokens, left-padded (one prompt per `group` consecutive rows),
+    completions of lc//2 .. lc tokens."""
     rng = np.random.default_rng(seed)
-    prompt = rng.integers(3, MODEL["vocab_size"], size=(b, lp))
-    plen = rng.integers(lp // 2, lp + 1, size=b)
+    if b % group:
+        raise ValueError(f"--batch {b} is not a multiple of --group {group}")
+    p = b // group
+    prompt = np.repeat(rng.integers(3, MODEL["vocab_size"], size=(p, lp)), group, axis=0)
+    plen = np.repeat(rng.integers(lp // 2, lp + 1, size=p), group)
     pmask = np.arange(lp)[None, :] >= lp - plen[:, None]  # left padding
     comp = rng.integers(3, MODEL["vocab_size"], size=(b, lc))
     clen = rng.integers(lc // 2, lc + 1, size=b)
@@ -88,7 +98,7 @@ def run_jaxrl(model_dir: str, args, out) -> None:
         adapters = lora.init_adapters(params, lora_cfg, jax.random.key(3))
         base = params if args.lora == "dense" else quant.quantize_params(params, args.lora)
         params, spec = adapters, LossSpec(lora=lora_cfg)
-    x = make_inputs(args.batch, args.prompt, args.completion)
+    x = make_inputs(args.batch, args.prompt, args.completion, group=args.group)
     tokens = np.concatenate([x["prompt_ids"], x["completion_ids"]], 1).astype(np.int32)
     mask = np.concatenate([x["prompt_mask"], x["completion_mask"]], 1)
     completion_BT = x["completion_mask"]  # completion space: the loss reads only these positions
@@ -97,7 +107,7 @@ def run_jaxrl(model_dir: str, args, out) -> None:
     b = args.batch
     clip_B = np.full((b,), 0.2, np.float32)
     batch = TrainBatch(tokens, mask, completion_BT, old_BT, np.zeros_like(old_BT), adv_BT.astype(np.float32),
-                       clip_B, clip_B, np.zeros((b,), np.float32))
+                       clip_B, clip_B, np.zeros((b,), np.float32), group=args.group if args.shared else 1)
     batch = jax.device_put(batch)
     tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-6))
     step = jax.jit(functools.partial(train_step, graphdef=graphdef, spec=spec, tx=tx), donate_argnums=0,
@@ -135,7 +145,7 @@ def run_trl(model_dir: str, args, out) -> None:
         trainer = GRPOTrainer(model=model, reward_funcs=lambda completions, **kw: [0.0] * len(completions),
                               args=cfg, train_dataset=datasets.Dataset.from_dict({"prompt": ["a"] * 4}),
                               processing_class=tok)
-        x = make_inputs(args.batch, args.prompt, args.completion)
+        x = make_inputs(args.batch, args.prompt, args.completion, group=args.group)
         t = {k: torch.as_tensor(v) for k, v in x.items()}
         inputs = dict(prompt_ids=t["prompt_ids"], prompt_mask=t["prompt_mask"].long(),
                       completion_ids=t["completion_ids"], completion_mask=t["completion_mask"].long(),
@@ -198,17 +208,21 @@ def _best(results: list[dict]) -> dict:
 
 
 # side -> (child function, extra arguments); KEYS: the side's key in the JSON report; NAMES: its printed name.
-SIDES = {"jaxrl": (run_jaxrl, dict(scan_layers=True, lora="none")),
-         "unrolled": (run_jaxrl, dict(scan_layers=False, lora="none")),
+# Every jaxrl side shares prompts within groups (`--group` > 1) except `unshared`.
+_J = dict(lora="none", shared=True)
+SIDES = {"jaxrl": (run_jaxrl, dict(_J, scan_layers=True)),
+         "unshared": (run_jaxrl, dict(_J, scan_layers=True, shared=False)),
+         "unrolled": (run_jaxrl, dict(_J, scan_layers=False)),
          "trl": (run_trl, {}),
-         "remat-dots": (run_jaxrl, dict(scan_layers=True, lora="none", remat="dots")),
-         "lora": (run_jaxrl, dict(scan_layers=True, lora="dense")),
-         "qlora-int8": (run_jaxrl, dict(scan_layers=True, lora="int8")),
-         "qlora-nf4": (run_jaxrl, dict(scan_layers=True, lora="nf4"))}
-KEYS = {"unrolled": "jaxrl_unrolled", "remat-dots": "jaxrl_remat_dots", "lora": "jaxrl_lora",
-        "qlora-int8": "jaxrl_qlora_int8",
+         "remat-dots": (run_jaxrl, dict(_J, scan_layers=True, remat="dots")),
+         "lora": (run_jaxrl, dict(_J, scan_layers=True, lora="dense")),
+         "qlora-int8": (run_jaxrl, dict(_J, scan_layers=True, lora="int8")),
+         "qlora-nf4": (run_jaxrl, dict(_J, scan_layers=True, lora="nf4"))}
+KEYS = {"unshared": "jaxrl_unshared", "unrolled": "jaxrl_unrolled", "remat-dots": "jaxrl_remat_dots",
+        "lora": "jaxrl_lora", "qlora-int8": "jaxrl_qlora_int8",
         "qlora-nf4": "jaxrl_qlora_nf4"}
-NAMES = {"jaxrl": "jaxrl (scan_layers=true, default)", "unrolled": "jaxrl (scan_layers=false)", "trl": "TRL",
+NAMES = {"jaxrl": "jaxrl (scan_layers=true, default)", "unshared": "jaxrl (prompts not shared)",
+         "unrolled": "jaxrl (scan_layers=false)", "trl": "TRL",
          "remat-dots": "jaxrl (model.remat: dots)", "lora": "jaxrl LoRA r={rank}",
          "qlora-int8": "jaxrl QLoRA int8 r={rank}",
          "qlora-nf4": "jaxrl QLoRA nf4 r={rank}"}
@@ -219,6 +233,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--prompt", type=int, default=32)
     ap.add_argument("--completion", type=int, default=96)
+    ap.add_argument("--group", type=int, default=1, help="G consecutive rows share one prompt (GRPO groups)")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=1, help="round-robin repeats; each side reports its best")
     ap.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
@@ -253,14 +268,16 @@ def main(argv=None) -> int:
         r["tokens_per_s"] = tokens / r["step_s"]  # 0 for a side that failed
     tr = best.get("trl")
     vs_trl = lambda r: r["tokens_per_s"] / tr["tokens_per_s"] if tr and tr["tokens_per_s"] else None
-    report = dict(shape=args.shape, batch=args.batch, prompt=args.prompt, completion=args.completion,
+    report = dict(shape=args.shape, batch=args.batch, group=args.group, prompt=args.prompt,
+                  completion=args.completion,
                   seq_len=args.prompt + args.completion, tokens_per_update=tokens, rounds=args.rounds,
                   **{KEYS.get(side, side): r for side, r in best.items()})
     if tr:
         report.update({"speedup" + ("" if side == "jaxrl" else "_" + side): vs_trl(r)
                        for side, r in best.items() if side != "trl"})
     print(json.dumps(report, indent=2))
-    print(f"GRPO update, {args.shape} shape, B={args.batch} prompt={args.prompt} completion={args.completion}, "
+    print(f"GRPO update, {args.shape} shape, B={args.batch} G={args.group} prompt={args.prompt} "
+          f"completion={args.completion}, "
           f"best of {args.rounds} round(s):")
     for side, r in best.items():
         name = NAMES[side].format(rank=args.lora_rank)
