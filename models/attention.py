@@ -13,10 +13,10 @@ forward keeps q, k, v, the visibility mask and, per query, the row maximum m and
 
 Both passes run over static blocks of `block_q` queries, so that only one block's [B, K, G, block_q, S]
 scores exist at a time. With `causal=True` (query l is the key at slot S − L + l and sees no later key, as in
-a causal LM's full-sequence forward, S = L, or a completion attending over [shared prompt keys | its own keys],
-`jaxrl.models.shared_prompt`) a block of queries ending at row r reads keys [0, S − L + r) only, which skips
-about half of the self-attention scores; a query with no visible key still gets the dense result (its unread
-keys carry the same weight 1/S).
+a causal LM's full-sequence forward, S = L, or a completion attending over [shared prompt keys | its own
+keys], `jaxrl.models.shared_prompt`) a block of queries ending at row r reads keys [0, S − L + r) only, which
+skips about half of the self-attention scores; a query with no visible key still gets the dense result (its
+unread keys carry the same weight 1/S).
 
 Numerics are the dense path's: the same float32 scores, masking and softmax (P = exp(S − m) / ℓ, the
 operations of `jax.nn.softmax`), probabilities cast to the compute dtype before they mix V, and the backward
@@ -55,8 +55,8 @@ def attend(q_BLKGH: jax.Array, k_BKSH: jax.Array, v_BKSH: jax.Array, visible_BLS
       k_BKSH, v_BKSH: [B, K, S, H] keys (after RoPE) and values, compute dtype.
       visible_BLS: [B, L, S] bool, which keys each query sees.
       causal: the caller guarantees S >= L and that no query sees a later key: query l sits at key slot
-        S − L + l (`visible[:, l, s]` False for s > S − L + l; S == L for self-attention); blocks then skip the
-        keys after their last query. Not checked (it would cost a pass).
+        S − L + l (`visible[:, l, s]` False for s > S − L + l; S == L for self-attention); blocks then skip
+        the keys after their last query. Not checked (it would cost a pass).
       block_q: queries per block (static); L need not be a multiple.
 
     Returns:

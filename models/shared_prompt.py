@@ -14,10 +14,10 @@ attention knows the structure (`GroupVisibility`, dispatched in `layers.Attentio
     prompt queries:         softmax over the W prompt keys, causal           (the unshared prompt rows)
     completion g's queries: one softmax over [W prompt keys | T keys of completion g], causal in the latter
 
-Both are `attention.attend`, the recomputing core, so no [.., T, W + T] probabilities are kept for the backward
-pass; the prompt's keys and values are repeated G times for the completions' softmax and autodiff sums their
-gradients over the G copies. Positions are the unshared forward's: prompt token i at cumsum(mask)_i − 1,
-completion token t at n_prompt + cumsum(completion mask)_t − 1 (both clipped at 0). The hidden state that
+Both are `attention.attend`, the recomputing core, so no [.., T, W + T] probabilities are kept for the
+backward pass; the prompt's keys and values are repeated G times for the completions' softmax and autodiff
+sums their gradients over the G copies. Positions are the unshared forward's: prompt token i at
+cumsum(mask)_i − 1, completion token t at n_prompt + cumsum(completion mask)_t − 1 (both clipped at 0). The hidden state that
 predicts completion token 0 is the prompt's last position (prompts are left-padded), repeated G times; tokens
 1 … T−1 are predicted by completion positions 0 … T−2 (`prediction_hidden`).
 
@@ -82,7 +82,7 @@ def layout(prompt_PW, prompt_mask_PW, completion_BT, completion_mask_BT):
 
 
 def attend_groups(q_PSKGH, k_PKSH, v_PKSH, visible: GroupVisibility) -> jax.Array:
-    """Attention of the grouped layout (module docstring): [P, S, K, G', H] output, G' query heads per kv head.
+    """Attention of the grouped layout (module docstring): [P, S, K, G', H] output (G' queries per kv head).
 
     Args:
       q_PSKGH: [P, S, K, G', H] queries; k_PKSH, v_PKSH: [P, K, S, H] keys (after RoPE) and values.

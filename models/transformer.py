@@ -18,6 +18,8 @@ Choices and deviations from HF `LlamaForCausalLM`:
 * Positions default to `(#valid cache slots) + cumsum(mask) − 1`, clipped at 0, so left padding, prefill and
   decode all get HF's positions without the caller passing them (an explicit `positions_BL` wins).
 * Attention visibility is by cache *slot*, not by position: a query sees valid slots ≤ its own slot.
+* `forward_groups` (training / scoring of GRPO groups): each prompt runs once for the G completions that share
+  it, through the same layer loop (`jaxrl.models.shared_prompt`).
 """
 
 from __future__ import annotations
@@ -194,8 +196,8 @@ class Transformer(nnx.Module):
         return ModelOutput(logits_BLV, hidden_BLD if return_hidden else None, new_cache)
 
     def forward_groups(self, prompt_PW, prompt_mask_PW, completion_BT, completion_mask_BT) -> jax.Array:
-        """[B, T, D] final hidden states predicting each completion token, each prompt run once for the G = B / P
-        completions of its group (rows of a group consecutive): `jaxrl.models.shared_prompt`.
+        """[B, T, D] final hidden states predicting each completion token, each prompt run once for the
+        G = B / P completions of its group (rows of a group consecutive): `jaxrl.models.shared_prompt`.
 
         Args:
           prompt_PW, prompt_mask_PW: [P, W] left-padded prompts and their real tokens (W >= 1).

@@ -4,8 +4,9 @@ The reference is `Transformer.forward` over the rows [prompt repeated G times | 
 hidden states that predict the completion tokens (positions W-1 .. W+T-2), i.e. what the train step read
 before the shared path. Groups have different left-padding widths (one prompt fills the whole width), rows
 have different completion lengths (one has none). Tolerances are fp32's, as test_attention_core.py: values
-rtol 1e-5 / atol 1e-6, gradients atol 1e-6 / rtol 1e-5. `test_the_check_sees_off_by_one_errors` shows that
-the comparison fails for a position shifted by one or for the wrong prompt position feeding completion token 0.
+rtol 1e-5 / atol 1e-6, gradients atol 1e-6 / rtol 1e-5 (scaled to the gradient, see below).
+`test_the_check_sees_off_by_one_errors` shows that the comparison fails for a position shifted by one or for
+the wrong prompt position feeding completion token 0.
 """
 
 import jax
@@ -75,7 +76,8 @@ def _value_and_grads(cfg, params, rows, fn):
     """(loss, predicting hidden states, parameter gradients) of a weighted sum over the real completion
     positions' hidden states, through `fn` (`Transformer.forward_groups` or `unshared_hidden`)."""
     cmask = rows[3]
-    weights = jax.random.normal(jax.random.key(3), (*cmask.shape, cfg.hidden_size)).astype(params["norm"]["weight"].dtype)
+    dtype = params["norm"]["weight"].dtype
+    weights = jax.random.normal(jax.random.key(3), (*cmask.shape, cfg.hidden_size)).astype(dtype)
 
     def scalar(p):
         h = fn(Transformer.from_params(cfg, p), *rows)
