@@ -17,9 +17,9 @@ attention knows the structure (`GroupVisibility`, dispatched in `layers.Attentio
 Both are `attention.attend`, the recomputing core, so no [.., T, W + T] probabilities are kept for the
 backward pass; the prompt's keys and values are repeated G times for the completions' softmax and autodiff
 sums their gradients over the G copies. Positions are the unshared forward's: prompt token i at
-cumsum(mask)_i − 1, completion token t at n_prompt + cumsum(completion mask)_t − 1 (both clipped at 0). The hidden state that
-predicts completion token 0 is the prompt's last position (prompts are left-padded), repeated G times; tokens
-1 … T−1 are predicted by completion positions 0 … T−2 (`prediction_hidden`).
+cumsum(mask)_i − 1, completion token t at n_prompt + cumsum(completion mask)_t − 1 (both clipped at 0).
+The hidden state that predicts completion token 0 is the prompt's last position (prompts are left-padded),
+repeated G times; tokens 1 … T−1 are predicted by completion positions 0 … T−2 (`prediction_hidden`).
 
 Equal to the unshared forward at every real position (same keys, visibility and positions; only summation
 orders differ: tests/models/test_shared_prompt.py). Deviation: a padding prompt query, which sees no key,
