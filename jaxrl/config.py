@@ -256,13 +256,17 @@ class EnvConfig:
 class MultiAgentConfig:
     """A multi-agent system played by the one policy (`jaxrl.multi_agent`): `system` is a built-in (`march`),
     `params` go to its constructor (checked at setup). It replaces the collect stage; the SFT warm start
-    trains on its role-format demonstrations."""
+    trains on its role-format demonstrations. `adapters`: "shared" (every role samples and trains the one
+    policy) or "per_role" (with `model.lora`: one adapter set and optimiser state per role over the shared
+    frozen base, `jaxrl.multi_agent.adapters`)."""
 
     system: str
     params: dict[str, Any] = dataclasses.field(default_factory=dict)
+    adapters: str = "shared"
 
     def __post_init__(self):
         _check(bool(self.system), "multi_agent.system", self.system, "must name a system")
+        _check_choice("multi_agent.adapters", self.adapters, ("shared", "per_role"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -408,6 +412,9 @@ class ExperimentConfig:
     def __post_init__(self):
         _check(self.env is None or self.multi_agent is None, "multi_agent", self.multi_agent and
                self.multi_agent.system, "a multi-agent system collects its own rows; remove the env section")
+        _check(self.multi_agent is None or self.multi_agent.adapters == "shared" or self.model.lora is not None,
+               "multi_agent.adapters", self.multi_agent and self.multi_agent.adapters,
+               "per_role adapters need model.lora (one LoRA adapter set per role over the frozen base)")
         names = [r.name for r in self.rewards]
         dup = sorted({n for n in names if names.count(n) > 1})
         _check(not dup, "rewards", dup, "reward names must be unique")

@@ -63,6 +63,8 @@ def rl_step(run: trainer.Run, state: TrainState, records, step: int):
                              ro.segment_N, ro.segment_sizes)
     metrics.update(adv.metrics)
     phases = getattr(run.multi_agent, "update_phases", ())
+    if run.role_adapters and not phases and ro.segment_N is not None:  # per-role adapters: a phase per role
+        phases = tuple(int(x) for x in np.unique(ro.segment_N))
     if phases and ro.segment_N is not None and not actor_frozen:  # a sequential multi-agent schedule
         t2 = time.perf_counter()
         state, update_metrics = phased_update(run, state, policy, ro, adv, step, phases)
@@ -100,7 +102,12 @@ def phased_update(run: trainer.Run, state: TrainState, policy, ro: rollout_lib.R
     log-probs at the policy the previous phase left (the reference's "per_phase" timing), so its PPO ratios
     start at 1. Metrics: `role/<name>/<key>` per phase (update and mismatch); the plain update keys are the
     phases' mean (the non-finite flag: their max), the plain mismatch keys the first phase's (sampler vs
-    trainer before any update). Each phase is one optimiser step per mini-batch and epoch."""
+    trainer before any update). Each phase is one optimiser step per mini-batch and epoch.
+
+    With per-role adapters (`run.role_adapters`) a phase updates its role's adapters only, from that role's
+    policy; no other role's weights change, so a later phase keeps its sampler's old log-probs."""
+    from jaxrl.multi_agent.adapters import role_params
+
     names = {int(r["role_id"]): str(r["role"]) for r in ro.records}
     out: dict[str, float] = {}
     done: list[dict[str, float]] = []
@@ -112,12 +119,13 @@ def phased_update(run: trainer.Run, state: TrainState, policy, ro: rollout_lib.R
             policy = run.policy(state.params)
         sub = adv._replace(adv_NT=adv.adv_NT[rows], clip_low_N=adv.clip_low_N[rows],
                            clip_high_N=adv.clip_high_N[rows])
-        batch, mismatch = trainer.assemble(run, policy, rollout_lib.take_rows(ro, rows), sub,
-                                           recompute_old=bool(done), pad=True)
-        state, update = trainer.update(run, state, batch, step)
+        role = names[seg]
+        batch, mismatch = trainer.assemble(run, role_params(policy, role), rollout_lib.take_rows(ro, rows), sub,
+                                           recompute_old=bool(done) and not run.role_adapters, pad=True)
+        state, update = trainer.update(run, state, batch, step, role=role if run.role_adapters else None)
         if not done:
             out.update(mismatch)
-        out.update({f"role/{names[seg]}/{k}": v for k, v in {**mismatch, **update}.items()})
+        out.update({f"role/{role}/{k}": v for k, v in {**mismatch, **update}.items()})
         done.append(update)
     for key in done[0] if done else ():
         values = [d[key] for d in done]

@@ -75,12 +75,25 @@ def sft_warm_start(run: trainer.Run, state: TrainState, records, encoder, *, ste
 def _save_adapters(run: trainer.Run, cfg: ExperimentConfig, adapters, out: Path) -> None:
     """The latest adapters in the `jaxrl.lora_io` layout with their base's path and sha256, so that
     `jaxrl export-hf --checkpoint RUN/adapters --merge | --peft` exports them (a preset base has no path:
-    pass --base)."""
+    pass --base). Per-role adapters: one such directory per role, `RUN/adapters/<role>`."""
     from jaxrl import lora_io
 
     base_path = cfg.model.hf_path or cfg.model.checkpoint or ""
-    lora_io.save_adapters(out, adapters, cfg.model.lora, {"path": str(base_path), "sha256": run.base_sha256},
-                          overwrite=True)
+    ref = {"path": str(base_path), "sha256": run.base_sha256}
+    if run.role_adapters:
+        for role in run.role_adapters:
+            lora_io.save_adapters(out / role, adapters[role], cfg.model.lora, ref, overwrite=True)
+        return
+    lora_io.save_adapters(out, adapters, cfg.model.lora, ref, overwrite=True)
+
+
+def _warm_start_roles(run: trainer.Run, state: TrainState, warm_start) -> tuple[TrainState, list[float]]:
+    """The SFT warm start of a run with per-role adapters: one adapter set trained on every role's
+    demonstrations (the shared warm start), then copied into every role's adapters."""
+    from jaxrl.multi_agent import adapters as role_adapters
+
+    sub, curve = warm_start(role_adapters.role_state(state, run.role_adapters[0]))
+    return role_adapters.seed_roles(state, sub.params), curve
 
 
 def train(cfg: ExperimentConfig, run_dir: str | Path, checkpoint_dir: str | None = None) -> dict[str, Any]:
@@ -151,7 +164,7 @@ def _train(cfg: ExperimentConfig, run_dir: str | Path, checkpoint_dir: str | Non
             run.ref_params = warm_start(initial)[0].params
         log.info("resumed from step %d in %s", start, ckpt.directory)
     elif w.steps > 0:
-        state, curve = warm_start(state)
+        state, curve = _warm_start_roles(run, state, warm_start) if run.role_adapters else warm_start(state)
         log.info("SFT warm start: NLL %.3f -> %.3f over %d steps", curve[0], curve[-1], len(curve))
         if run.ref_params is not None and run.base is None:  # KL to the policy RL starts from (LoRA: the base)
             run.ref_params = jax.tree.map(jnp.copy, state.params)

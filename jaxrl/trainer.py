@@ -99,6 +99,7 @@ class Run:
     env_factory: Any = None  # `jaxrl.envs.EnvFactory` when the run collects multi-turn episodes
     episode_spec: Any = None  # `jaxrl.envs.EpisodeSpec` (turn and token budgets, cache policy)
     multi_agent: Any = None  # a `jaxrl.multi_agent` system when several roles share the policy
+    role_adapters: tuple[str, ...] = ()  # per-role LoRA adapters: the roles (params = {role: adapters})
     share_prompts: str = "auto"  # train.share_prompts: "auto" | "always" | "never" (`prompt_groups`)
 
 
@@ -236,6 +237,13 @@ def setup(cfg: ExperimentConfig, run_dir: Path) -> tuple[Run, TrainState, Any]:
     if lora_cfg is not None:
         merge = jax.jit(lambda b, a: lora.merge(b, a, lora_cfg))
         run.policy = lambda adapters: merge(base, adapters)
+    if system is not None and cfg.multi_agent.adapters == "per_role":  # one adapter set per role
+        from jaxrl.multi_agent import adapters as role_adapters
+
+        state = role_adapters.per_role_state(state, system.adapter_roles)
+        run.role_adapters = tuple(system.adapter_roles)
+        merged = run.policy
+        run.policy = lambda params: role_adapters.RolePolicies(params, merged, system.adapter_aliases)
     if cfg.env is not None:
         from jaxrl.envs import EpisodeSpec, make_env
 
@@ -265,6 +273,14 @@ def _multi_agent_system(cfg: ExperimentConfig, tokenizer, algorithm: Algorithm):
     system = make_system(cfg.multi_agent.system, cfg.multi_agent.params, tokenizer)
     _check_role_groups(system.group_sizes(cfg.rollout.group_size), algorithm, cfg.multi_agent.system,
                        sequential=bool(getattr(system, "update_phases", ())))
+    if cfg.multi_agent.adapters == "per_role":  # each role's rows update its own adapters, one role at a time
+        kl = cfg.algorithm.kl
+        stage = ("extra rows" if algorithm.extra_rows is not None else "reward shaping"
+                 if algorithm.shaper is not None or (kl.beta > 0 and kl.where is KLWhere.REWARD) else "")
+        if stage:
+            raise ConfigError(f"multi_agent.adapters='per_role' with algorithm.name={algorithm.name!r}: its "
+                              f"{stage} (SFT-aux rows, CLIPO's head, KL in the reward) work on one policy; use "
+                              "adapters: shared, or a GRPO-family algorithm with kl.where: loss")
     return system
 
 
@@ -482,9 +498,20 @@ def _mismatch(run: Run, batch: TrainBatch, sampler_BT, n_rollout: int) -> tuple[
     return batch, {k: float(v) for k, v in out.items()}
 
 
-def update(run: Run, state: TrainState, batch: TrainBatch, step: int) -> tuple[TrainState, dict[str, float]]:
+def update(run: Run, state: TrainState, batch: TrainBatch, step: int,
+           role: str | None = None) -> tuple[TrainState, dict[str, float]]:
     """PPO epochs x mini-batches over one rollout batch (rows shuffled per epoch with a step-seeded RNG; a
-    shared-prompt batch, `batch.group` > 1, shuffles whole groups, so each mini-batch holds whole groups)."""
+    shared-prompt batch, `batch.group` > 1, shuffles whole groups, so each mini-batch holds whole groups).
+    `role`: with per-role adapters (`run.role_adapters`), the role whose adapters and optimiser state the
+    batch updates (the others are left as they are)."""
+    if run.role_adapters:
+        from jaxrl.multi_agent import adapters as role_adapters
+
+        if role not in run.role_adapters:
+            raise ValueError(f"per-role adapters: update of role {role!r}, roles {run.role_adapters}")
+        sub, metrics = update(dataclasses.replace(run, role_adapters=()),
+                              role_adapters.role_state(state, role), batch, step)
+        return role_adapters.with_role_state(state, role, sub), metrics
     u = run.update
     n, g = batch.tokens_BL.shape[0], batch.group
     if n % u.mini_batches:

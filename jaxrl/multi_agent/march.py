@@ -36,6 +36,7 @@ from jaxrl.data.entities import build_world
 from jaxrl.envs.base import StepResult, prompt_ids
 from jaxrl.losses.research.march import answers_match, checker_votes, fact_check_reward
 from jaxrl.multi_agent import march_text as mt
+from jaxrl.multi_agent.adapters import role_params
 from jaxrl.multi_agent.roles import RoleRows, joint_rollout, role_metrics, role_rows
 from jaxrl.rollout import Rollout
 from jaxrl.sampling import SamplingSpec, generate_from_state
@@ -144,6 +145,9 @@ class MarchSystem:
         (without it: for a character model, 40 % shorter Checker prompts).
     """
 
+    adapter_roles = ROLES  # `multi_agent.adapters: per_role`: one adapter set per role
+    adapter_aliases: dict[str, str] = {}
+
     def __init__(self, tokenizer, *, corpus_seed: int = 0, corpus_size: str = "tiny",
                  num_distractors: int = 1, train_roles: Sequence[str] = TRAINABLE, checker_samples: int = 3,
                  mode: str = "ztr", max_questions: int = 4, solver_demo_wrong: float = 0.0,
@@ -209,8 +213,8 @@ class MarchSystem:
     def _generate(self, name, graphdef, params, ids, spec: SamplingSpec, samples: int, key) -> RoleRows:
         spec = dataclasses.replace(spec, num_samples=samples)
         tok = self.tokenizer
-        gen = generate_from_state(graphdef, params, ids, spec, eos_ids=(int(tok.eos_token_id),), seed=key,
-                                  pad_id=int(tok.pad_token_id))
+        gen = generate_from_state(graphdef, role_params(params, name), ids, spec,
+                                  eos_ids=(int(tok.eos_token_id),), seed=key, pad_id=int(tok.pad_token_id))
         return role_rows(name, ids, gen, samples, tok, spec.prompt_buckets)
 
     def chains(self, graphdef, params, records: Sequence[Mapping[str, Any]], spec: SamplingSpec,

@@ -38,6 +38,7 @@ from jaxrl.envs.episodes import EpisodeSpec, Episodes, collect_episodes
 from jaxrl.envs.search import SearchEnv, ToolEnv, exact_match
 from jaxrl.envs.tools import format_results
 from jaxrl.losses.research.ssp import answer_tag_counts, proposer_reward, solver_reward
+from jaxrl.multi_agent.adapters import role_params
 from jaxrl.multi_agent.roles import RoleRows, joint_rollout, role_metrics, role_rows
 from jaxrl.multi_agent.ssp_pool import ProblemPool
 from jaxrl.rollout import Rollout
@@ -285,6 +286,9 @@ class SspSystem:
 
     name = "ssp"  # the key of the pool's state in checkpoints
 
+    adapter_roles = ROLES  # `multi_agent.adapters: per_role`: one adapter set per role
+    adapter_aliases = {"verifier": "solver"}  # the RAG check is the Solver reading the materials
+
     def __init__(self, tokenizer, *, corpus_seed: int = 0, corpus_size: str = "tiny", top_k: int = 1,
                  max_turns: int = 4, max_total_tokens: int = 512, min_words: int = 4,
                  min_searches: int | None = None, format_penalty: float = 0.0, rag_check: bool = True,
@@ -358,7 +362,7 @@ class SspSystem:
         es = EpisodeSpec(group_size=g, max_turns=self.max_turns, max_new_tokens=spec.max_new_tokens,
                          max_total_tokens=self.max_total_tokens, temperature=spec.temperature,
                          top_k=spec.top_k, top_p=spec.top_p)
-        return collect_episodes(graphdef, params, records, self.tokenizer, factory, es, key)
+        return collect_episodes(graphdef, role_params(params, name), records, self.tokenizer, factory, es, key)
 
     def verify(self, graphdef, params, problems: Sequence[Problem], answers: Sequence[str], spec, key
                ) -> np.ndarray:
@@ -372,8 +376,8 @@ class SspSystem:
                                  problems[i].question) for i in idx]
         greedy = dataclasses.replace(spec, temperature=0.0, num_samples=1)
         tok = self.tokenizer
-        gen = generate_from_state(graphdef, params, ids, greedy, eos_ids=(int(tok.eos_token_id),), seed=key,
-                                  pad_id=int(tok.pad_token_id))
+        gen = generate_from_state(graphdef, role_params(params, "verifier"), ids, greedy,
+                                  eos_ids=(int(tok.eos_token_id),), seed=key, pad_id=int(tok.pad_token_id))
         rows = role_rows("verifier", ids, gen, 1, tok, spec.prompt_buckets)
         for i, text in zip(idx, rows.completions):
             said = _ANSWER.findall(text)
