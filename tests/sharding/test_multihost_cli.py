@@ -243,14 +243,18 @@ HOST_DRIVEN = {  # rollouts built on the hosts from environments and roles
     "search": ("configs/search_tiny.yaml", ["rollout.max_new_tokens=8", "rollout.gen_buckets=[8]"]),
     "march": ("configs/march_tiny.yaml", ["rollout.max_new_tokens=16", "rollout.gen_buckets=[16]"]),
     "ssp": ("configs/ssp_tiny.yaml", ["rollout.max_new_tokens=16", "rollout.gen_buckets=[16]"]),
+    "march_role_adapters": ("configs/march_tiny.yaml", [  # one LoRA adapter set per role
+        "rollout.max_new_tokens=16", "rollout.gen_buckets=[16]", "model.lora={rank: 4, alpha: 8}",
+        "multi_agent.adapters=per_role", "optimizer.lr=5e-2"]),
 }
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(HOST_DRIVEN))
 def test_multi_turn_and_multi_agent_two_hosts_match_one_host(name, tmp_root):
-    """Multi-turn episodes with a search tool, MARCH's roles and SSP's (search episodes, a sequential update,
-    the problem pool), from their shipped configs (model and steps shrunk): 2 x 2 follows 1 x 4 step by step.
+    """Multi-turn episodes with a search tool, MARCH's roles (one policy, and one LoRA adapter set per role)
+    and SSP's (search episodes, a sequential update, the problem pool), from their shipped configs (model and
+    steps shrunk): 2 x 2 follows 1 x 4 step by step.
     Multi-turn episodes (`env:`): each host runs the environments of its own rows only (warm-start
     demonstrations, rollouts, evaluation), so two hosts start exactly as many episodes and answer exactly as
     many actions as one host does, and each of them some."""
