@@ -104,9 +104,17 @@ def leaks(answer: str, question: str, mode: str = "substring") -> bool:
     return a in q
 
 
+def names_a_title(question: str, materials: str) -> bool:
+    """The question names (as whole words) the title of a document in its materials."""
+    titles = re.findall(r"\(Title: ([^)\n]+)\)", materials)
+    return any(re.search(rf"(?<!\w){re.escape(t.strip())}(?!\w)", question) for t in titles if t.strip())
+
+
 def extract_problem(transcript: str, answer: str, *, min_searches: int, min_words: int,
-                    leak: str = "substring") -> Problem:
-    """Rules of spec §2.5 (1-6, 8) in order; the RAG check (7) is the caller's (it needs the policy)."""
+                    leak: str = "substring", grounded: bool = False) -> Problem:
+    """Rules of spec §2.5 (1-6, 8) in order; the RAG check (7) is the caller's (it needs the policy).
+    `grounded` adds a rule after 6 (not the reference's): the question names a document title of its
+    materials (`names_a_title`)."""
     found = _QUESTION.search(transcript)
     materials = "\n\n".join(m.strip() for m in _RESULT.findall(transcript) if m.strip())
     searches = tuple(s.strip() for s in _SEARCH.findall(transcript))
@@ -121,6 +129,8 @@ def extract_problem(transcript: str, answer: str, *, min_searches: int, min_word
         return Problem(q, materials, searches, False, "materials")
     if len(searches) < min_searches or len(set(searches)) != len(searches):
         return Problem(q, materials, searches, False, "searches")
+    if grounded and not names_a_title(q, materials):
+        return Problem(q, materials, searches, False, "grounded")
     return Problem(q, materials, searches, True, "ok")
 
 
@@ -276,6 +286,11 @@ class SspSystem:
         "solver" (the paper's verifier, the Solver answering from the materials without searching: the
         Solver's prompt for the question, then the materials as a search result, laid out as in a Solver
         episode, so reading the answer is the Solver's own skill).
+      grounded: a rule after rule 6 (not the reference's): the question must name a document title of its
+        materials. A stand-in for what the reference's RAG check with noisy materials enforces (the
+        question identifies its answer's document), which a tiny verifier that cannot match names does
+        not: without it a question about a garbled name ("Sob" after reading "Sop") is valid, unsolvable,
+        and earns the Proposer R_p = 1.
       short_prompts: short user texts for both roles (`proposer_text(short=True)`, the Solver's
         `SHORT_SOLVER_INSTRUCTIONS`), so a tiny model's rows fit 128-token buckets.
       proposer_query: what the Proposer's SFT demonstrations search: "chain" (the record's entity names) or
@@ -296,7 +311,7 @@ class SspSystem:
                  failed_slots: str = "reuse", reuse_threshold: float = 1.0, pool_clear_interval: int = 10,
                  leak: str = "substring", query_with_question: bool = False, solver_demo_search: float = 1.0,
                  verifier_demos: bool = False, rag_layout: str = "materials", proposer_query: str = "chain",
-                 short_prompts: bool = False):
+                 short_prompts: bool = False, grounded: bool = False):
         if int(proposer_samples) < 1:
             raise ValueError(f"proposer_samples={proposer_samples}: must be >= 1")
         if update not in ("sequential", "joint"):
@@ -313,7 +328,7 @@ class SspSystem:
             raise ValueError(f"pool_clear_interval={pool_clear_interval}: must be >= 0")
         self.tokenizer, self.leak, self.verifier_demos = tokenizer, leak, bool(verifier_demos)
         self.rag_layout, self.proposer_query = rag_layout, proposer_query
-        self.short_prompts = bool(short_prompts)
+        self.short_prompts, self.grounded = bool(short_prompts), bool(grounded)
         self.query_with_question, self.solver_demo_search = bool(query_with_question), float(solver_demo_search)
         self.world = dict(corpus_seed=int(corpus_seed), corpus_size=str(corpus_size), top_k=int(top_k))
         self.max_turns, self.max_total_tokens = int(max_turns), int(max_total_tokens)
@@ -406,7 +421,7 @@ class SspSystem:
         prop = self._episodes("proposer", graphdef, params, records, self.proposer_env, spec,
                               self.proposer_samples, keys[0])
         answers = [str(r["answers"][0]) for r in prop.records]
-        problems = [extract_problem(t, a, min_words=self.min_words, leak=self.leak,
+        problems = [extract_problem(t, a, min_words=self.min_words, leak=self.leak, grounded=self.grounded,
                                     min_searches=self.min_searches or int(r.get("hops", 1)))
                     for t, a, r in zip(prop.completions, answers, prop.records)]
         valid = self.verify(graphdef, params, problems, answers, spec, jax.random.fold_in(key, 9))
@@ -431,7 +446,7 @@ class SspSystem:
         metrics["ssp/dummy"] = float(np.mean([r["question"] == DUMMY for r in solver_records]))
         metrics["ssp/valid_frac"] = float(valid.mean())
         metrics["ssp/solver_success"] = float(solved[valid].mean()) if valid.any() else float("nan")
-        for reason in ("format", "length", "leak", "materials", "searches"):
+        for reason in ("format", "length", "leak", "materials", "searches", "grounded"):
             metrics[f"ssp/invalid/{reason}"] = float(np.mean([p.reason == reason for p in problems]))
         metrics["ssp/rag_rejected"] = float(np.mean([p.valid and not v for p, v in zip(problems, valid)]))
         parts = [(p_rows, list(prop.records), r_p[:, None]), (s_rows, list(sol.records), r_s[:, None])]

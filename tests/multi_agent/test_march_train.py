@@ -73,7 +73,7 @@ SSP_SHORT = ("sft_warmup.steps=4", "sft_warmup.batch_size=6", "train.steps=2", "
              "data.prompts_per_step=2", "data.eval_size=4", "rollout.group_size=2",
              "logging.progress_bar=false", "logging.tensorboard=false", "checkpoint.every=1000",
              "checkpoint.async_save=false")
-REASONS = ("format", "length", "leak", "materials", "searches")
+REASONS = ("format", "length", "leak", "materials", "searches", "grounded")
 
 
 @pytest.mark.slow  # ~1.5 minutes on 2 idle cores

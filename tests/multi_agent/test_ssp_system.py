@@ -61,6 +61,13 @@ def test_extract_problem_rules_in_order():
     assert extract_problem(ok, "1173", min_searches=1, min_words=6).reason == "length"
     assert extract_problem(ok, "bubris", min_searches=1, min_words=4).reason == "leak"
     assert extract_problem(ok, "1173", min_searches=2, min_words=4).reason == "searches"
+    # grounded (not the reference's rule): the question must name a document title of its materials
+    real = ("<search>Bubris</search>\n<result>\nDoc 1 (Title: Bubris)\nBubris was founded in 1173.\n</result>\n"
+            "<question>When was Bubris founded?</question>")
+    garbled = real.replace("<question>When was Bubris", "<question>When was Bubri")
+    assert extract_problem(garbled, "1173", min_searches=1, min_words=4).valid  # the reference's rules
+    assert extract_problem(garbled, "1173", min_searches=1, min_words=4, grounded=True).reason == "grounded"
+    assert extract_problem(real, "1173", min_searches=1, min_words=4, grounded=True).valid
     no_result = "<search>Bubris</search><question>When was Bubris founded?</question>"
     assert extract_problem(no_result, "1173", min_searches=1, min_words=4).reason == "materials"
     twice = "<search>A</search><search>A</search>" + ok
