@@ -369,8 +369,9 @@ def _pad_rows(extra: TrainBatch, n_rollout: int, multiple: int) -> TrainBatch:
             fill = np.zeros(fill.shape, fill.dtype)
         return rows_lib.concat([a, fill])
 
-    return extra.replace(**{f.name: pad(f.name, getattr(extra, f.name)) for f in dataclasses.fields(extra)
-                            if getattr(extra, f.name) is not None})
+    arrays = [f.name for f in dataclasses.fields(extra)  # not the static `group`
+              if f.metadata.get("pytree_node", True) and getattr(extra, f.name) is not None]
+    return extra.replace(**{name: pad(name, getattr(extra, name)) for name in arrays})
 
 
 def prompt_groups(run: Run, ro, *, extra_rows: bool = False) -> tuple[int, str]:
