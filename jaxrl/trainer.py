@@ -402,6 +402,8 @@ def prompt_groups(run: Run, ro, *, extra_rows: bool = False) -> tuple[int, str]:
         why = "multi-agent role segments"
     elif extra_rows:
         why = "extra rows (SFT-aux) are appended"
+    elif ro.prompt_width < 1:
+        why = "no prompt columns"
     elif n % (g * _row_multiple(run)):
         why = (f"{n} rows do not split into whole groups of {g} per data shard x mini-batch x micro-batch "
                f"({_row_multiple(run)})")

@@ -121,7 +121,7 @@ def _fake_run(share="auto", group_size=G, mini_batches=1, grad_accum=1):
     return types.SimpleNamespace(
         share_prompts=share, settings=types.SimpleNamespace(group_size=group_size), mesh=mesh,
         rules=RULES["fsdp"], update=trainer.UpdateSpec(ppo_epochs=2, mini_batches=mini_batches, seed=0),
-        loss=LossSpec(grad_accum=grad_accum))
+        loss=LossSpec(grad_accum=grad_accum), role_adapters=())
 
 
 def _with(ns, **changes):
@@ -146,6 +146,7 @@ def test_which_batches_share_prompts():
         "groups of 1": (_fake_run(group_size=1), ro, {}),
         "role segments": (_fake_run(), _rollout(batch, np.zeros(B, np.int32)), {}),
         "extra rows": (_fake_run(), ro, {"extra_rows": True}),
+        "no prompt columns": (_fake_run(), _with(ro, prompt_width=0), {}),
         "do not split": (_fake_run(mini_batches=4, grad_accum=2), ro, {}),
         "differ in their prompt": (_fake_run(), _rollout(batch.replace(tokens_BL=batch.tokens_BL.at[1, -T - 1]
                                                                        .add(1))), {}),
