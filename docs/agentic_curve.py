@@ -52,7 +52,8 @@ PANELS = {
         right_title="training chains (temperature 1)", right_ylim=(0, 1), right_legend="center right",
         title="configs/march_tiny.yaml: 4-layer character model, SFT warm start then GRPO on the Solver"),
     "ssp": dict(
-        left=[("eval/accuracy", "Solver, held-out greedy accuracy")], baseline="no-search baseline",
+        left=[("eval/accuracy", "Solver, held-out greedy accuracy"),
+              ("eval/avg@4", "Solver, held-out sampled accuracy (avg@4)")], baseline="no-search baseline",
         left_title="held-out questions (64), after the SFT warm start", left_legend="lower right",
         right=[("ssp/valid_frac", "proposed-question validity"),
                ("ssp/solver_success", "Solver success on valid problems")],
