@@ -112,7 +112,7 @@ class MarchDemoEnv:
     def _demo(self, record: Mapping[str, Any], *, draw: bool = False) -> tuple[str, str]:
         demos = self.system.demonstrations(record)
         roles = [r for r in ROLES if r in demos]
-        return demos[roles[self.system.demo_role(record, len(roles), draw=draw)]]
+        return demos[self.system.demo_role(record, roles, draw=draw)]
 
     def reset(self, record: Mapping[str, Any]) -> list[int]:
         return prompt_ids(self.tokenizer, [{"role": "user", "content": self._demo(record, draw=True)[0]}])
@@ -195,14 +195,14 @@ class MarchSystem:
         return mt.demonstrations(record, docs, gold, self.solver_demo_wrong, terse=bool(self.task),
                                  codes=self.codes)
 
-    def demo_role(self, record: Mapping[str, Any], num_roles: int, *, draw: bool = False) -> int:
-        """The index of the role a warm-start demonstration of `record` shows: crc32 of its question, plus,
-        with demo_roles="all", the number of earlier draws of it (`draw=True` counts a new draw: the
-        environment's `reset`; its `demonstration` then reads the same index)."""
+    def demo_role(self, record: Mapping[str, Any], roles: Sequence[str], *, draw: bool = False) -> str:
+        """The role a warm-start demonstration of `record` shows, of the `roles` it has: index crc32 of its
+        question, plus, with demo_roles="all", the number of earlier draws of it (`draw=True` counts a new
+        draw: the environment's `reset`; its `demonstration` then reads the same role)."""
         q = str(record["question"])
         if draw and self.demo_roles == "all":
             self._draws[q] = self._draws.get(q, -1) + 1
-        return (mt._crc(q) + self._draws.get(q, 0)) % num_roles
+        return roles[(mt._crc(q) + self._draws.get(q, 0)) % len(roles)]
 
     def demonstration_env(self, tokenizer) -> MarchDemoEnv:
         return MarchDemoEnv(tokenizer, self)

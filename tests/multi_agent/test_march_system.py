@@ -301,6 +301,8 @@ def test_all_roles_demonstrations_cycle_per_draw(tok):
         first = tok.decode(env_one.reset(rec), skip_special_tokens=True)  # "one": always the same role,
         assert all(first == tok.decode(env_one.reset(rec), skip_special_tokens=True) for _ in range(2))
         assert demos[shown[0]][0] in first  # the first "all" draw is the role "one" shows
+    with pytest.raises(ValueError, match="demo_roles"):
+        MarchSystem(tok, demo_roles="some")
 
 
 def test_terse_prompts_and_one_passage_with_made_up_hallucinations(tok, monkeypatch):
