@@ -6,8 +6,10 @@ spec/multi-agent.md §2 on the fictional-entity world (`jaxrl.data.entities`, BM
 
     Proposer  n_p search episodes ending in <question>q</question>               (multi-turn, `ProposerEnv`)
     validity  first <question> tag; >= min_words words; a* not in q; non-empty results; >= k distinct
-              searches; RAG check: the policy answers q greedily from this episode's results mixed with up
-              to 4 other episodes' results, and must match a* (spec §2.5; verifier = "policy")
+              searches; (`grounded`, not the reference's: q names a title of its results); RAG check: the
+              policy answers q greedily from this episode's results mixed with up to 4 other episodes'
+              results, and must match a* (spec §2.5; verifier = "policy", on its own prompt or laid out
+              as the Solver reading a search result, `rag_layout`)
     Solver    G search episodes per problem (an invalid slot gets a dummy problem, spec §2.6)
     rewards   R_s = losses.research.ssp.solver_reward(exact match, answer-tag counts)
               R_p = proposer_reward(R_s of its problem, "1-acc", valid, format_penalty)
