@@ -483,22 +483,31 @@ def assemble(run: Run, params, ro, adv, *, extra_rows: TrainBatch | None = None,
     return batch, metrics
 
 
+# One compiled program each, read back at once: eager jnp on arrays that span several processes would run
+# each reduction as its own program, and on CPU (gloo) independent programs with collectives in flight
+# together can enter their all-reduces in different orders on different processes and hang.
+_mismatch_metrics = jax.jit(losses.mismatch_metrics, static_argnames=("cap", "max_log_ratio"))
+_rollout_correction = jax.jit(losses.rollout_correction, static_argnames=("level", "mode", "lower", "upper",
+                                                                         "batch_normalize", "max_log_ratio"))
+
+
 def _mismatch(run: Run, batch: TrainBatch, sampler_BT, n_rollout: int) -> tuple[TrainBatch, dict[str, float]]:
     """Mismatch metrics of the rollout rows, and (mode tis / mis) the correction weights on the batch."""
     m = run.mismatch
     rollout_rows = jnp.arange(batch.tokens_BL.shape[0])[:, None] < n_rollout  # expert rows were not sampled
     mask_BT = batch.completion_mask_BT & rollout_rows
     if m.mode == "off":
-        out = losses.mismatch_metrics(batch.old_logp_BT, sampler_BT, mask_BT, cap=m.upper or 2.0)
-        return batch, {k: float(v) for k, v in out.items()}
-    weights_BT, keep_BT, out = losses.rollout_correction(
+        out = _mismatch_metrics(batch.old_logp_BT, sampler_BT, mask_BT, cap=m.upper or 2.0)
+        return batch, {k: float(v) for k, v in jax.device_get(out).items()}
+    weights_BT, keep_BT, out = _rollout_correction(
         batch.old_logp_BT, sampler_BT, mask_BT, level=m.level, mode="truncate" if m.mode == "tis" else "mask",
         lower=m.lower, upper=m.upper)
+    metrics = {k: float(v) for k, v in jax.device_get(out).items()}
     weights_BT = jnp.where(rollout_rows, weights_BT, 1.0)  # expert rows keep weight 1 (they train on SFT only)
     keep_BT = jnp.where(rollout_rows, keep_BT, batch.completion_mask_BT)
     batch = batch.replace(is_weight_BT=weights_BT.astype(jnp.float32),
                           completion_mask_BT=batch.completion_mask_BT & keep_BT)
-    return batch, {k: float(v) for k, v in out.items()}
+    return batch, metrics
 
 
 def update(run: Run, state: TrainState, batch: TrainBatch, step: int,
