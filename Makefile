@@ -38,7 +38,7 @@ quickstart: install
 	$(BIN)/jaxrl export-hf --checkpoint $(QUICKSTART_RUN) --out $(QUICKSTART_RUN)/hf --overwrite
 
 test: install-test
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q --durations=40 $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV)
