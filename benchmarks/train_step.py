@@ -111,7 +111,7 @@ def run_jaxrl(model_dir: str, args, out) -> None:
     batch = jax.device_put(batch)
     tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-6))
     step = jax.jit(functools.partial(train_step, graphdef=graphdef, spec=spec, tx=tx), donate_argnums=0,
-                   compiler_options=update_compiler_options())  # as the trainer jits it
+                   compiler_options=update_compiler_options(shared_prompts=batch.group > 1))  # as the trainer
     state = TrainState(params, tx.init(params), jnp.zeros((), jnp.int32))
     del params
     t0 = time.perf_counter()

@@ -266,12 +266,20 @@ def train_step(state: TrainState, batch: TrainBatch, base=None, *, graphdef, spe
 # after a separate transposing elementwise pass: 13% faster update of the benchmark model on a 2-core CPU.
 # The sampler keeps the default, under which decode measured faster (benchmarks/RESULTS.md).
 _CPU_UPDATE_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_DOT"}
+# Shared-prompt batches (`TrainBatch.group` > 1) compile with no YNNPACK fusion at all: with it (the option
+# above or XLA's default set) jaxlib 0.10.2 segfaults inside a YNNPACK dot kernel for some grouped shapes
+# (the update of configs/search_tiny.yaml's 8 x 8 episodes, W = T = 128: tests/train/test_shared_prompts.py).
+_CPU_SHARED_PROMPT_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
 
 
-def update_compiler_options(backend: str | None = None) -> dict[str, str] | None:
-    """`compiler_options` for `jax.jit` of `train_step` on `backend` (default: JAX's default backend)."""
+def update_compiler_options(backend: str | None = None, *, shared_prompts: bool = False
+                            ) -> dict[str, str] | None:
+    """`compiler_options` for `jax.jit` of `train_step` (and, with `shared_prompts`, of the log-prob pass) on
+    `backend` (default: JAX's default backend); `shared_prompts`: for batches with `group` > 1."""
     backend = jax.default_backend() if backend is None else backend
-    return dict(_CPU_UPDATE_OPTIONS) if backend == "cpu" else None
+    if backend != "cpu":
+        return None
+    return dict(_CPU_SHARED_PROMPT_OPTIONS if shared_prompts else _CPU_UPDATE_OPTIONS)
 
 
 def sequence_logprobs(params, graphdef, tokens_BL, mask_BL, width: int, *, chunk: int,

@@ -206,18 +206,22 @@ def setup(cfg: ExperimentConfig, run_dir: Path) -> tuple[Run, TrainState, Any]:
     state_sharding = TrainState(params=train_sharding, opt_state=opt_sharding, step=rep)
     state = jax.device_put(TrainState(params=params, opt_state=opt_state, step=jnp.zeros((), jnp.int32)),
                            state_sharding)
-    jitted = jax.jit(functools.partial(train_step, graphdef=graphdef, spec=spec, tx=tx),
-                     in_shardings=(state_sharding, None, None), out_shardings=(state_sharding, None),
-                     donate_argnums=0, compiler_options=update_compiler_options())
-    step_fn = lambda state, batch: jitted(state, batch, base)
+    jit_step = lambda shared: jax.jit(  # noqa: E731 -- shared-prompt batches compile with their own options
+        functools.partial(train_step, graphdef=graphdef, spec=spec, tx=tx),
+        in_shardings=(state_sharding, None, None), out_shardings=(state_sharding, None), donate_argnums=0,
+        compiler_options=update_compiler_options(shared_prompts=shared))
+    jitted = {False: jit_step(False), True: jit_step(True)}
+    step_fn = lambda state, batch: jitted[batch.group > 1](state, batch, base)
 
     def logprobs(params, tokens_BL, mask_BL, width, group):
         return sequence_logprobs(params, graphdef, tokens_BL, mask_BL, width, chunk=spec.logprob_chunk,
                                  temperature=spec.temperature, group=group)
 
-    jitted_logprobs = jax.jit(logprobs, static_argnums=(3, 4))
+    jitted_logprobs = {False: jax.jit(logprobs, static_argnums=(3, 4)),
+                       True: jax.jit(logprobs, static_argnums=(3, 4),
+                                     compiler_options=update_compiler_options(shared_prompts=True))}
     def logprob_fn(params, tokens_BL, mask_BL, width, group=1):
-        return jitted_logprobs(params, tokens_BL, mask_BL, width, group)
+        return jitted_logprobs[group > 1](params, tokens_BL, mask_BL, width, group)
     # beta = 0 keeps no reference model in memory; under LoRA the reference is the base itself.
     ref_params = None
     if cfg.algorithm.kl.beta > 0:

@@ -259,3 +259,52 @@ def test_cli_step_equals_the_unshared_step(tmp_path):
         np.testing.assert_allclose(shared[key], value, rtol=1e-5, atol=1e-6, err_msg=key)
     assert "kl/loss" in shared and shared["loss"] != 0  # (the KL itself is 0 at step 1: policy = reference)
     assert shared["mismatch/abs_logp_diff_mean"] < 1e-3  # the shared log-prob pass agrees with the sampler
+
+
+_GROUPED_UPDATE = """
+import sys
+from pathlib import Path
+import numpy as np
+from jaxrl import trainer
+from jaxrl.config import load_config
+from jaxrl.train_step import TrainBatch
+
+W, T, B, G = 128, 128, 64, 8  # configs/search_tiny.yaml's step: 8 prompts x 8 episodes, 128-token buckets
+run, state, _ = trainer.setup(load_config("configs/search_tiny.yaml", ["sft_warmup.steps=0"]), Path(sys.argv[1]))
+rng = np.random.default_rng(0)
+tokens = rng.integers(3, 100, (B, W + T)).astype(np.int32)
+tokens[:, :W] = np.repeat(tokens[::G, :W], G, axis=0)
+mask = np.ones((B, W + T), bool)
+mask[:, : W // 2] = False
+mask[:, W + T // 2:] = False
+completion = np.zeros((B, T), bool)
+completion[:, : T // 3] = True
+f32 = lambda *shape, v=0.0: np.full(shape, v, np.float32)
+batch = TrainBatch(tokens, mask, completion, f32(B, T, v=-1.0), f32(B, T), rng.normal(size=(B, T)).astype(np.float32),
+                   f32(B, v=0.2), f32(B, v=0.28), f32(B), None, G)
+old = run.logprob_fn(state.params, tokens, mask, T, G)
+state, metrics = trainer.update(run, state, trainer.shard_batch(run, batch), 1)
+print("loss", metrics["loss"], "old", float(np.asarray(old).mean()))
+"""
+
+
+@pytest.mark.slow  # a CPU compile of the tiny config's grouped update, in a subprocess
+def test_grouped_update_of_the_search_tiny_step_runs_on_cpu(tmp_path):
+    """The trainer's compile of a shared-prompt update and log-prob pass at configs/search_tiny.yaml's shapes
+    finishes with a finite loss. With YNNPACK fusions jaxlib 0.10.2's XLA:CPU segfaulted here (CI: the
+    search_tiny test died at its first RL step), so the trainer compiles grouped batches without them
+    (`jaxrl.train_step.update_compiler_options(shared_prompts=True)`); a subprocess, so a crash fails this
+    test instead of killing the session."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env.update(JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    proc = subprocess.run([sys.executable, "-c", _GROUPED_UPDATE, str(tmp_path / "run")], cwd=repo, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
+    loss, old = (float(x) for x in proc.stdout.split()[1::2])
+    assert np.isfinite(loss) and loss != 0 and np.isfinite(old) and old < 0, proc.stdout
