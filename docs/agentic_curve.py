@@ -8,9 +8,10 @@
 `train.eval_every` GRPO steps) against the no-search baseline (a dashed line: the guess demonstrations'
 accuracy on the held-out questions); right, per GRPO step, the training reward (exact match of sampled
 episodes) and the searches per training episode (`episode/tool_calls`).
-`--panels march` (configs/march_tiny.yaml, docs/multi_agent.md): left, the held-out greedy Solver's accuracy
-and hallucination rate; right, per GRPO step, the sampled chains' hallucination rate (refuted claims), the
-Solver's exact-answer rate, the Checker's accuracy and the checked claims per chain.
+`--panels march` (configs/march_tiny.yaml, docs/multi_agent.md): left, the held-out Solver's accuracy
+(greedy, and over 4 samples at temperature 1: `train.eval_samples: 4`) and greedy hallucination rate; right,
+per GRPO step, the sampled chains' hallucination rate (refuted claims), the Solver's exact-answer rate, the
+Checker's accuracy and the checked claims per chain.
 `--panels ssp` (configs/ssp_tiny.yaml): left, the Solver's held-out greedy accuracy against the no-search
 baseline; right, per step, the curriculum: proposed-question validity (`ssp/valid_frac`) and the Solver's
 success on valid problems (`ssp/solver_success`, temperature 1).
@@ -44,8 +45,9 @@ PANELS = {
         right_title="training episodes", right_ylim=(0, None), right_legend="lower right",
         title="configs/search_tiny.yaml: 4-layer character model, SFT warm start then GRPO"),
     "march": dict(
-        left=[("eval/accuracy", "Solver accuracy"), ("eval/reward/hallucination/mean", "hallucination rate")],
-        baseline=None, left_title="held-out questions (64), greedy", left_legend="center right",
+        left=[("eval/accuracy", "Solver accuracy, greedy"), ("eval/avg@4", "Solver accuracy, avg@4"),
+              ("eval/reward/hallucination/mean", "hallucination rate, greedy")],
+        baseline=None, left_title="held-out questions (64)", left_legend="center right",
         right=[("march/hallucination_rate", "hallucination rate"),
                ("role/solver/correct/mean", "Solver exact answer"),
                ("march/checker_gold_frac", "Checker accuracy"), ("march/claims/mean", "claims per chain")],
