@@ -206,7 +206,7 @@ def setup(cfg: ExperimentConfig, run_dir: Path) -> tuple[Run, TrainState, Any]:
     state_sharding = TrainState(params=train_sharding, opt_state=opt_sharding, step=rep)
     state = jax.device_put(TrainState(params=params, opt_state=opt_state, step=jnp.zeros((), jnp.int32)),
                            state_sharding)
-    jit_step = lambda shared: jax.jit(  # noqa: E731 -- shared-prompt batches compile with their own options
+    jit_step = lambda shared: jax.jit(  # shared-prompt batches compile with their own options
         functools.partial(train_step, graphdef=graphdef, spec=spec, tx=tx),
         in_shardings=(state_sharding, None, None), out_shardings=(state_sharding, None), donate_argnums=0,
         compiler_options=update_compiler_options(shared_prompts=shared))

@@ -1,6 +1,11 @@
-"""Test-wide settings, fixed once: 8 fake CPU devices and offline Hugging Face libraries."""
+"""Test-wide settings, fixed once: 8 fake CPU devices and offline Hugging Face libraries; `train_cli`."""
 
 import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -14,3 +19,25 @@ from absl import flags  # noqa: E402
 
 # grain's multiprocessing reads absl flags; mark them parsed so pytest does not trip over it.
 flags.FLAGS.mark_as_parsed()
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def train_cli():
+    """`train_cli(config, run_dir, overrides, timeout)`: runs `jaxrl train CONFIG --run-dir RUN_DIR --set k=v
+    ...` from the repository root in a subprocess on one CPU device (no fake devices, no compile cache),
+    offline; asserts exit 0 (showing the log's tail otherwise) and returns the run's metrics rows."""
+    from jaxrl.metrics import read_metrics
+
+    def run(config: str, run_dir: Path, overrides: dict, timeout: float) -> list[dict]:
+        env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAXRL_CACHE")}
+        env.update(JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+        sets = [a for k, v in overrides.items() for a in ("--set", f"{k}={v}")]
+        argv = [sys.executable, "-m", "jaxrl.cli", "train", config, "--run-dir", str(run_dir), *sets]
+        proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout,
+                              check=False)
+        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+        return read_metrics(run_dir)
+
+    return run

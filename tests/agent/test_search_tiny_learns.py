@@ -11,31 +11,16 @@ sampled training episodes search. 6.2 minutes on the shared 2-core CPU at load a
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-from jaxrl.metrics import read_metrics
-
-REPO = Path(__file__).resolve().parents[2]
 SHORT = {"train.steps": 2, "train.eval_every": 2, "checkpoint.every": 100,
          "logging.sample_every": 100}
 BASELINE = 7 / 64  # the guess demonstrations and the most common training code, on the 64 held-out questions
 
 
 @pytest.mark.slow
-def test_search_tiny_warm_start_answers_held_out_questions_by_searching(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAXRL_CACHE")}  # one CPU device
-    env.update(JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    sets = [a for k, v in SHORT.items() for a in ("--set", f"{k}={v}")]
-    argv = [sys.executable, "-m", "jaxrl.cli", "train", "configs/search_tiny.yaml", "--run-dir",
-            str(tmp_path / "run"), *sets]
-    proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-    rows = read_metrics(tmp_path / "run")
+def test_search_tiny_warm_start_answers_held_out_questions_by_searching(tmp_path, train_cli):
+    rows = train_cli("configs/search_tiny.yaml", tmp_path / "run", SHORT, timeout=1200)
     acc = {r["step"]: r["eval/accuracy"] for r in rows if "eval/accuracy" in r}
     assert sorted(acc) == [0, 2], acc
     assert min(acc.values()) >= BASELINE + 0.3, acc  # greedy: searches, then copies the code

@@ -18,17 +18,9 @@ Solver is shortened to STEPS of the config's 16 steps. Asserted, on the sampled 
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-from jaxrl.metrics import read_metrics
-
-REPO = Path(__file__).resolve().parents[2]
 STEPS = 8
 SHORT = {"train.steps": STEPS, "train.eval_every": STEPS, "train.eval_samples": 1, "checkpoint.every": 1000,
          "checkpoint.async_save": "false", "logging.sample_every": 1000, "logging.progress_bar": "false",
@@ -38,21 +30,14 @@ CLAIMS_FLOOR = 0.7
 
 
 @pytest.mark.slow
-def test_march_tiny_lowers_the_hallucination_rate_with_an_accurate_checker(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAXRL_CACHE")}  # one CPU device
-    env.update(JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    sets = [a for k, v in SHORT.items() for a in ("--set", f"{k}={v}")]
-    argv = [sys.executable, "-m", "jaxrl.cli", "train", "configs/march_tiny.yaml", "--run-dir",
-            str(tmp_path / "run"), *sets]
-    proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-    rows = read_metrics(tmp_path / "run")
+def test_march_tiny_lowers_the_hallucination_rate_with_an_accurate_checker(tmp_path, train_cli):
+    rows = train_cli("configs/march_tiny.yaml", tmp_path / "run", SHORT, timeout=1800)
     train = {r["step"]: r for r in rows if "march/hallucination_rate" in r}
     assert sorted(train) == list(range(1, STEPS + 1))
     series = lambda key: np.asarray([train[s][key] for s in sorted(train)], np.float64)
     rate, solver = series("march/hallucination_rate"), series("role/solver/correct/mean")
     checker, claims = series("march/checker_gold_frac"), series("march/claims/mean")
-    report = dict(rate=rate, solver=solver, checker=checker, claims=claims)
+    report = {"rate": rate, "solver": solver, "checker": checker, "claims": claims}
     assert checker.min() >= CHECKER_FLOOR and claims.min() >= CLAIMS_FLOOR, report
     assert rate[-2:].mean() < rate[0], report
     assert solver[-2:].mean() >= solver[0], report

@@ -15,32 +15,17 @@ start) gave 2/64 -> 22/64, validity 0.375, 0.5, 0, 0.125, 0.375, Solver success 
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-from jaxrl.metrics import read_metrics
-
-REPO = Path(__file__).resolve().parents[2]
 WARM, RL = 1200, 5
 SHORT = {"sft_warmup.steps": WARM, "sft_warmup.batch_size": 8, "train.steps": RL, "train.eval_every": RL,
          "train.eval_samples": 1, "checkpoint.every": 100, "logging.sample_every": 100}
 
 
 @pytest.mark.slow
-def test_ssp_tiny_solver_accuracy_rises_while_proposals_stay_valid(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAXRL_CACHE")}  # one CPU device
-    env.update(JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    sets = [a for k, v in SHORT.items() for a in ("--set", f"{k}={v}")]
-    argv = [sys.executable, "-m", "jaxrl.cli", "train", "configs/ssp_tiny.yaml", "--run-dir",
-            str(tmp_path / "run"), *sets]
-    proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-    rows = read_metrics(tmp_path / "run")
+def test_ssp_tiny_solver_accuracy_rises_while_proposals_stay_valid(tmp_path, train_cli):
+    rows = train_cli("configs/ssp_tiny.yaml", tmp_path / "run", SHORT, timeout=1800)
     acc = {r["step"]: r["eval/accuracy"] for r in rows if "eval/accuracy" in r}
     assert sorted(acc) == [0, RL], acc
     # the warm-started Solver mostly guesses (1/16 without searching); SSP teaches it to search

@@ -304,7 +304,7 @@ def test_grouped_update_of_the_search_tiny_step_runs_on_cpu(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     env.update(JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     proc = subprocess.run([sys.executable, "-c", _GROUPED_UPDATE, str(tmp_path / "run")], cwd=repo, env=env,
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
     loss, old = (float(x) for x in proc.stdout.split()[1::2])
     assert np.isfinite(loss) and loss != 0 and np.isfinite(old) and old < 0, proc.stdout
