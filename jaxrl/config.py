@@ -258,11 +258,14 @@ class MultiAgentConfig:
     `params` go to its constructor (checked at setup). It replaces the collect stage; the SFT warm start
     trains on its role-format demonstrations. `adapters`: "shared" (every role samples and trains the one
     policy) or "per_role" (with `model.lora`: one adapter set and optimiser state per role over the shared
-    frozen base, `jaxrl.multi_agent.adapters`)."""
+    frozen base, `jaxrl.multi_agent.adapters`). `estimators`: role -> the advantage estimator of that role's
+    rows instead of `algorithm.name`'s (an estimator-only algorithm: grpo, dr_grpo, rloo, gdpo, gd2po, etr),
+    e.g. `{solver: rloo}`; each role's estimator runs on its own rows with its own group size."""
 
     system: str
     params: dict[str, Any] = dataclasses.field(default_factory=dict)
     adapters: str = "shared"
+    estimators: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
         _check(bool(self.system), "multi_agent.system", self.system, "must name a system")
@@ -423,6 +426,8 @@ class ExperimentConfig:
         algo = ALGORITHMS.get(self.algorithm.name)
         _check(algo is not None, "algorithm.name", self.algorithm.name,
                f"allowed values are {', '.join(map(repr, ALGORITHMS))}")
+        if self.multi_agent is not None and self.multi_agent.estimators:
+            self._check_role_estimators(algo)
         if algo.per_reward and self.algorithm.kl.beta > 0:
             _check(self.algorithm.kl.where is KLWhere.LOSS, "algorithm.kl.where", self.algorithm.kl.where.value,
                    f"{algo.name} normalises each reward column within its group, which would erase β of a KL "
@@ -439,6 +444,23 @@ class ExperimentConfig:
                 _check(r.params["group_size"] == self.rollout.group_size,
                        f"rewards[{r.name}].params.group_size", r.params["group_size"],
                        f"must equal rollout.group_size={self.rollout.group_size}")
+
+    def _check_role_estimators(self, algo) -> None:
+        """`multi_agent.estimators`: estimator-only algorithms, under a run algorithm without group-wide
+        stages, and no per-reward normalisation of a KL penalty in the reward. Which roles exist and are
+        trained, and their group sizes, are the system's (checked at setup)."""
+        from jaxrl.algorithms import ALGORITHMS, ESTIMATOR_ONLY
+
+        _check(algo.name in ESTIMATOR_ONLY, "algorithm.name", algo.name,
+               f"multi_agent.estimators gives roles their own estimator, which needs a run algorithm without "
+               f"resampling, reward shaping or extra rows: {', '.join(ESTIMATOR_ONLY)}")
+        kl = self.algorithm.kl
+        for role, name in self.multi_agent.estimators.items():
+            key = f"multi_agent.estimators.{role}"
+            _check(name in ESTIMATOR_ONLY, key, name, f"allowed values are {', '.join(map(repr, ESTIMATOR_ONLY))}")
+            _check(not (ALGORITHMS[name].per_reward and kl.beta > 0 and kl.where is not KLWhere.LOSS), key, name,
+                   f"{name} normalises each reward column within its group, which would erase β of a KL penalty "
+                   "in the reward; use algorithm.kl.where: loss")
 
 
 DEFAULT_CONFIG = "quickstart.yaml"

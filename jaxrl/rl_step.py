@@ -60,7 +60,7 @@ def rl_step(run: trainer.Run, state: TrainState, records, step: int):
         ro = ro.add_reward_column(values_N, shaper.name)
         actor_frozen = actor_frozen or shaper.actor_frozen(step)
     adv = segment_advantages(algo.advantages, ro.rewards_NK, ro.weights_K, ro.completion_mask_BT, s,
-                             ro.segment_N, ro.segment_sizes)
+                             ro.segment_N, ro.segment_sizes, run.segment_estimators)
     metrics.update(adv.metrics)
     phases = getattr(run.multi_agent, "update_phases", ())
     if run.role_adapters and not phases and ro.segment_N is not None:  # per-role adapters: a phase per role

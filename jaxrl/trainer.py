@@ -100,6 +100,7 @@ class Run:
     episode_spec: Any = None  # `jaxrl.envs.EpisodeSpec` (turn and token budgets, cache policy)
     multi_agent: Any = None  # a `jaxrl.multi_agent` system when several roles share the policy
     role_adapters: tuple[str, ...] = ()  # per-role LoRA adapters: the roles (params = {role: adapters})
+    segment_estimators: tuple = ()  # per role segment: its own advantage estimator, None = the algorithm's
     share_prompts: str = "auto"  # train.share_prompts: "auto" | "always" | "never" (`prompt_groups`)
 
 
@@ -275,8 +276,14 @@ def _multi_agent_system(cfg: ExperimentConfig, tokenizer, algorithm: Algorithm):
     from jaxrl.multi_agent import make_system
 
     system = make_system(cfg.multi_agent.system, cfg.multi_agent.params, tokenizer)
-    _check_role_groups(system.group_sizes(cfg.rollout.group_size), algorithm, cfg.multi_agent.system,
-                       sequential=bool(getattr(system, "update_phases", ())))
+    sizes = system.group_sizes(cfg.rollout.group_size)
+    for role in cfg.multi_agent.estimators:
+        if role not in sizes:
+            raise ConfigError(f"multi_agent.estimators.{role}: not a trained role of {cfg.multi_agent.system} "
+                              f"(trained roles: {', '.join(sizes)})")
+    _check_role_groups(sizes, algorithm, cfg.multi_agent.system,
+                       sequential=bool(getattr(system, "update_phases", ())),
+                       estimators={r: ALGORITHMS[n] for r, n in cfg.multi_agent.estimators.items()})
     if cfg.multi_agent.adapters == "per_role":  # each role's rows update its own adapters, one role at a time
         kl = cfg.algorithm.kl
         stage = ("extra rows" if algorithm.extra_rows is not None else "reward shaping"
@@ -296,6 +303,10 @@ def _multi_agent_setup(run: Run, cfg: ExperimentConfig, system) -> None:
 
     r = cfg.rollout
     run.multi_agent = system
+    own = cfg.multi_agent.estimators  # segment id = the role's index in the system's roles
+    if own:
+        run.segment_estimators = tuple(ALGORITHMS[own[role]].advantages if role in own else None
+                                       for role in system.adapter_roles)
     run.env_factory = system.demonstration_env
     total = getattr(system, "max_total_tokens", max(r.prompt_buckets or [1024]) + r.max_new_tokens)
     rows = tuple(sorted({*r.prompt_buckets, *r.gen_buckets, total}))
@@ -305,18 +316,20 @@ def _multi_agent_setup(run: Run, cfg: ExperimentConfig, system) -> None:
 
 
 def _check_role_groups(sizes: dict[str, int], algorithm: Algorithm, system: str, *,
-                       sequential: bool = False) -> None:
-    """The algorithm must define advantages for every role's group size, its group-wise stages (DAPO's
-    resampling, CLIPO's contrastive head) assume one group size for all rows, and its extra rows (SFT-aux)
-    need one joint update (not a `sequential` role-by-role one)."""
+                       sequential: bool = False, estimators: dict[str, Algorithm] | None = None) -> None:
+    """The algorithm (or the role's own, `estimators`) must define advantages for every role's group size,
+    its group-wise stages (DAPO's resampling, CLIPO's contrastive head) assume one group size for all rows,
+    and its extra rows (SFT-aux) need one joint update (not a `sequential` role-by-role one)."""
+    estimators = estimators or {}
     if sequential and algorithm.extra_rows is not None:
         raise ConfigError(f"algorithm.name={algorithm.name!r}: its extra rows need one joint update, but "
                           f"{system} updates its roles in turn (multi_agent.params.update: joint)")
-    small = {role: g for role, g in sizes.items() if g < algorithm.min_group}
-    if small:
-        role, g = next(iter(small.items()))
-        raise ConfigError(f"algorithm.name={algorithm.name!r}: needs groups of >= {algorithm.min_group} rows, "
-                          f"but the {system} role {role!r} has groups of {g}")
+    for role, g in sizes.items():
+        own = estimators.get(role, algorithm)
+        if g < own.min_group:
+            key = f"multi_agent.estimators.{role}" if role in estimators else "algorithm.name"
+            raise ConfigError(f"{key}={own.name!r}: needs groups of >= {own.min_group} rows, but the "
+                              f"{system} role {role!r} has groups of {g}")
     stages = [n for n, f in (("resampling", algorithm.resample), ("reward shaping", algorithm.shaper)) if f]
     if len(set(sizes.values())) > 1 and stages:
         ok = [a.name for a in ALGORITHMS.values()

@@ -39,8 +39,14 @@ ALGORITHMS: dict[str, Algorithm] = {
                          loss=lambda s: {"sft_lambda": s.section.sft.lam}),
 }
 
+# Algorithms that are an advantage estimator and nothing else (no resampling, reward shaping or extra rows):
+# the ones a multi-agent role may use instead of the run's (`multi_agent.estimators`).
+ESTIMATOR_ONLY = tuple(name for name, a in ALGORITHMS.items()
+                       if a.resample is None and a.shaper is None and a.extra_rows is None)
+
 __all__ = [
     "ALGORITHMS",
+    "ESTIMATOR_ONLY",
     "AdvantageFn",
     "Advantages",
     "AlgoSettings",

@@ -16,7 +16,8 @@ The stages receive `AlgoSettings`, a frozen view of the `algorithm:` config sect
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, NamedTuple, Protocol
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -134,12 +135,15 @@ def sequence_advantages(adv_N, mask_NT, s: AlgoSettings, metrics=None) -> Advant
 
 
 def segment_advantages(fn: AdvantageFn, rewards_NK: np.ndarray, weights_K: np.ndarray, mask_NT: np.ndarray,
-                       s: AlgoSettings, segment_N: np.ndarray | None, sizes: tuple[int, ...]) -> Advantages:
+                       s: AlgoSettings, segment_N: np.ndarray | None, sizes: tuple[int, ...],
+                       estimators: Sequence[AdvantageFn | None] = ()) -> Advantages:
     """`fn` on each segment of the rows (a multi-agent system's roles) with that segment's group size.
 
     Advantages are never normalised across segments (spec/multi-agent.md §3.8): a batch-level statistic
     (GDPO's batch standardisation) is taken within a segment. Metrics are row-weighted means over the
     segments that report them. `segment_N` None: `fn` on all rows with the run's group size.
+    `estimators`: per segment id, an estimator that replaces `fn` on that segment's rows (None: `fn`), e.g.
+    RLOO for one role and GRPO for the others (`multi_agent.estimators`).
     """
     if segment_N is None:
         return fn(rewards_NK, weights_K, mask_NT, s)
@@ -151,8 +155,9 @@ def segment_advantages(fn: AdvantageFn, rewards_NK: np.ndarray, weights_K: np.nd
     counts: dict[str, int] = {}
     for seg in np.unique(segment_N):
         rows = np.flatnonzero(segment_N == seg)
-        out = fn(rewards_NK[rows], weights_K, mask_NT[rows],
-                 dataclasses.replace(s, group_size=int(sizes[seg])))
+        own = estimators[seg] if seg < len(estimators) else None
+        out = (own or fn)(rewards_NK[rows], weights_K, mask_NT[rows],
+                          dataclasses.replace(s, group_size=int(sizes[seg])))
         adv_NT[rows], low_N[rows], high_N[rows] = out.adv_NT, out.clip_low_N, out.clip_high_N
         for k, v in out.metrics.items():
             sums[k] = sums.get(k, 0.0) + float(v) * len(rows)

@@ -104,8 +104,10 @@ def test_setup_refuses_extra_rows_with_a_sequential_update():
     from jaxrl.trainer import _multi_agent_system
 
     tok = load_tokenizer("builtin")
-    cfg = lambda update: SimpleNamespace(rollout=SimpleNamespace(group_size=2), multi_agent=SimpleNamespace(
-        system="ssp", params={"corpus_size": "tiny", "update": update}, adapters="shared"))
+    from jaxrl.config import MultiAgentConfig
+
+    cfg = lambda update: SimpleNamespace(rollout=SimpleNamespace(group_size=2), multi_agent=MultiAgentConfig(
+        system="ssp", params={"corpus_size": "tiny", "update": update}))
     with pytest.raises(ConfigError, match="'sft_aux': its extra rows need one joint update.*update: joint"):
         _multi_agent_system(cfg("sequential"), tok, ALGORITHMS["sft_aux"])
     assert _multi_agent_system(cfg("joint"), tok, ALGORITHMS["sft_aux"]).update_phases == ()
