@@ -74,7 +74,10 @@ def rl_step(run: trainer.Run, state: TrainState, records, step: int):
         extra = None
         if algo.extra_rows is not None:
             extra = algo.extra_rows(records, run.tokenizer, ro.prompt_width, ro.completion_mask_BT.shape[1])
-        batch, mismatch_metrics = trainer.assemble(run, policy, ro, adv, extra_rows=extra)
+        # a multi-agent rollout has the trained roles' rows, not prompts x G: pad them to the batch shards x
+        # mini-batches with rows that train on nothing (as a sequential update's phases are)
+        batch, mismatch_metrics = trainer.assemble(run, policy, ro, adv, extra_rows=extra,
+                                                   pad=ro.segment_N is not None and extra is None)
         del policy  # LoRA: the merged policy is not held during the update
         metrics.update(mismatch_metrics)
         t2 = time.perf_counter()
