@@ -77,7 +77,7 @@ def rl_step(run: trainer.Run, state: TrainState, records, step: int):
         # a multi-agent rollout has the trained roles' rows, not prompts x G: pad them to the batch shards x
         # mini-batches with rows that train on nothing (as a sequential update's phases are)
         batch, mismatch_metrics = trainer.assemble(run, policy, ro, adv, extra_rows=extra,
-                                                   pad=ro.segment_N is not None and extra is None)
+                                                   pad=ro.segment_N is not None)
         del policy  # LoRA: the merged policy is not held during the update
         metrics.update(mismatch_metrics)
         t2 = time.perf_counter()
