@@ -13,7 +13,7 @@ mid-save (SIGKILL) leaves no `<step>` directory. A step that exists but cannot b
 is moved aside to `corrupt-<step>-<time>` with a warning once an older step restores, and that step is used.
 `PreemptionGuard` turns SIGTERM and SIGINT into a flag that the training loop checks between steps (agreed
 across hosts) to save once more and stop; it remembers which signal it was. A step that fails to restore is
-reported in one warning line (orbax's leftover asyncio tracebacks are silenced: `quiet_failed_restore_noise`).
+reported in one warning line (orbax's leftover asyncio tracebacks are silenced: `quiet_restore_noise`).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -157,12 +158,12 @@ class Checkpointer:
             sharding of the restored values.
         """
         self.manager.wait_until_finished()
+        quiet_restore_noise()  # a failing restore's leftovers can be printed by orbax's threads before it raises
         failed: list[tuple[int, Exception]] = []
         for step in sorted(self.manager.all_steps(), reverse=True):
             try:
                 restored = self._restore(step, params_like, opt_state_like)
             except Exception as e:  # noqa: BLE001 -- decided below, once an older step has been tried
-                quiet_failed_restore_noise()
                 failed.append((step, e))
                 continue
             for bad, e in failed:
@@ -212,20 +213,24 @@ class _DropRestoreNoise(logging.Filter):
         return not record.getMessage().startswith(_RESTORE_NOISE)
 
 
-def quiet_failed_restore_noise() -> None:
-    """After an orbax restore failed, silences its leftovers (our one warning line says what happened).
+def quiet_restore_noise() -> None:
+    """Before the first orbax restore of a process, silences what a failed restore leaves behind (our one
+    warning line says what happened).
 
     A failed restore leaves one asyncio future or task per array whose exception nobody retrieves; asyncio
     logs each ("Future exception was never retrieved" / "Task exception was never retrieved" + the whole
-    tensorstore spec, 16-45 KB for a small model) when it is collected, and tensorstore callbacks into the
-    closed event loop print "Event loop is closed" tracebacks. Installed once, only after a failure, and
-    only those messages are dropped.
+    tensorstore spec, 16-45 KB for a small model) when it is collected, tensorstore callbacks into the closed
+    event loop print "Event loop is closed" tracebacks, and coroutines it made but never awaited warn at exit
+    ("coroutine 'Store._get_array_metadatas' was never awaited"). Any of them can come from orbax's threads
+    while the restore is still failing or long after it, so the filters are installed once, before the first
+    attempt, and stay; only those messages are dropped.
     """
     global _noise_filters_installed
     if _noise_filters_installed:
         return
     _noise_filters_installed = True
     logging.getLogger("asyncio").addFilter(_DropRestoreNoise())
+    warnings.filterwarnings("ignore", message=r"coroutine '[\w.<>]+' was never awaited", category=RuntimeWarning)
     previous_hook, previous_thread_hook = sys.excepthook, threading.excepthook
     previous_unraisable = sys.unraisablehook
 
