@@ -158,7 +158,7 @@ class Checkpointer:
             sharding of the restored values.
         """
         self.manager.wait_until_finished()
-        quiet_restore_noise()  # a failing restore's leftovers can be printed by orbax's threads before it raises
+        quiet_restore_noise()  # a failing restore's leftovers can come from orbax's threads before it raises
         failed: list[tuple[int, Exception]] = []
         for step in sorted(self.manager.all_steps(), reverse=True):
             try:
@@ -230,7 +230,8 @@ def quiet_restore_noise() -> None:
         return
     _noise_filters_installed = True
     logging.getLogger("asyncio").addFilter(_DropRestoreNoise())
-    warnings.filterwarnings("ignore", message=r"coroutine '[\w.<>]+' was never awaited", category=RuntimeWarning)
+    warnings.filterwarnings("ignore", message=r"coroutine '[\w.<>]+' was never awaited",
+                            category=RuntimeWarning)
     previous_hook, previous_thread_hook = sys.excepthook, threading.excepthook
     previous_unraisable = sys.unraisablehook
 
