@@ -3,6 +3,9 @@ file is written.
 
 * `check_writable_dir`, `check_output_dir`: the directory checks of `jaxrl train` (`jaxrl.run_checks`) and of
   the exporters.
+* `earlier_run`, `start_fresh_run`: a fresh run (`checkpoint.resume: false`, `jaxrl train --overwrite-run`)
+  never writes into a directory that holds another run's checkpoints or metrics; `--overwrite-run` moves that
+  run aside to a sibling `RUN.old-<timestamp>` (never deletes it), under the run's lock.
 * `replace_owned_files(path, owns=..., overwrite=...)` (used by `export-hf` / `import-hf`): writes into a
   fresh sibling directory, then moves the new files into `path`. With `--overwrite` only files the exporter
   writes are replaced; a run or checkpoint directory, or any file the exporter did not write, is refused (the
@@ -16,6 +19,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -67,6 +71,71 @@ def check_writable_dir(path: str | os.PathLike, what: str) -> None:
         raise RunDirError(f"{what} {path}: {probe} is a file, not a directory")
     if not os.access(probe, os.W_OK | os.X_OK):
         raise RunDirError(f"{what} {path}: {probe} is not writable")
+
+
+def earlier_run(run_dir: str | os.PathLike, checkpoint_dir: str | None = None) -> str | None:
+    """What in `run_dir` belongs to an earlier run (its checkpoint steps, its metrics rows), or None.
+
+    Args:
+      run_dir: the local run directory.
+      checkpoint_dir: where the checkpoints are (default RUN/checkpoints; may be gs://...).
+    """
+    from etils import epath
+
+    run_dir = Path(run_dir)
+    ckpt = epath.Path(checkpoint_dir) if checkpoint_dir else epath.Path(run_dir / "checkpoints")
+    steps = sorted(int(p.name) for p in ckpt.iterdir() if p.name.isdigit() and p.is_dir()) \
+        if ckpt.is_dir() else []
+    if steps:
+        return f"checkpoints of steps {', '.join(map(str, steps[-3:]))} in {ckpt}"
+    metrics = run_dir / "metrics.jsonl"
+    if metrics.is_file() and metrics.stat().st_size:
+        return f"{metrics}"
+    return None
+
+
+def _aside_name(run_dir: Path) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    target, n = run_dir.with_name(f"{run_dir.name}.old-{stamp}"), 1
+    while target.exists():
+        target, n = run_dir.with_name(f"{run_dir.name}.old-{stamp}-{n}"), n + 1
+    return target
+
+
+def start_fresh_run(run_dir: str | os.PathLike, checkpoint_dir: str | None = None, *, overwrite: bool,
+                    processes: int = 1) -> Path | None:
+    """Makes `run_dir` safe for a fresh run (`checkpoint.resume: false` or `--overwrite-run`).
+
+    Without `overwrite`, a run directory holding an earlier run is refused (RunDirError: a fresh run there
+    would write its checkpoints beside the old run's, which the next plain start resumes, and interleave the
+    metrics). With `overwrite`, a non-empty run directory is renamed to a sibling `RUN.old-<timestamp>` while
+    holding its lock (so a live trainer's directory is refused, never moved); nothing is deleted.
+
+    Returns:
+      Where the earlier run was moved, or None when nothing moved.
+    """
+    from jaxrl import run_lock
+
+    run_dir = Path(run_dir)
+    found = earlier_run(run_dir, checkpoint_dir)
+    if not overwrite:
+        if found:
+            raise RunDirError(f"run directory {run_dir} holds an earlier run ({found}) and "
+                              "checkpoint.resume=false would mix the two; use a new --run-dir, or "
+                              "--overwrite-run to move the earlier run aside (it is not deleted)")
+        return None
+    if checkpoint_dir and found and "://" in checkpoint_dir:
+        raise RunDirError(f"--overwrite-run moves only a local run directory; the checkpoints in {checkpoint_dir} "
+                          "would stay: use a new --run-dir")
+    if processes > 1:
+        raise RunDirError("--overwrite-run needs a single process (the processes of a multi-host job would race "
+                          "over the move); move the earlier run yourself or use a new --run-dir")
+    if not run_dir.is_dir() or not any(run_dir.iterdir()):
+        return None
+    target = _aside_name(run_dir)
+    with run_lock.RunLock(run_dir):  # refuses a directory a live trainer holds
+        os.rename(run_dir, target)
+    return target
 
 
 def check_output_dir(path: str | os.PathLike, *, owns: Callable[[str], bool], overwrite: bool,

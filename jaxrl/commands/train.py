@@ -1,8 +1,12 @@
-"""`jaxrl train [CONFIG] [--set key=value]... [--run-dir DIR]`: RL post-training from a YAML config.
+"""`jaxrl train [CONFIG] [--set key=value]... [--run-dir DIR] [--overwrite-run]`: RL post-training from a YAML
+config.
 
-Before anything is written, `jaxrl.run_checks.validate_train` checks the run directory (writable, tokenizer
-present, an existing run resumable by this config); then the trainer holds the run directory's lock
-(`jaxrl.run_lock`) for the whole run. Exit codes (`jaxrl.errors`): 0 finished; 2 a user error (one line);
+A fresh run never mixes with an earlier one: `checkpoint.resume: false` in a run directory that holds an
+earlier run's checkpoints or metrics is refused (exit 2), and `--overwrite-run` moves that run aside to
+`RUN.old-<timestamp>` first (`jaxrl.run_dir.start_fresh_run`; nothing is deleted). Before anything is
+written, `jaxrl.run_checks.validate_train` checks the run directory (writable, tokenizer present, an existing
+run resumable by this config); then the trainer holds the run directory's lock (`jaxrl.run_lock`) for the
+whole run. Exit codes (`jaxrl.errors`): 0 finished; 2 a user error (one line);
 75 stopped by SIGTERM and 130 stopped by SIGINT, in both cases after saving a checkpoint when training steps
 had started, so the same command resumes (`jaxrl launch` restarts on 75).
 """
@@ -24,6 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run-dir", default=None,
                         help="run directory (default: runs/<config name>); a gs:// URL keeps the checkpoints "
                              "there (so a re-created TPU VM resumes) and the metrics in runs/<config name>")
+    parser.add_argument("--overwrite-run", action="store_true",
+                        help="start a fresh run: move an existing run in the run directory aside to "
+                             "RUN.old-<timestamp> (never deleted)")
     from jaxrl import distributed
 
     distributed.add_arguments(parser)
@@ -63,13 +70,19 @@ def run(args: argparse.Namespace) -> int:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     import jax
 
-    from jaxrl import checkpoint, run_checks, run_lock
+    from jaxrl import checkpoint, run_checks, run_dir as run_dirs, run_lock
 
     name = Path(args.config).stem if args.config else "quickstart"
     local = Path("runs") / name
     remote = args.run_dir if args.run_dir and "://" in args.run_dir else None
     run_dir = local if remote or not args.run_dir else Path(args.run_dir)
     checkpoint_dir = f"{remote.rstrip('/')}/checkpoints" if remote else None
+    if args.overwrite_run or not cfg.checkpoint.resume:  # a fresh run: never beside an earlier run's files
+        run_dirs.check_writable_dir(run_dir, "run directory")
+        moved = run_dirs.start_fresh_run(run_dir, checkpoint_dir, overwrite=args.overwrite_run,
+                                         processes=jax.process_count())
+        if moved is not None:
+            logging.getLogger(__name__).warning("moved the earlier run in %s aside to %s", run_dir, moved)
     # Before anything in the run directory is written: writable, tokenizer present, resumable by this config.
     run_checks.validate_train(cfg, run_dir, checkpoint_dir)
     previous = signal.signal(signal.SIGTERM, _raise_on_sigterm)
