@@ -5,12 +5,15 @@
 #   VENV                    virtualenv to create and use (default .venv; CI uses a core-only one, see .ci/run)
 #   QUICKSTART_RUN          run directory of `make quickstart` (default runs/quickstart)
 #   JAXRL_QUICKSTART_ARGS   extra `jaxrl train` arguments, e.g. "--set train.steps=2" (CI shortens the run)
-#   PYTEST_ARGS             extra pytest arguments of `make test`
+#   PYTEST_ARGS             extra pytest arguments of `make test` (e.g. PYTEST_ARGS=tests/losses)
+#   JAXRL_TEST_WORKERS      pytest-xdist workers of the suite's parallel phase (default 2; 0 = none)
+#   JAX_COMPILATION_CACHE_DIR  the suite's persistent XLA cache, shared by pytest and every CLI it starts
 PY ?= python3
 VENV ?= .venv
 QUICKSTART_RUN ?= runs/quickstart
 JAXRL_QUICKSTART_ARGS ?=
 BIN := $(VENV)/bin
+JAX_COMPILATION_CACHE_DIR ?= $(CURDIR)/.cache/jax
 export HF_HUB_OFFLINE=1
 export HF_DATASETS_OFFLINE=1
 export TRANSFORMERS_OFFLINE=1
@@ -38,7 +41,8 @@ quickstart: install
 	$(BIN)/jaxrl export-hf --checkpoint $(QUICKSTART_RUN) --out $(QUICKSTART_RUN)/hf --overwrite
 
 test: install-test
-	$(BIN)/python -m pytest -q --durations=40 $(PYTEST_ARGS)
+	JAX_COMPILATION_CACHE_DIR='$(JAX_COMPILATION_CACHE_DIR)' JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 \
+	  $(BIN)/python tests/suite.py $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV)

@@ -23,6 +23,20 @@ flags.FLAGS.mark_as_parsed()
 REPO = Path(__file__).resolve().parents[1]
 
 
+def pytest_collection_modifyitems(config, items):
+    """`tests/suite.py` runs the suite in two phases: `JAXRL_TEST_PHASE=parallel` keeps the tests not marked
+    `serial` (two xdist workers), `serial` keeps the marked ones (alone on the machine). Unset: every test."""
+    phase = os.environ.get("JAXRL_TEST_PHASE")
+    if phase not in ("parallel", "serial"):
+        return
+    keep, drop = [], []
+    for item in items:
+        (keep if (item.get_closest_marker("serial") is not None) == (phase == "serial") else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
 @pytest.fixture
 def train_cli():
     """`train_cli(config, run_dir, overrides, timeout)`: runs `jaxrl train CONFIG --run-dir RUN_DIR --set k=v

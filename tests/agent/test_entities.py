@@ -5,6 +5,7 @@ import re
 import time
 
 import numpy as np
+import pytest
 
 from jaxrl.data.entities import build_world
 from jaxrl.envs import EpisodeSpec, Search, make_env, oracle_actions, scripted_episodes
@@ -12,6 +13,7 @@ from jaxrl.envs.search import demonstrations
 from jaxrl.tokenizer import builtin_tokenizer
 
 
+@pytest.mark.serial  # a wall-clock bound: tests/suite.py runs it alone
 def test_same_seed_same_world_and_fast():
     t0 = time.perf_counter()
     a = build_world(7)

@@ -20,6 +20,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+# tests/suite.py runs these alone: a 2-worker fake pod keeps both cores busy.
+pytestmark = pytest.mark.serial
+
 ROOT = Path(__file__).resolve().parents[2]
 FAKE = Path(__file__).with_name("fake_gcloud.py")
 
