@@ -1,4 +1,4 @@
-"""The curves of a tiny agentic run, from its metrics.jsonl (default: docs/agentic_search_tiny.png).
+"""The curves of a tiny agentic run, from its metrics.jsonl (default: RUN_DIR/agentic_<panels>.png).
 
     python docs/agentic_curve.py RUN_DIR [--baseline 0.031] [--out docs/agentic_search_tiny.png]
     python docs/agentic_curve.py RUN_DIR --panels march --out docs/march_tiny.png
@@ -15,6 +15,8 @@ Checker's accuracy and the checked claims per chain.
 `--panels ssp` (configs/ssp_tiny.yaml): left, the Solver's held-out greedy accuracy against the no-search
 baseline; right, per step, the curriculum: proposed-question validity (`ssp/valid_frac`) and the Solver's
 success on valid problems (`ssp/solver_success`, temperature 1).
+The default output lies in the run directory, so a plain call never overwrites the tracked images in docs/;
+pass `--out docs/...png` to update one of them.
 """
 
 from __future__ import annotations
@@ -87,15 +89,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run_dir")
     parser.add_argument("--baseline", type=float, default=2 / 64, help="no-search held-out accuracy")
-    parser.add_argument("--out", default=str(Path(__file__).with_name("agentic_search_tiny.png")))
+    parser.add_argument("--out", default=None, help="PNG to write (default: RUN_DIR/agentic_<panels>.png)")
     parser.add_argument("--panels", choices=sorted(PANELS), default="search", help="which run's curves")
     args = parser.parse_args(argv)
     rows = read_metrics(args.run_dir)
     if not rows:
         print(f"no metrics.jsonl in {args.run_dir}", file=sys.stderr)
         return 1
-    plot(rows, args.baseline, Path(args.out), args.panels)
-    print(args.out)
+    out = Path(args.out) if args.out else Path(args.run_dir) / f"agentic_{args.panels}.png"
+    plot(rows, args.baseline, out, args.panels)
+    print(out)
     return 0
 
 

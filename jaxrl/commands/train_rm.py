@@ -2,7 +2,8 @@
 DIR-debiased.
 
 Without CONFIG the embedded `configs/rm_length_bt.yaml` is used. Config errors (unknown key, bad value)
-exit 2.
+exit 2. Like `jaxrl train`, it holds the run directory's lock (`jaxrl.run_lock`) for the whole run: a second
+trainer on the same directory exits 2 naming the holder.
 """
 
 from __future__ import annotations
@@ -29,9 +30,11 @@ def run(args: argparse.Namespace) -> int:
     distributed.initialize_from_args(args)
     import jax
 
+    from jaxrl import run_lock
     from jaxrl.reward_model.run import train_rm
 
-    report = train_rm(cfg, args.run_dir)
+    with run_lock.hold(args.run_dir, primary=jax.process_index() == 0):
+        report = train_rm(cfg, args.run_dir)
     if jax.process_index() != 0:
         return 0
     attr = cfg.debias.attribute

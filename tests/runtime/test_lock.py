@@ -66,3 +66,21 @@ def test_second_trainer_on_a_run_dir_exits_2(tmp_path):
         first.send_signal(signal.SIGTERM)
         first.communicate(timeout=300)
     assert first.returncode == 75
+
+
+def test_train_rm_takes_the_same_lock(tmp_path, monkeypatch, capsys):
+    """`jaxrl train-rm` holds the run directory's lock like `train` (issue 30, item 9): a second trainer on a
+    held directory exits 2 naming the holder, before any training starts."""
+    from jaxrl.cli import main
+    from jaxrl.reward_model import run as rm_run
+
+    def must_not_train(cfg, run_dir):
+        raise AssertionError(f"train-rm trained in {run_dir} while another trainer held its lock")
+
+    monkeypatch.setattr(rm_run, "train_rm", must_not_train)
+    with RunLock(tmp_path / "run"):
+        assert main(["train-rm", "--run-dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert err.startswith(f"jaxrl train-rm: error: run directory {tmp_path / 'run'} is in use by another trainer "
+                          f"(pid {os.getpid()} on host")
