@@ -8,7 +8,9 @@
 * `pairwise_reward(prompts, completions, *, judge, group_size, mode)`: within each group of G completions of
   one prompt (rows contiguous), the judge `judge(prompt, a, b) -> S` (S > 0: a better) is called on every
   ordered pair, and `jaxrl.losses.openrs.pairwise_group_rewards` turns the G×G matrix into per-sample rewards
-  (OpenRS-style win rate, spec 7c [READING]). A failing judge call leaves that pair out.
+  (OpenRS-style win rate, spec 7c [READING]). A failing judge call (it raises or returns NaN) leaves that
+  pair out; the samples of a group with no judged pair fail (None), so a judge failing on every pair trips
+  the run's reward-failure guard (`jaxrl.rewards.failures`) instead of training on rewards of 0.
 
 `load_scorer_model` is the library's loader for the three checkpoint layouts (`jaxrl eval-rm` can use it too).
 """
@@ -77,7 +79,7 @@ def model_reward(prompts: list[str], completions: list[str], *, checkpoint: str,
                  max_len: int = 1024, buckets: tuple[int, ...] = (64, 128, 256, 512, 1024),
                  dtype: str = "float32", mesh: Any = None) -> list[float | None]:
     """RM score of each (prompt, completion); None (an error, handled by `on_error`) when longer than
-    max_len."""
+    max_len or not finite."""
     from jaxrl.reward_model.data import encode_text, pad_right
 
     state, tokenizer, scorer = _load(str(checkpoint), dtype)
@@ -98,7 +100,7 @@ def model_reward(prompts: list[str], completions: list[str], *, checkpoint: str,
             chunk = np.concatenate([chunk, np.repeat(chunk[:1], pad, axis=0)])
         scores.append(np.asarray(scorer(state, jnp.asarray(chunk)))[:batch_size - pad])
     for i, s in zip(ok, np.concatenate(scores)):
-        out[i] = float(s)
+        out[i] = float(s) if math.isfinite(float(s)) else None  # a NaN / inf score fails the sample
     return out
 
 
@@ -117,19 +119,26 @@ def check_groups(prompts: Sequence[str], group_size: int) -> None:
 
 
 def group_win_rates(scores_PGG: np.ndarray, valid_PGG: np.ndarray, *, mode: str, min_score: float
-                    ) -> list[float]:
+                    ) -> list[float | None]:
     """Per-sample rewards (rows in group order) from the judge's [P, G, G] pair scores; pairs with
-    `valid` False (a failed judge call) are left out (`jaxrl.losses.openrs.pairwise_group_rewards`)."""
+    `valid` False (a failed judge call) are left out (`jaxrl.losses.openrs.pairwise_group_rewards`).
+
+    The samples of a group in which no pair was judged in both orders get None: a failure of the reward
+    (its `on_error`, the reward-failure guard), not a win rate of 0. (A sample left out of every pair of an
+    otherwise judged group keeps its win rate of 0.)"""
     from jaxrl.losses.openrs import pairwise_group_rewards
 
     rewards = pairwise_group_rewards(jnp.asarray(scores_PGG), mode=mode, min_score=min_score,
                                      pair_mask_PGG=jnp.asarray(valid_PGG))
-    return [float(r) for r in np.asarray(rewards).reshape(-1)]
+    valid = np.asarray(valid_PGG, bool)
+    judged_P = (valid & np.swapaxes(valid, 1, 2)).any((1, 2))
+    rewards_PG = np.asarray(rewards).reshape(valid.shape[:2])
+    return [float(r) if judged_P[p] else None for p, row in enumerate(rewards_PG) for r in row]
 
 
 def pairwise_reward(prompts: list[str], completions: list[str], *,
                     judge: str | Callable[[str, str, str], float],
-                    group_size: int, mode: str = "score", min_score: float = 0.0) -> list[float]:
+                    group_size: int, mode: str = "score", min_score: float = 0.0) -> list[float | None]:
     """Per-sample rewards from a pairwise judge function, group by group (see the module docstring)."""
     fn = import_function(judge, "rewards.params.judge") if isinstance(judge, str) else judge
     check_groups(prompts, group_size)

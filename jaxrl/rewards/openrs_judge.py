@@ -12,9 +12,10 @@ generated in batches; each reply is parsed and scored::
     unparsable reply, or no rubric_compares → S = 0 (as the reference's parse_pair_score)
     R_pi = jaxrl.losses.openrs.pairwise_group_rewards(S, mode)          (mode "score" or "verdict"; [READING])
 
-A request that does not fit the judge's context (its reply is None) leaves that pair out of the means. With a
-judge *function* (`judge: "module:function"`, `judge(prompt, a, b) -> S`) the scores come from it instead
-(`jaxrl.rewards.model_reward.pairwise_reward`).
+A request that does not fit the judge's context (its reply is None) leaves that pair out of the means; the
+samples of a group with no judged pair fail (None: their `on_error`, counted by the reward-failure guard).
+With a judge *function* (`judge: "module:function"`, `judge(prompt, a, b) -> S`) the scores come from it
+instead (`jaxrl.rewards.model_reward.pairwise_reward`).
 
 Deviations from the reference: the rubric request is this module's short English prompt (`RUBRIC_REQUEST`; the
 reference has 50+ Chinese category prompts), or the user's `prompt_template`; a reply with no fenced block
@@ -95,7 +96,7 @@ def judgement_score(text: str | None) -> float:
 
 def generated_pairwise_reward(prompts: Sequence[str], completions: Sequence[str], *, generate: Generator,
                               group_size: int, mode: str = "score", min_score: float = 0.0,
-                              prompt_template: str = RUBRIC_REQUEST) -> list[float]:
+                              prompt_template: str = RUBRIC_REQUEST) -> list[float | None]:
     """Per-sample rewards from a text judge: all ordered pairs of every group in one `generate` call."""
     check_groups(prompts, group_size)
     num_prompts = len(completions) // group_size
@@ -118,7 +119,7 @@ def generated_pairwise_reward(prompts: Sequence[str], completions: Sequence[str]
 def pairwise_reward(prompts: list[str], completions: list[str], *,
                     judge: str | Callable[[str, str, str], float] | Mapping[str, Any],
                     group_size: int, mode: str = "score", min_score: float = 0.0,
-                    prompt_template: str | None = None) -> list[float]:
+                    prompt_template: str | None = None) -> list[float | None]:
     """The `pairwise` reward type: a judge model (mapping) or a judge function (see the module docstring).
 
     Every group of `group_size` rows must share its prompt (`check_groups`), else the call raises."""

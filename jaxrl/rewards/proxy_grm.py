@@ -19,7 +19,9 @@ The proxy is a judge spec (`jaxrl.rewards.local_judge`: `{model: PATH, ...}` or 
 sent `PROXY_REQUEST` filled with the sample's fields `question`, `response_1`, `response_2` and the rubric,
 all requests of a step in one call; its pick is the reply's <answer> content, else its last "1"/"2" (as
 `proxy/proxy.py`). Or a function `proxy(question, response_1, response_2, rubric) -> reply text`, called per
-sample; one that raises scores r_proxy = 0 (the reference's failed HTTP call).
+sample; one that raises scores r_proxy = 0 (the reference's failed HTTP call). A proxy that gives no reply for
+any sample of a call (it raised every time, or no request fit its context) is not a judge: the call raises, so
+the samples fail (the reward's `on_error`) and a judge that stays down trips the run's reward-failure guard.
 
 Deviations from the reference: `PROXY_REQUEST` is this module's wording of the reference proxy prompt, with no
 image (jaxrl models are text-only); `use_fb`, `use_proxy` and the format weight are params, not environment
@@ -105,14 +107,21 @@ def _proxy_replies(proxy: str | Callable[..., str] | Mapping[str, Any], question
         replies = list(text_generator(proxy)(requests))
         if len(replies) != len(requests):
             raise ValueError(f"proxy judge: {len(replies)} replies for {len(requests)} requests")
+        if replies and all(r is None for r in replies):
+            raise RuntimeError(f"proxy judge gave no reply to any of the {len(replies)} requests (none fit "
+                               "its context, or its generate function returned None)")
         return replies
     fn = import_function(proxy, "rewards.params.proxy") if isinstance(proxy, str) else proxy
     replies: list[str | None] = []
+    error = None
     for args in zip(questions, first, second, rubrics, strict=True):
         try:
             replies.append(str(fn(*args)))
-        except Exception:  # noqa: BLE001 -- the reference's failed proxy call: r_proxy = 0
+        except Exception as e:  # noqa: BLE001 -- the reference's failed proxy call: r_proxy = 0
+            error = error or f"{type(e).__name__}: {e}"
             replies.append(None)
+    if replies and error is not None and all(r is None for r in replies):
+        raise RuntimeError(f"proxy judge failed on all {len(replies)} samples; first error: {error}")
     return replies
 
 

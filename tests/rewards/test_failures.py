@@ -85,3 +85,94 @@ def test_tracker_reports_the_first_failure_of_the_streak():
 def test_tracker_rejects_a_bad_limit(bad):
     with pytest.raises(UserError, match=r"train\.max_failed_reward_steps=.*must be an integer >= 1"):
         rewards.RewardFailureTracker(bad)
+
+
+# Judges and reward models are rewards for the guard too (issue 30, item 3): a judge that fails on every pair,
+# a proxy judge that never answers, and NaN scores of a reward model fail their samples instead of scoring 0.
+
+def _judge_raises(prompt, a, b):
+    raise ConnectionError("judge server down")
+
+
+def _judge_nan(prompt, a, b):
+    return math.nan
+
+
+def _judge_by_length(prompt, a, b):
+    return float(len(a) - len(b))
+
+
+def _proxy_raises(question, response_1, response_2, rubric):
+    raise ConnectionError("proxy server down")
+
+
+@pytest.mark.parametrize("judge", ["_judge_raises", "_judge_nan"])
+def test_a_pairwise_judge_failing_on_every_pair_trips_the_guard(judge):
+    resolved = rewards.resolve([RewardSpec(name="judge", type="pairwise",
+                                           params={"judge": f"{__name__}:{judge}", "group_size": 2})])
+    tracker = rewards.RewardFailureTracker(3)
+    for _ in range(2):
+        rewards_NK, info = rewards.score(resolved, ["p", "p", "q", "q"], ["a", "bb", "c", "dd"])
+        assert info.errors == {"judge": 4} and (rewards_NK == 0).all()  # on_error=zero, but counted
+        tracker.update(info)
+    with pytest.raises(rewards.RewardError, match=r"reward 'judge' failed on every sample for 3 consecutive "
+                                                  r"steps .*first error: sample 0 returned None"):
+        tracker.update(rewards.score(resolved, ["p", "p", "q", "q"], ["a", "bb", "c", "dd"])[1])
+
+
+def test_a_judged_group_still_scores_beside_a_failed_one():
+    params = {"judge": f"{__name__}:_judge_by_length", "group_size": 2}
+    resolved = rewards.resolve([RewardSpec(name="judge", type="pairwise", on_error="skip", params=params)])
+    rewards_NK, info = rewards.score(resolved, ["p", "p"], ["a", "bbb"])
+    np.testing.assert_allclose(rewards_NK[:, 0], [-2.0, 2.0])
+    assert info.errors == {"judge": 0}
+
+
+def test_a_proxy_judge_that_never_answers_fails_the_samples():
+    from jaxrl.rewards.proxy_grm import proxy_grm_score
+
+    spec = RewardSpec(name="grm", type="proxy_grm", params={"proxy": f"{__name__}:_proxy_raises"})
+    fields = {"answer": ["1", "2"], "question": ["q", "q"], "response_1": ["a", "a"],
+              "response_2": ["b", "b"]}
+    completions = ["<rubric>r</rubric><eval>e</eval><answer>1</answer>"] * 2
+    rewards_NK, info = rewards.score(rewards.resolve([spec]), ["p", "p"], completions, fields)
+    assert info.errors == {"grm": 2} and (rewards_NK == 0).all()
+    assert "proxy judge failed on all 2 samples; first error: ConnectionError: proxy server down" in \
+        info.first_failure["grm"]
+    # one answered sample keeps the reference's r_proxy = 0 for the others
+    replies = iter(["<answer>1</answer>", None])
+
+    def flaky(question, response_1, response_2, rubric):
+        reply = next(replies)
+        if reply is None:
+            raise ConnectionError("timeout")
+        return reply
+
+    got = proxy_grm_score(["p", "p"], completions, fields["answer"], fields["question"], fields["response_1"],
+                          fields["response_2"], proxy=flaky)
+    assert all(math.isfinite(x) for x in got)
+
+
+def test_nan_scores_of_a_reward_model_fail_their_samples(monkeypatch, tmp_path):
+    import jax.numpy as jnp
+
+    from jaxrl.rewards import model_reward as mr
+    from jaxrl.tokenizer import builtin_tokenizer
+
+    tok = builtin_tokenizer()
+    scores = {"good": 1.0, "bad": math.nan}
+
+    def fake_load(checkpoint, dtype):
+        # the scorer reads back which completion a row holds from its length (good: 4 chars, bad: 3)
+        def scorer(state, tokens_BL):
+            lengths = (tokens_BL != tok.pad_token_id).sum(-1)
+            return jnp.where(lengths == lengths.max(), scores["good"], scores["bad"])
+        return None, tok, scorer
+
+    monkeypatch.setattr(mr, "_load", fake_load)
+    got = mr.model_reward(["p", "p"], ["good", "bad"], checkpoint=str(tmp_path), batch_size=2)
+    assert got[0] == 1.0 and got[1] is None
+    # evpv's PRM: a NaN step score fails the sample instead of counting as a wrong step (-1)
+    spec = RewardSpec(name="evpv", type="evpv", params={"prm": {"checkpoint": str(tmp_path)}})
+    rewards_NK, info = rewards.score(rewards.resolve([spec]), ["p", "p"], ["good", "bad"])
+    assert info.errors == {"evpv": 1} and info.first_failure["evpv"] == "sample 1 returned None"
