@@ -83,10 +83,11 @@ def checker_gold_frac(checker_texts: Sequence[str], pairs: Sequence[Sequence[tup
 
 
 def vote_matrix(checker_texts: Sequence[str], pairs: Sequence[Sequence[tuple[str, str]]], samples: int,
-                max_questions: int) -> tuple[np.ndarray, np.ndarray]:
-    """(votes [N, S, Q], question mask [N, Q]) from the decoded Checker samples (chain i at rows i·S + s)."""
+                max_questions: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(votes [N, S, Q], question mask [N, Q]) from the decoded Checker samples (chain i at rows i·S + s);
+    Q = `max_questions`, or (None) the most pairs of any chain."""
     n = len(pairs)
-    q = max(max_questions, 1)
+    q = max(max_questions or max((len(p) for p in pairs), default=0), 1)
     votes = -np.ones((n, samples, q), np.int32)
     qmask = np.zeros((n, q), bool)
     for i, chain in enumerate(pairs):
@@ -134,7 +135,8 @@ class MarchSystem:
       train_roles: which of "solver", "checker" get trained rows (the reference trains both).
       checker_samples: S, the Checker's votes per chain (3 in the reference).
       mode: "ztr" (zero tolerance, default) or "error_rate" (`losses.research.march.fact_check_reward`).
-      max_questions: at most this many Proposer pairs are checked per chain.
+      max_questions: at most this many Proposer pairs are checked per chain; None (default) checks every
+        parsed pair, as the reference (a cap lets a refuted claim past it go unpunished under ZTR).
       solver_demo_wrong: the share of Solver warm-start demonstrations that answer from a distractor
         passage (`march_text.solver_wrong`): a warm-started Solver that hallucinates, for the fact check to
         correct (0 = every demonstration answers right).
@@ -143,6 +145,8 @@ class MarchSystem:
         every role: three times the data per role).
       prompts: "full" (the Proposer's and Checker's prompts open with an instruction line) or "terse"
         (without it: for a character model, 40 % shorter Checker prompts).
+      rules: how Proposer pairs are parsed (`march_text.parse_pairs`): "reference" (default; a pair may be
+        written across lines) or "v1" (one line; configs/march_tiny.yaml, whose results were measured so).
     """
 
     adapter_roles = ROLES  # `multi_agent.adapters: per_role`: one adapter set per role
@@ -150,28 +154,30 @@ class MarchSystem:
 
     def __init__(self, tokenizer, *, corpus_seed: int = 0, corpus_size: str = "tiny",
                  num_distractors: int = 1, train_roles: Sequence[str] = TRAINABLE, checker_samples: int = 3,
-                 mode: str = "ztr", max_questions: int = 4, solver_demo_wrong: float = 0.0,
-                 demo_roles: str = "one", prompts: str = "full"):
+                 mode: str = "ztr", max_questions: int | None = None, solver_demo_wrong: float = 0.0,
+                 demo_roles: str = "one", prompts: str = "full", rules: str = "reference"):
         bad = [r for r in train_roles if r not in TRAINABLE]
         if bad or not train_roles:
             raise ValueError(f"train_roles={list(train_roles)!r}: a non-empty subset of {list(TRAINABLE)} "
                              "(the Proposer is never trained, as in the reference)")
         if mode not in ("ztr", "error_rate"):
             raise ValueError(f"mode={mode!r}: allowed values are 'ztr', 'error_rate'")
-        if int(checker_samples) < 1 or int(max_questions) < 1 or int(num_distractors) < 0:
-            raise ValueError("checker_samples and max_questions must be >= 1, num_distractors >= 0")
+        if int(checker_samples) < 1 or (max_questions is not None and int(max_questions) < 1) \
+                or int(num_distractors) < 0:
+            raise ValueError("checker_samples and max_questions (or null) must be >= 1, num_distractors >= 0")
         if not 0.0 <= float(solver_demo_wrong) <= 1.0:
             raise ValueError(f"solver_demo_wrong={solver_demo_wrong!r}: a share in [0, 1]")
         for name, value, allowed in (("demo_roles", demo_roles, ("one", "all")),
-                                     ("prompts", prompts, ("full", "terse"))):
+                                     ("prompts", prompts, ("full", "terse")), ("rules", rules, mt.RULES)):
             if value not in allowed:
                 raise ValueError(f"{name}={value!r}: allowed values are {', '.join(map(repr, allowed))}")
         self.tokenizer = tokenizer
         self.world = build_world(int(corpus_seed), str(corpus_size))
         self.num_distractors, self.train_roles = int(num_distractors), tuple(train_roles)
-        self.checker_samples, self.mode, self.max_questions = int(checker_samples), mode, int(max_questions)
+        self.checker_samples, self.mode = int(checker_samples), mode
+        self.max_questions = None if max_questions is None else int(max_questions)
         self.solver_demo_wrong = float(solver_demo_wrong)
-        self.demo_roles = demo_roles
+        self.demo_roles, self.rules = demo_roles, rules
         self.task = {"task": ""} if prompts == "terse" else {}  # the Proposer's and Checker's instruction
         self._draws: dict[str, int] = {}  # demo_roles="all": warm-start draws of each question so far
         # the rooms world's codes: made-up answers of wrong Solver demonstrations with no distractor passage
@@ -233,7 +239,7 @@ class MarchSystem:
         prop_ids = [self._ids(mt.proposer_text(parsed[i // g][1], mt.answer_part(solver.completions[i]),
                                                **self.task)) for i in range(n)]
         proposer = self._generate("proposer", graphdef, params, prop_ids, spec, 1, keys[1])
-        pairs = [mt.parse_pairs(t, self.max_questions) for t in proposer.completions]
+        pairs = [mt.parse_pairs(t, self.max_questions, self.rules) for t in proposer.completions]
         chk_ids = [self._ids(mt.checker_text(parsed[i // g][0], [q for q, _ in pairs[i]], **self.task))
                    for i in range(n)]
         checker = self._generate("checker", graphdef, params, chk_ids, spec, s, keys[2])

@@ -21,7 +21,12 @@ PROPOSER_TASK = "Ask for each number of the response: - Question: q [Answer: n]"
 CHECKER_TASK = "Answer from the materials only (else Cannot answer): k. Evidence: doc [Answer: n]"
 FACT_LABEL = "rag_for_digit_fact"
 
-_PAIR = re.compile(r"-\s*Question:([^\n]*?)\[Answer:([^\n]*?)\]")
+# The reference's pair rule (`_extract_qa_pairs`): the whitespace around the question and the answer may span
+# newlines ("- Question:\n q\n[Answer: n]"), the texts themselves may not. `_PAIR_V1`: jaxrl before issue 28,
+# a pair on one line (configs/march_tiny.yaml keeps it).
+_PAIR = re.compile(r"-\s*Question:\s*([^\n]*?)\s*\[Answer:\s*([^\n]*?)\]")
+_PAIR_V1 = re.compile(r"-\s*Question:([^\n]*?)\[Answer:([^\n]*?)\]")
+RULES = ("reference", "v1")
 _ITEM = re.compile(r"(\d+)\.\s*Evidence:(.*?)\[Answer:(.*?)\]", re.DOTALL)
 _BLOCK = re.compile(r"Passages:[ \t]*\n(.*?)\nQuestion:([^\n]*)", re.DOTALL)
 _NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
@@ -73,9 +78,15 @@ def checker_text(passages: str, questions: Sequence[str], *, task: str = CHECKER
     return f"{head}Reference Materials:\n{passages}\nQuestions:\n{listed}"
 
 
-def parse_pairs(text: str, max_pairs: int) -> list[tuple[str, str]]:
-    """The Proposer's (question, answer) pairs, each on one line, stripped; at most `max_pairs`."""
-    return [(q.strip(), a.strip()) for q, a in _PAIR.findall(answer_part(text))][:max_pairs]
+def parse_pairs(text: str, max_pairs: int | None = None, rules: str = "reference") -> list[tuple[str, str]]:
+    """The Proposer's (question, answer) pairs, stripped, in order; every pair (the reference's rule) or at
+    most `max_pairs`. A question or answer text does not span lines; with rules="reference" the whitespace
+    around it may, with "v1" the whole pair is on one line."""
+    if rules not in RULES:
+        raise ValueError(f"rules={rules!r}: allowed values are {', '.join(map(repr, RULES))}")
+    pattern = _PAIR if rules == "reference" else _PAIR_V1
+    pairs = [(q.strip(), a.strip()) for q, a in pattern.findall(answer_part(text))]
+    return pairs if max_pairs is None else pairs[:max_pairs]
 
 
 def parse_checker(text: str, num_questions: int) -> list[str | None]:

@@ -224,7 +224,10 @@ def test_parsers_follow_the_spec():
     assert mt.parse_solver_prompt("no block") == ("", "")
     assert mt.answer_part("<think>\nx\n</think>\nY") == "\nY"
     assert mt.answer_part("<think>x</think>Y") == "<think>x</think>Y"
-    assert mt.parse_pairs("- Question: a?\n[Answer: 1]\n-Question: b? [Answer: 2 ]", 5) == [("b?", "2")]
+    two = "- Question: a?\n[Answer: 1]\n-Question: b? [Answer: 2 ]"
+    assert mt.parse_pairs(two) == [("a?", "1"), ("b?", "2")]  # the reference's \s* spans the newline
+    assert mt.parse_pairs(two, 1) == [("a?", "1")]
+    assert mt.parse_pairs(two, 5, rules="v1") == [("b?", "2")]  # jaxrl v1 (configs/march_tiny.yaml)
     assert mt.parse_checker("Evidence: e [Answer: 4]\n2. Evidence: f\n[Answer: 5]", 3) == ["4", "5", None]
     assert mt.parse_checker("1. Evidence: e [Answer: 4]\n1. Evidence: g [Answer: 6]", 1) == ["6"]
 
@@ -336,3 +339,50 @@ def test_terse_prompts_and_one_passage_with_made_up_hallucinations(tok, monkeypa
     assert all(p.startswith("Reference Materials:\n") for p in script.prompts["checker"])
     with pytest.raises(ValueError, match="prompts"):
         MarchSystem(tok, prompts="short")
+
+
+def _reference_pairs(text: str) -> list[tuple[str, str]]:
+    """A transcription of Qwen-Applications/MARCH `_extract_qa_pairs`: `\\s*` may cross newlines, `.` (no
+    DOTALL) may not."""
+    found = re.findall(r"-\s*Question:\s*(.*?)\s*\[Answer:\s*(.*?)\]", text)
+    return [(q.strip(), a.strip()) for q, a in found]
+
+
+def test_pairs_parse_like_the_reference_including_pairs_across_lines():
+    rng = np.random.default_rng(0)
+    pieces = ["- Question:", "-Question:", " ", "\n", " \n ", "How old is Kop?", "Who?", "[Answer:", " 7", "12",
+              "]", "x", "- ", "[", "Answer: 3]"]
+    across = 0
+    for _ in range(3000):
+        text = "".join(str(rng.choice(pieces)) for _ in range(int(rng.integers(1, 14))))
+        ref = _reference_pairs(text)
+        assert mt.parse_pairs(text) == ref, text
+        across += ref != mt.parse_pairs(text, rules="v1")
+    assert across > 20  # the texts exercised the newline rule (37 of them parse differently under v1)
+    by_hand = "- Question:\n  Who is Kop?\n[Answer:\n 7]\n- Question: a\nb [Answer: 2]"
+    assert mt.parse_pairs(by_hand) == [("Who is Kop?", "7")]  # a question text itself never spans lines
+
+
+def test_every_claim_is_checked_by_default(tok):
+    """The reference checks every parsed pair: a 5th claim refuted by all 3 Checker samples makes the chain's
+    ZTR reward -1; the old default cap of 4 left it unpunished (r_fc 0)."""
+    from jaxrl.multi_agent.march import chain_rewards, vote_matrix
+
+    assert MarchSystem(tok).max_questions is None
+    proposer = "\n".join(f"- Question: q{k}? [Answer: {k}]" for k in range(1, 6))
+    pairs = [mt.parse_pairs(proposer)]
+    assert len(pairs[0]) == 5
+    checker = "\n".join(f"{k}. Evidence: Doc 1 [Answer: {k if k < 5 else 9}]" for k in range(1, 6))
+    labelled = np.ones(1, bool)
+    votes, qmask = vote_matrix([checker] * 3, pairs, 3)
+    assert votes.shape == (1, 3, 5) and qmask.all()
+    r_fc, refuted, claims = chain_rewards(votes, qmask, labelled, "ztr")
+    assert (r_fc.tolist(), refuted.tolist(), claims.tolist()) == ([-1.0], [1], [5])
+    capped = [mt.parse_pairs(proposer, 4)]
+    votes, qmask = vote_matrix([checker] * 3, capped, 3, 4)
+    r_fc, refuted, claims = chain_rewards(votes, qmask, labelled, "ztr")
+    assert (r_fc.tolist(), refuted.tolist(), claims.tolist()) == ([0.0], [0], [4])
+    with pytest.raises(ValueError, match="max_questions"):
+        MarchSystem(tok, max_questions=0)
+    with pytest.raises(ValueError, match="rules"):
+        MarchSystem(tok, rules="loose")
