@@ -5,8 +5,9 @@ spec/multi-agent.md §2 on the fictional-entity world (`jaxrl.data.entities`, BM
 `jaxrl.envs.SearchEnv`). Per answer record (a* with k = its hop count), one step:
 
     Proposer  n_p search episodes ending in <question>q</question>               (multi-turn, `ProposerEnv`)
-    validity  first <question> tag; >= min_words words; a* not in q; non-empty results; >= k distinct
-              searches; (`grounded`, not the reference's: q names a title of its results); RAG check: the
+    validity  first <question> tag; 10 to 1000 characters and >= min_words words; a* not in q; non-empty
+              results; >= min_searches distinct search terms (JSON lists expanded); (`grounded`, not the
+              reference's: q names a title of its results); RAG check: the
               policy answers q greedily from this episode's results mixed with up to 4 other episodes'
               results, and must match a* (spec §2.5; verifier = "policy", on its own prompt or laid out
               as the Solver reading a search result, `rag_layout`)
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import re
 import zlib
 from typing import Any, Mapping, Sequence
@@ -53,6 +55,11 @@ _QUESTION = re.compile(r"<question>(.*?)</question>", re.DOTALL)
 _RESULT = re.compile(r"<result>\n?(.*?)\n?</result>", re.DOTALL)
 _SEARCH = re.compile(r"<search>(.*?)</search>", re.DOTALL)
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+# The reference's clean-up of an extracted question (`problem_extraction.py`, `extract_problems`): stray
+# answer tags anywhere (also "<\\answer>"), then a dangling "</" or "</answer" at the end.
+_STRAY_TAGS = (re.compile(r"<\\?/?answer\s*>"), re.compile(r"</\s*$"), re.compile(r"</answer\s*$"))
+MAX_QUESTION_CHARS = 1000  # the reference's upper bound on a question's length (characters, stripped)
+RULES = ("reference", "v1")
 
 
 @functools.lru_cache(maxsize=4)
@@ -112,18 +119,59 @@ def names_a_title(question: str, materials: str) -> bool:
     return any(re.search(rf"(?<!\w){re.escape(t.strip())}(?!\w)", question) for t in titles if t.strip())
 
 
+def search_terms(transcript: str, expand_lists: bool = True) -> tuple[str, ...] | None:
+    """The search terms of a transcript, stripped. `expand_lists` (the reference's rule): a search whose text
+    is a JSON list counts each non-empty item as a term (`<search>["a", "b"]</search>` is two searches);
+    None when such a list holds a non-string (the reference's extraction fails on it: no problem)."""
+    terms: list[str] = []
+    for raw in _SEARCH.findall(transcript):
+        text = raw.strip()
+        try:
+            items = json.loads(text) if expand_lists else None
+        except ValueError:
+            items = None
+        if not isinstance(items, list):
+            terms.append(text)
+        elif not all(isinstance(t, str) for t in items):
+            return None
+        else:
+            terms += [t.strip() for t in items if t.strip()]
+    return tuple(terms)
+
+
+def clean_question(text: str) -> str:
+    """The reference's clean-up of a question (`_STRAY_TAGS`) after stripping; not stripped again (the
+    reference counts the words of the cleaned text as it is)."""
+    q = text.strip()
+    for pattern in _STRAY_TAGS:
+        q = pattern.sub("", q)
+    return q
+
+
 def extract_problem(transcript: str, answer: str, *, min_searches: int, min_words: int,
-                    leak: str = "substring", grounded: bool = False) -> Problem:
+                    leak: str = "substring", grounded: bool = False, rules: str = "reference") -> Problem:
     """Rules of spec §2.5 (1-6, 8) in order; the RAG check (7) is the caller's (it needs the policy).
     `grounded` adds a rule after 6 (not the reference's): the question names a document title of its
-    materials (`names_a_title`)."""
+    materials (`names_a_title`).
+
+    rules="reference" (Alibaba-Quark/SSP `ProblemExtractor._is_valid_search_question`): stray answer tags
+    are cleaned from the question, which must have 10 to `MAX_QUESTION_CHARS` characters and `min_words`
+    words counted by `split(" ")` (so "a  b" is three); JSON search lists are expanded (`search_terms`).
+    rules="v1" (jaxrl before issue 28, kept for configs/ssp_tiny.yaml, whose results were measured with
+    it): no clean-up, no upper length bound, words split on any whitespace, each search text one term."""
+    if rules not in RULES:
+        raise ValueError(f"rules={rules!r}: allowed values are {', '.join(map(repr, RULES))}")
+    ref = rules == "reference"
     found = _QUESTION.search(transcript)
     materials = "\n\n".join(m.strip() for m in _RESULT.findall(transcript) if m.strip())
-    searches = tuple(s.strip() for s in _SEARCH.findall(transcript))
-    if found is None:
-        return Problem(None, materials, searches, False, "format")
-    q = found.group(1).strip()
-    if len(q) < 10 or len(q.split()) < min_words:
+    terms = search_terms(transcript, expand_lists=ref)
+    searches = () if terms is None else terms
+    if found is None or terms is None:
+        return Problem(None if found is None else found.group(1).strip(), materials, searches, False, "format")
+    q = clean_question(found.group(1)) if ref else found.group(1).strip()
+    words = len(q.split(" ")) if ref else len(q.split())
+    q = q.strip()
+    if len(q) < 10 or (ref and len(q) > MAX_QUESTION_CHARS) or words < min_words:
         return Problem(q, materials, searches, False, "length")
     if leaks(answer, q, leak):
         return Problem(q, materials, searches, False, "leak")
@@ -264,9 +312,14 @@ class SspSystem:
       tokenizer: the policy's tokenizer.
       corpus_seed, corpus_size, top_k: the searched world (as `SearchEnv`).
       max_turns, max_total_tokens: episode budgets of both roles.
-      min_words: rule 3 (reference: 10 words; short for the tiny world's questions).
+      min_words: rule 3, the reference's 10 words (configs/ssp_tiny.yaml: 4, the tiny world's questions are
+        shorter).
       leak: rule 4, "substring" (reference) or "word" (a* as a whole word: one-character answers).
-      min_searches: rule 6 (reference: 2); None: the record's hop count.
+      min_searches: rule 6, the reference's 2 distinct search terms whatever the hop count; None: the
+        record's hop count (configs/ssp_tiny.yaml, 1-hop records).
+      rules: "reference" (default) or "v1" (configs/ssp_tiny.yaml): the text rules of `extract_problem` and
+        the pool's clearing step (reference: after steps interval − 1, 2·interval − 1, …, its step counter
+        being advanced before the test; v1: after steps interval, 2·interval, …).
       format_penalty: R_p of an invalid problem (script 0, config default -1).
       rag_check: run rule 7 with the policy as verifier; rag_others: other episodes' materials mixed in
         (reference: 4; fewer keep the verifier's prompt inside a small model's prompt buckets).
@@ -307,13 +360,13 @@ class SspSystem:
     adapter_aliases = {"verifier": "solver"}  # the RAG check is the Solver reading the materials
 
     def __init__(self, tokenizer, *, corpus_seed: int = 0, corpus_size: str = "tiny", top_k: int = 1,
-                 max_turns: int = 4, max_total_tokens: int = 512, min_words: int = 4,
-                 min_searches: int | None = None, format_penalty: float = 0.0, rag_check: bool = True,
+                 max_turns: int = 4, max_total_tokens: int = 512, min_words: int = 10,
+                 min_searches: int | None = 2, format_penalty: float = 0.0, rag_check: bool = True,
                  rag_others: int = 4, proposer_samples: int = 1, update: str = "sequential",
                  failed_slots: str = "reuse", reuse_threshold: float = 1.0, pool_clear_interval: int = 10,
                  leak: str = "substring", query_with_question: bool = False, solver_demo_search: float = 1.0,
                  verifier_demos: bool = False, rag_layout: str = "materials", proposer_query: str = "chain",
-                 short_prompts: bool = False, grounded: bool = False):
+                 short_prompts: bool = False, grounded: bool = False, rules: str = "reference"):
         if int(proposer_samples) < 1:
             raise ValueError(f"proposer_samples={proposer_samples}: must be >= 1")
         if update not in ("sequential", "joint"):
@@ -328,6 +381,9 @@ class SspSystem:
             raise ValueError(f"proposer_query={proposer_query!r}: allowed values are 'chain', 'answer'")
         if int(pool_clear_interval) < 0:
             raise ValueError(f"pool_clear_interval={pool_clear_interval}: must be >= 0")
+        if rules not in RULES:
+            raise ValueError(f"rules={rules!r}: allowed values are {', '.join(map(repr, RULES))}")
+        self.rules = rules
         self.tokenizer, self.leak, self.verifier_demos = tokenizer, leak, bool(verifier_demos)
         self.rag_layout, self.proposer_query = rag_layout, proposer_query
         self.short_prompts, self.grounded = bool(short_prompts), bool(grounded)
@@ -339,8 +395,9 @@ class SspSystem:
         self.rag_others, self.proposer_samples = int(rag_others), int(proposer_samples)
         # role ids in update order (`jaxrl.rl_step.phased_update`); () = one joint update
         self.update_phases = (ROLE_IDS["proposer"], ROLE_IDS["solver"]) if update == "sequential" else ()
-        self.pool = ProblemPool(float(reuse_threshold), int(pool_clear_interval)) if failed_slots == "reuse" \
-            else None
+        offset = 1 if rules == "reference" else 0
+        self.pool = ProblemPool(float(reuse_threshold), int(pool_clear_interval), clear_offset=offset) \
+            if failed_slots == "reuse" else None
 
     def state_json(self) -> dict | None:
         return None if self.pool is None else self.pool.state_json()
@@ -424,7 +481,7 @@ class SspSystem:
                               self.proposer_samples, keys[0])
         answers = [str(r["answers"][0]) for r in prop.records]
         problems = [extract_problem(t, a, min_words=self.min_words, leak=self.leak, grounded=self.grounded,
-                                    min_searches=self.min_searches or int(r.get("hops", 1)))
+                                    min_searches=self.min_searches or int(r.get("hops", 1)), rules=self.rules)
                     for t, a, r in zip(prop.completions, answers, prop.records)]
         valid = self.verify(graphdef, params, problems, answers, spec, jax.random.fold_in(key, 9))
         reused = self.pool.fill(valid, keys[2]) if self.pool is not None else [None] * len(problems)

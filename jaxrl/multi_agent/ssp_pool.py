@@ -5,7 +5,9 @@ Spec/multi-agent.md §2.6-2.7 (reference: Alibaba-Quark/SSP, `quarl/utils/ssp_da
 problem drawn from the pool of earlier problems whose recorded Solver success rate is at most `threshold`
 (script: 1.0, any problem), or a dummy problem when none is eligible. After solving, every non-dummy
 problem of the step (valid or reused) is pushed with its success rate; every `clear_every` steps the pool is
-emptied (`keep_ratio = 0`). The pool is host-side state that goes into checkpoints (`state_json`), so a
+emptied (`keep_ratio = 0`): after step k when (k + `clear_offset`) is a multiple of `clear_every`. The
+reference's `fit` advances its step counter before that test, so it clears after steps 9, 19, … for an
+interval of 10 (`clear_offset` 1); offset 0 clears after steps 10, 20, … (jaxrl before issue 28). The pool is host-side state that goes into checkpoints (`state_json`), so a
 resumed run draws the same problems.
 """
 
@@ -23,6 +25,7 @@ class ProblemPool:
 
     threshold: float = 1.0
     clear_every: int = 10
+    clear_offset: int = 1
     problems: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     steps: int = 0
 
@@ -38,7 +41,7 @@ class ProblemPool:
         self.steps += 1
         self.problems += [{"question": q, "answer": a, "success": float(p), "step": self.steps}
                           for q, a, p in problems]
-        if self.clear_every > 0 and self.steps % self.clear_every == 0:
+        if self.clear_every > 0 and (self.steps + self.clear_offset) % self.clear_every == 0:
             self.problems = []
 
     def state_json(self) -> dict[str, Any]:

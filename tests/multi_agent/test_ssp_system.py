@@ -7,6 +7,9 @@ served by BM25 over the world), so extraction, validity, the dummy problems, the
 
 from __future__ import annotations
 
+import json
+import re
+
 import jax
 import numpy as np
 import pytest
@@ -18,6 +21,11 @@ from jaxrl.multi_agent.ssp import (DUMMY, ROLE_IDS, SspSystem, extract_problem, 
                                    proposer_demonstration)
 from jaxrl.sampling import SamplingSpec
 from jaxrl.tokenizer import load_tokenizer
+
+
+# The entity world's 1-hop questions ("When was Bubris founded?") have 4-6 words and need one search: the
+# pipeline tests below take the rules configs/ssp_tiny.yaml pins, not the reference's 10 words and 2 searches.
+SHORT = {"min_words": 4, "min_searches": None}
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +91,7 @@ def test_noisy_materials_keep_own_and_at_most_four_others():
 
 def test_collect_rewards_rows_and_curriculum(tok):
     g = 2
-    system = SspSystem(tok, rag_check=False, max_total_tokens=768, proposer_samples=g)
+    system = SspSystem(tok, rag_check=False, max_total_tokens=768, proposer_samples=g, **SHORT)
     records = [r for r in entities(200, 0, max_hops=1)][:3]
     ro = collect_scripted(system, records, g)
     n_p, n_s = len(records) * g, len(records) * g * g
@@ -126,7 +134,7 @@ def test_proposer_group_of_one_by_default_gives_a_equal_r(tok):
     row and its advantage is its reward (verl: mean 0, scale 1); the Solver's G rows form their own groups."""
     from jaxrl.algorithms import ALGORITHMS, AlgoSettings, segment_advantages
 
-    system = SspSystem(tok, rag_check=False, max_total_tokens=768, format_penalty=-1.0)
+    system = SspSystem(tok, rag_check=False, max_total_tokens=768, format_penalty=-1.0, **SHORT)
     assert system.group_sizes(4) == {"proposer": 1, "solver": 4}
     records = entities(200, 0, max_hops=1)[:3]
     g = 2
@@ -148,22 +156,44 @@ def test_proposer_group_of_one_by_default_gives_a_equal_r(tok):
 def test_problem_pool_draws_eligible_problems_and_clears():
     from jaxrl.multi_agent.ssp_pool import ProblemPool
 
-    pool = ProblemPool(threshold=0.5, clear_every=3)
+    pool = ProblemPool(threshold=0.5, clear_every=3, clear_offset=0)
     assert pool.fill([False, True], key=0) == [None, None]  # empty: the caller's dummy
     pool.push([("q easy", "a1", 1.0), ("q hard", "a2", 0.25)])
     picks = pool.fill([False, True, False, False], key=1)
     assert picks[1] is None and all(p["question"] == "q hard" for p in picks if p is not None)  # 1.0 > 0.5
     assert [p is None for p in picks] == [False, True, False, False]
-    same = ProblemPool(threshold=0.5, clear_every=3)
+    same = ProblemPool(threshold=0.5, clear_every=3, clear_offset=0)
     same.load_state(pool.state_json())
     assert same.fill([False] * 5, key=7) == pool.fill([False] * 5, key=7) and same.steps == 1
     pool.push([])
-    pool.push([("q3", "a3", 0.0)])  # the third step clears (keep_ratio 0)
+    pool.push([("q3", "a3", 0.0)])  # offset 0 (v1): the third step clears (keep_ratio 0)
     assert pool.problems == [] and pool.steps == 3
 
 
+def test_pool_clears_at_the_reference_step():
+    """Alibaba-Quark/SSP `fit`: the step counter starts at 1 and is advanced before `global_steps % interval
+    == 0`, so with interval 10 the pool is cleared after steps 9, 19, 29 (jaxrl v1: 10, 20, 30)."""
+    from jaxrl.multi_agent.ssp_pool import ProblemPool
+
+    def cleared_after(pool):
+        out = []
+        for step in range(1, 31):
+            pool.push([(f"q{step}", "a", 0.0)])
+            if not pool.problems:
+                out.append(step)
+        return out
+
+    assert ProblemPool().clear_offset == 1
+    assert cleared_after(ProblemPool(clear_every=10)) == [9, 19, 29]
+    assert cleared_after(ProblemPool(clear_every=10, clear_offset=0)) == [10, 20, 30]
+    assert cleared_after(ProblemPool(clear_every=1)) == list(range(1, 31))
+    assert cleared_after(ProblemPool(clear_every=0)) == []
+    tok = load_tokenizer("builtin")
+    assert SspSystem(tok).pool.clear_offset == 1 and SspSystem(tok, rules="v1").pool.clear_offset == 0
+
+
 def test_failed_slots_reuse_earlier_problems_and_resume_exactly(tok):
-    system = SspSystem(tok, rag_check=False, max_total_tokens=768, format_penalty=-1.0)
+    system = SspSystem(tok, rag_check=False, max_total_tokens=768, format_penalty=-1.0, **SHORT)
     records = entities(200, 0, max_hops=1)[:3]
     g = 2
     first = collect_scripted(system, records, g)  # record 1 invalid, empty pool: a dummy problem
@@ -179,12 +209,12 @@ def test_failed_slots_reuse_earlier_problems_and_resume_exactly(tok):
     assert answer == {r["question"]: r["answers"][0] for r in records}[q[1]]  # with its own answer
     assert second.rewards_NK[1, 0] == -1.0  # the failed Proposer still gets the format penalty
     assert second.metrics["ssp/reused"] == pytest.approx(1 / 3) and second.metrics["ssp/dummy"] == 0.0
-    resumed = SspSystem(tok, rag_check=False, max_total_tokens=768, format_penalty=-1.0)
+    resumed = SspSystem(tok, rag_check=False, max_total_tokens=768, format_penalty=-1.0, **SHORT)
     resumed.load_state(saved)
     again = collect_scripted(resumed, records, g)
     assert [r["question"] for r in again.records] == [r["question"] for r in second.records]
     np.testing.assert_array_equal(again.rewards_NK, second.rewards_NK)
-    dummy_only = SspSystem(tok, rag_check=False, max_total_tokens=768, failed_slots="dummy")
+    dummy_only = SspSystem(tok, rag_check=False, max_total_tokens=768, failed_slots="dummy", **SHORT)
     assert dummy_only.state_json() is None
     collect_scripted(dummy_only, records, g)
     assert [r["question"] for r in collect_scripted(dummy_only, records, g).records[n_p::g]][1] == DUMMY
@@ -276,3 +306,104 @@ def test_rooms_copy_world_proposer_query_and_solver_layout_verifier(tok):
             assert c == f"<answer>{a}</answer>"
     ids = system.verifier_ids("Doc 1 (Title: Kop)\nThe room of Kop is 7.", "What is the room of Kop?")
     assert tok.decode(ids, skip_special_tokens=True).endswith("The room of Kop is 7.\n</result>\n")
+
+
+def _reference_is_valid(transcript: str, answer: str) -> bool:
+    """A transcription of Alibaba-Quark/SSP `ProblemExtractor` (LLM judge and search-term filter off, their
+    defaults), with jaxrl's tags: the first `<question>` (`answer_pattern="question"`) and `<result>` for the
+    reference's `<information>`. A list item that is not a string raises there: no problem is extracted."""
+    found = list(re.finditer(r"<question>\s*(.*?)\s*</question>", transcript, re.DOTALL))
+    if not found:
+        return False
+    q = found[0].group(1).strip()
+    q = re.sub(r"<\\?/?answer\s*>", "", q)
+    q = re.sub(r"</\s*$", "", q)
+    q = re.sub(r"</answer\s*$", "", q)
+    if not q or len(q.strip()) < 10 or len(q.strip()) > 1000 or len(q.split(" ")) < 10:
+        return False
+    if answer.lower() in q.lower():
+        return False
+    if not re.findall(r"<result>(.*?)</result>", transcript, re.DOTALL):
+        return False
+    terms = []
+    for raw in re.findall(r"<search>\s*(.*?)\s*</search>", transcript, re.DOTALL):
+        try:
+            loaded = json.loads(raw)
+        except ValueError:
+            terms.append(raw.strip())
+            continue
+        if isinstance(loaded, list):
+            try:
+                terms.extend(t.strip() for t in loaded if t.strip())
+            except AttributeError:
+                return False
+        else:
+            terms.append(raw.strip())
+    return len(terms) > 1 and len(terms) == len(set(terms))
+
+
+def _random_transcript(rng) -> tuple[str, str]:
+    names = ["Bubris", "Tarn", "Ode", "Kop", "1173", "Bubris Tarn"]
+    parts = []
+    for _ in range(int(rng.integers(0, 4))):
+        kind = rng.integers(0, 4)
+        if kind == 0:
+            parts.append(f"<search>{rng.choice(names)}</search>")
+        elif kind == 1:  # a JSON list, maybe with duplicates or an empty item
+            items = [str(rng.choice(names + [""])) for _ in range(int(rng.integers(1, 4)))]
+            parts.append("<search>" + json.dumps(items) + "</search>")
+        elif kind == 2:
+            parts.append(f"<search> {rng.choice(names)} \n</search>")
+        else:
+            parts.append(f"<search>[{int(rng.integers(0, 9))}, \"Kop\"]</search>" if rng.random() < 0.3
+                         else "<search>\"Ode\"</search>")
+        parts.append("<result>\nDoc 1 (Title: Bubris)\nBubris was founded in 1173.\n</result>")
+    words = [str(rng.choice(["When", "was", "the", "town", "of", "Bubris", "founded", "by", "Tarn", "?"]))
+             for _ in range(int(rng.integers(3, 14)))]
+    seps = [str(rng.choice([" ", " ", " ", "  ", "\n"])) for _ in words]
+    question = "".join(w + s for w, s in zip(words, seps)).strip()
+    if rng.random() < 0.1:
+        question = (question + " ") * 80  # past 1000 characters
+    tail = str(rng.choice(["", "", "</answer>", "</", " </answer", "<answer>"]))
+    if rng.random() < 0.8:
+        parts.append(f"<question>{question}{tail}</question>")
+    answer = str(rng.choice(["1173", "founded", "Zq"]))
+    return "\n".join(parts), answer
+
+
+def test_extraction_matches_the_reference_rules_on_random_transcripts():
+    rng = np.random.default_rng(0)
+    kinds = set()
+    for _ in range(3000):
+        text, answer = _random_transcript(rng)
+        got = extract_problem(text, answer, min_searches=2, min_words=10)
+        assert got.valid == _reference_is_valid(text, answer), (text, answer, got)
+        kinds.add(got.reason)
+    assert kinds == {"ok", "format", "length", "leak", "materials", "searches"}  # every rule was exercised
+
+
+def test_reference_rules_by_hand():
+    materials = "<result>\nDoc 1 (Title: Bubris)\nBubris was founded in 1173.\n</result>\n"
+    q10 = "In which year was the old town of Bubris founded, Tarn?"  # 11 words
+    one = f"<search>Bubris</search>\n{materials}<question>{q10}</question>"
+    assert extract_problem(one, "1173", min_searches=2, min_words=10).reason == "searches"  # 1-hop, 1 search
+    listed = f"<search>[\"Bubris\", \"Tarn\"]</search>\n{materials}<question>{q10}</question>"
+    p = extract_problem(listed, "1173", min_searches=2, min_words=10)
+    assert p.valid and p.searches == ("Bubris", "Tarn")
+    assert extract_problem(listed, "1173", min_searches=2, min_words=10, rules="v1").reason == "searches"
+    dup = listed.replace('"Tarn"', '"Bubris"')
+    assert extract_problem(dup, "1173", min_searches=2, min_words=10).reason == "searches"
+    stray = listed.replace("Tarn?</question>", "Tarn?</answer></question>")  # cleaned, as the reference
+    assert extract_problem(stray, "1173", min_searches=2, min_words=10).question == q10
+    assert extract_problem(stray, "1173", min_searches=2, min_words=10, rules="v1").question == q10 + "</answer>"
+    newline = listed.replace("was the old", "was\nthe\nold")  # split(" "): 9 words; split(): 11
+    assert extract_problem(newline, "1173", min_searches=2, min_words=10).reason == "length"
+    assert extract_problem(newline, "1173", min_searches=1, min_words=10, rules="v1").valid
+    long_q = "word " * 199 + "a" * 6  # 1001 characters
+    long_t = f"<search>[\"Bubris\", \"Tarn\"]</search>\n{materials}<question>{long_q}</question>"
+    assert len(long_q) == 1001
+    assert extract_problem(long_t, "1173", min_searches=2, min_words=10).reason == "length"
+    assert extract_problem(long_t.replace("aaaaaa", "aaaaa"), "1173", min_searches=2, min_words=10).valid
+    assert extract_problem(long_t, "1173", min_searches=1, min_words=10, rules="v1").valid
+    system = SspSystem(load_tokenizer("builtin"))
+    assert (system.min_words, system.min_searches, system.rules) == (10, 2, "reference")
