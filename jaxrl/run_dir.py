@@ -125,11 +125,11 @@ def start_fresh_run(run_dir: str | os.PathLike, checkpoint_dir: str | None = Non
                               "--overwrite-run to move the earlier run aside (it is not deleted)")
         return None
     if checkpoint_dir and found and "://" in checkpoint_dir:
-        raise RunDirError(f"--overwrite-run moves only a local run directory; the checkpoints in {checkpoint_dir} "
-                          "would stay: use a new --run-dir")
+        raise RunDirError(f"--overwrite-run moves only a local run directory; the checkpoints in "
+                          f"{checkpoint_dir} would stay: use a new --run-dir")
     if processes > 1:
-        raise RunDirError("--overwrite-run needs a single process (the processes of a multi-host job would race "
-                          "over the move); move the earlier run yourself or use a new --run-dir")
+        raise RunDirError("--overwrite-run needs a single process (the processes of a multi-host job would "
+                          "race over the move); move the earlier run yourself or use a new --run-dir")
     if not run_dir.is_dir() or not any(run_dir.iterdir()):
         return None
     target = _aside_name(run_dir)

@@ -1,7 +1,7 @@
-"""A fresh run never mixes with an earlier one (issue 30, item 1): `checkpoint.resume=false` in a run directory
-holding an earlier run's checkpoints or metrics is one line, exit 2, before anything is built or written;
-`--overwrite-run` moves the earlier run aside to `RUN.old-<timestamp>` (never deletes it), and refuses a run
-directory a live trainer holds."""
+"""A fresh run never mixes with an earlier one (issue 30, item 1): `checkpoint.resume=false` in a run
+directory holding an earlier run's checkpoints or metrics is one line, exit 2, before anything is built or
+written; `--overwrite-run` moves the earlier run aside to `RUN.old-<timestamp>` (never deletes it), and
+refuses a run directory a live trainer holds."""
 
 import pytest
 
@@ -22,7 +22,8 @@ def _earlier_run(run_dir):
 
 
 def _files(root):
-    return {str(p.relative_to(root)): (p.read_text() if p.is_file() else None) for p in sorted(root.rglob("*"))}
+    return {str(p.relative_to(root)): (p.read_text() if p.is_file() else None)
+            for p in sorted(root.rglob("*"))}
 
 
 def _one_line(capsys) -> str:

@@ -24,7 +24,8 @@ def test_agentic_curve_writes_into_the_run_dir_by_default(tmp_path, capsys):
     before = _digest(tracked)
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    rows = [{"step": s, "eval/accuracy": 0.1 * s, "reward/mean": 0.2, "episode/tool_calls": 1.0} for s in (0, 1, 2)]
+    rows = [{"step": s, "eval/accuracy": 0.1 * s, "reward/mean": 0.2, "episode/tool_calls": 1.0}
+            for s in (0, 1, 2)]
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     curve = _load(REPO / "docs" / "agentic_curve.py")
     assert curve.main([str(run_dir)]) == 0

@@ -82,5 +82,5 @@ def test_train_rm_takes_the_same_lock(tmp_path, monkeypatch, capsys):
         assert main(["train-rm", "--run-dir", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1, err
-    assert err.startswith(f"jaxrl train-rm: error: run directory {tmp_path / 'run'} is in use by another trainer "
-                          f"(pid {os.getpid()} on host")
+    assert err.startswith(f"jaxrl train-rm: error: run directory {tmp_path / 'run'} is in use by another "
+                          f"trainer (pid {os.getpid()} on host")
