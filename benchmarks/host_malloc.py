@@ -38,9 +38,11 @@ def run_once(config: str, mode: str, steps: int, overrides: list[str], workdir: 
         raise RuntimeError(f"{mode}: jaxrl train failed:\n{tail}")
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     rows = [r for r in rows if r["step"] > 0]
-    step_s = [r["timing/rollout_s"] + r["timing/logprob_s"] + r["timing/update_s"] for r in rows]
+    stages = ("generation", "reward", "env", "old_logprobs", "ref_logprobs", "update", "weight_sync")
+    step_s = [sum(r[f"time/{k}"] for k in stages) for r in rows]  # the step's stages (`jaxrl.step_time`)
+    rollout_s = [r["time/generation"] + r["time/reward"] + r["time/env"] for r in rows]
     return dict(mode=mode, peak_rss_gib=usage.ru_maxrss / 2**20, step_s=step_s,
-                update_s=[r["timing/update_s"] for r in rows], rollout_s=[r["timing/rollout_s"] for r in rows])
+                update_s=[r["time/update"] for r in rows], rollout_s=rollout_s)
 
 
 def main(argv=None) -> int:

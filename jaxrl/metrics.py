@@ -1,5 +1,5 @@
 """Run-directory logging: `metrics.jsonl`, TensorBoard events, optional Weights & Biases, `samples.jsonl`, a
-tqdm bar or plain per-step log lines; cross-host reduction.
+tqdm bar (on a terminal, `interactive`) or plain log lines every `log_every` steps; cross-host reduction.
 
 Only the primary process (process 0) writes anything. On resume from step k, lines of `metrics.jsonl` and
 `samples.jsonl` with step > k (written after the last checkpoint by a killed run) are dropped and TensorBoard
@@ -8,11 +8,13 @@ purges its events from step k+1, so a resumed run's files read exactly like an u
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import os
 import secrets
+import sys
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -60,7 +62,7 @@ def read_metrics(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-PLAIN_KEYS = ("reward/mean", "loss", "kl", "entropy", "response_length/mean", "eval/accuracy")
+PLAIN_KEYS = ("reward/mean", "loss", "kl", "entropy", "response_length/mean", "eval/accuracy", "time/step")
 WANDB_ID_FILE = "wandb_run_id"
 log = logging.getLogger(__name__)
 
@@ -107,6 +109,7 @@ class MetricsWriter:
         self.total_steps = total_steps
         self.log_every = max(1, int(log_every))
         self._tb = self._bar = self._file = self._wandb = None
+        self._logs_through_bar = contextlib.ExitStack()
         if not self.primary:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -121,16 +124,21 @@ class MetricsWriter:
             self._tb = SummaryWriter(str(self.run_dir / TB_DIR), purge_step=resume_step + 1)
         if progress_bar and total_steps is not None:
             from tqdm.auto import tqdm
+            from tqdm.contrib.logging import logging_redirect_tqdm
 
             self._bar = tqdm(total=total_steps, initial=resume_step, unit="step", dynamic_ncols=True,
                              file=bar_file)
+            # log lines (phases, warnings) print above the bar instead of through it
+            self._logs_through_bar.enter_context(logging_redirect_tqdm())
 
     @classmethod
     def from_config(cls, run_dir, logging_cfg, *, resume_step: int = 0, total_steps: int | None = None,
                     config: Mapping[str, Any] | None = None, **kwargs) -> "MetricsWriter":
-        """A writer set up from a `LoggingConfig` (`progress_bar`, `every`, `tensorboard`, `wandb`)."""
+        """A writer set up from a `LoggingConfig` (`progress_bar` on a terminal, `every`, `tensorboard`,
+        `wandb`)."""
         return cls(run_dir, resume_step=resume_step, total_steps=total_steps,
-                   tensorboard=logging_cfg.tensorboard, progress_bar=logging_cfg.progress_bar,
+                   tensorboard=logging_cfg.tensorboard,
+                   progress_bar=logging_cfg.progress_bar and interactive(),
                    log_every=logging_cfg.every,
                    wandb=getattr(logging_cfg, "wandb", None), config=config, **kwargs)
 
@@ -181,6 +189,7 @@ class MetricsWriter:
             self._tb.close()
             self._tb = None
         if self._bar is not None:
+            self._logs_through_bar.close()
             self._bar.close()
             self._bar = None
         if self._wandb is not None:
@@ -192,6 +201,12 @@ class MetricsWriter:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def interactive() -> bool:
+    """Whether stdout and stderr are both terminals: only then is a progress bar drawn (a log file gets plain
+    lines, never bar frames)."""
+    return all(stream is not None and stream.isatty() for stream in (sys.stdout, sys.stderr))
 
 
 def plain_line(row: Mapping[str, Any], total_steps: int | None = None) -> str:

@@ -4,21 +4,26 @@
             -> assemble (+ extra rows: SFT-aux) -> update
 
 Which optional stages run is the algorithm record's business (`jaxrl.algorithms`); this function never names
-an algorithm.
+an algorithm. Each stage is timed between device syncs (`jaxrl.step_time`): the step's metrics hold
+`time/<stage>` for every stage of `step_time.STAGES`, tokens/s per device of generation and update, and the
+update's MFU where the device's peak FLOP/s is known.
 """
 
 from __future__ import annotations
 
-import time
+import functools
 
 import jax
 import numpy as np
 
-from jaxrl import rollout as rollout_lib, trainer
+from jaxrl import rollout as rollout_lib, step_time, trainer
 from jaxrl.algorithms import combined_reward, segment_advantages, zero_std_group_frac
 from jaxrl.train_step import TrainState
 
-TIMING_PREFIX = "timing/"
+TIMING_PREFIX = "time/"
+# A collector's own stage times in its rollout's metrics -> the stage they belong to (`_collect_timed`).
+_COLLECTOR_TIMES = {"time/generation": "generation", "time/reward": "reward", "time/generate_s": "generation",
+                    "time/env_s": "env"}
 
 
 def step_key(seed: int, step: int, stream: int) -> jax.Array:
@@ -38,21 +43,65 @@ def collect(run: trainer.Run, params, records, step: int, round_: int = 0) -> ro
     return trainer.collect(run, params, records, run.sampling, step_key(run.seed, step, stream))
 
 
+def _collect_timed(clock: step_time.StageClock, collect_fn, round_: int) -> rollout_lib.Rollout:
+    """`collect_fn(round_)` with its seconds split into stages: what the collector measured itself (the
+    single-turn sampler and scoring, the multi-turn sampler and environments) goes to its stage; the rest goes
+    to reward when the collector timed its sampler but not its scoring (multi-turn: scoring and assembly),
+    else to generation (a multi-agent system's collect is all generation)."""
+    with clock("collect"):
+        ro = collect_fn(round_)
+        step_time.synced((ro.tokens_BL, ro.old_logp_BT))
+    total = clock.seconds.pop("collect")
+    own = {stage: 0.0 for stage in ("generation", "reward", "env")}
+    for key, stage in _COLLECTOR_TIMES.items():
+        if key in ro.metrics:
+            own[stage] += float(ro.metrics.pop(key))
+    rest = max(total - sum(own.values()), 0.0)
+    own["reward" if own["generation"] and not own["reward"] else "generation"] += rest
+    for stage, seconds in own.items():
+        clock.add(stage, seconds)
+    return ro
+
+
+def _throughput(run: trainer.Run, ro: rollout_lib.Rollout, clock: step_time.StageClock, group: int,
+                epochs: int) -> dict[str, float]:
+    """Tokens/s per device of generation and update, with NeMo RL's count (the real prompt + completion tokens
+    of the step's rows, once per stage), and the update's MFU (model FLOPs: prompts once per group when the
+    update shares them, `epochs` passes) where the device's peak FLOP/s is known."""
+    mask_BL = np.asarray(ro.mask_BL)
+    tokens = float(mask_BL.sum())
+    devices = jax.device_count()
+    out = {}
+    for stage in ("generation", "update"):
+        seconds = clock.seconds.get(stage, 0.0)
+        out[f"throughput/tokens_per_s_per_device/{stage}"] = tokens / devices / seconds if seconds else 0.0
+    peak = step_time.peak_flops(jax.devices()[0].device_kind)
+    seconds = clock.seconds.get("update", 0.0)
+    if peak and seconds and run.flops_per_token is not None:
+        prompt = float(mask_BL[:, :ro.prompt_width].sum())
+        model_tokens = tokens - prompt + prompt / group
+        context = tokens / max(mask_BL.shape[0], 1) / 2  # causal: a token attends to half its row on average
+        flops = epochs * model_tokens * run.flops_per_token(context)
+        out["throughput/mfu/update"] = flops / (seconds * devices * peak)
+    return out
+
+
 def rl_step(run: trainer.Run, state: TrainState, records, step: int):
     """One RL step: returns (state, metrics, rollout)."""
     algo, s = run.algorithm, run.settings
-    t0 = time.perf_counter()
-    policy = run.policy(state.params)  # the full parameters (LoRA: base + adapters, merged once per step)
-    ro = collect(run, policy, records, step)
+    clock = step_time.StageClock()
+    with clock("weight_sync"):  # the full parameters (LoRA: base + adapters, merged once per step)
+        policy = step_time.synced(run.policy(state.params))
+    collect_fn = functools.partial(collect, run, policy, records, step)  # round -> rollout
+    ro = _collect_timed(clock, collect_fn, 0)
     metrics = dict(ro.metrics)
     if algo.resample is not None:
-        ro, resample_metrics = algo.resample(ro, lambda k: collect(run, policy, records, step, k), s)
+        ro, resample_metrics = algo.resample(ro, lambda k: _collect_timed(clock, collect_fn, k), s)
         metrics.update(resample_metrics)
     total_N = total_reward(ro)
     metrics["reward/mean"] = float(total_N.mean())
     metrics["frac_zero_std_groups"] = zero_std_group_frac(total_N, s.group_size, ro.segment_N,
                                                           ro.segment_sizes)
-    t1 = time.perf_counter()
     actor_frozen = False
     for shaper in run.shapers:
         values_N, shaper_metrics = shaper(policy, ro, step_key(run.seed, step, 2))
@@ -65,9 +114,9 @@ def rl_step(run: trainer.Run, state: TrainState, records, step: int):
     phases = getattr(run.multi_agent, "update_phases", ())
     if run.role_adapters and not phases and ro.segment_N is not None:  # per-role adapters: a phase per role
         phases = tuple(int(x) for x in np.unique(ro.segment_N))
+    group = 1
     if phases and ro.segment_N is not None and not actor_frozen:  # a sequential multi-agent schedule
-        t2 = time.perf_counter()
-        state, update_metrics = phased_update(run, state, policy, ro, adv, step, phases)
+        state, update_metrics = phased_update(run, state, policy, ro, adv, step, phases, clock)
         del policy
         metrics.update(update_metrics)
     else:
@@ -77,15 +126,15 @@ def rl_step(run: trainer.Run, state: TrainState, records, step: int):
         # a multi-agent rollout has the trained roles' rows, not prompts x G: pad them to the batch shards x
         # mini-batches with rows that train on nothing (as a sequential update's phases are)
         batch, mismatch_metrics = trainer.assemble(run, policy, ro, adv, extra_rows=extra,
-                                                   pad=ro.segment_N is not None)
+                                                   pad=ro.segment_N is not None, clock=clock)
         del policy  # LoRA: the merged policy is not held during the update
         metrics.update(mismatch_metrics)
-        t2 = time.perf_counter()
+        group = batch.group
         if not actor_frozen:
-            state, update_metrics = trainer.update(run, state, batch, step)
+            with clock("update"):
+                state, update_metrics = trainer.update(run, state, batch, step)
+                state = step_time.synced(state)
             metrics.update(update_metrics)
-    t3 = time.perf_counter()
-    tokens = float(np.sum(ro.mask_BL))
     if "kl/loss" in metrics:  # a KL that was not measured is absent, not a flat 0
         metrics.setdefault("kl", metrics["kl/loss"])
     metrics.setdefault("entropy", metrics.get("entropy/mean", float("nan")))
@@ -93,13 +142,14 @@ def rl_step(run: trainer.Run, state: TrainState, records, step: int):
         if key in metrics:
             metrics.setdefault("clip_frac", metrics[key])
             break
-    metrics.update({f"{TIMING_PREFIX}rollout_s": t1 - t0, f"{TIMING_PREFIX}logprob_s": t2 - t1,
-                    f"{TIMING_PREFIX}update_s": t3 - t2, "tokens_per_s": tokens / max(t3 - t0, 1e-9)})
+    metrics.update({f"{TIMING_PREFIX}{stage}": clock.seconds.get(stage, 0.0) for stage in step_time.STAGES})
+    metrics.update(_throughput(run, ro, clock, group, run.update.ppo_epochs))
     return state, metrics, ro
 
 
 def phased_update(run: trainer.Run, state: TrainState, policy, ro: rollout_lib.Rollout, adv, step: int,
-                  phases: tuple[int, ...]) -> tuple[TrainState, dict[str, float]]:
+                  phases: tuple[int, ...], clock: step_time.StageClock | None = None
+                  ) -> tuple[TrainState, dict[str, float]]:
     """The sequential schedule of a multi-agent update (spec/multi-agent.md §3.8; SSP updates its Proposer,
     then its Solver): one assemble + update per role segment, in `phases` order. A later phase takes its old
     log-probs at the policy the previous phase left (the reference's "per_phase" timing), so its PPO ratios
@@ -108,9 +158,11 @@ def phased_update(run: trainer.Run, state: TrainState, policy, ro: rollout_lib.R
     trainer before any update). Each phase is one optimiser step per mini-batch and epoch.
 
     With per-role adapters (`run.role_adapters`) a phase updates its role's adapters only, from that role's
-    policy; no other role's weights change, so a later phase keeps its sampler's old log-probs."""
+    policy; no other role's weights change, so a later phase keeps its sampler's old log-probs.
+    `clock` gets the phases' stage seconds."""
     from jaxrl.multi_agent.adapters import role_params
 
+    clock = clock or step_time.StageClock()
     names = {int(r["role_id"]): str(r["role"]) for r in ro.records}
     out: dict[str, float] = {}
     done: list[dict[str, float]] = []
@@ -119,13 +171,17 @@ def phased_update(run: trainer.Run, state: TrainState, policy, ro: rollout_lib.R
         if not rows.size:
             continue
         if done:
-            policy = run.policy(state.params)
+            with clock("weight_sync"):
+                policy = step_time.synced(run.policy(state.params))
         sub = adv._replace(adv_NT=adv.adv_NT[rows], clip_low_N=adv.clip_low_N[rows],
                            clip_high_N=adv.clip_high_N[rows])
         role = names[seg]
         batch, mismatch = trainer.assemble(run, role_params(policy, role), rollout_lib.take_rows(ro, rows), sub,
-                                           recompute_old=bool(done) and not run.role_adapters, pad=True)
-        state, update = trainer.update(run, state, batch, step, role=role if run.role_adapters else None)
+                                           recompute_old=bool(done) and not run.role_adapters, pad=True,
+                                           clock=clock)
+        with clock("update"):
+            state, update = trainer.update(run, state, batch, step, role=role if run.role_adapters else None)
+            state = step_time.synced(state)
         if not done:
             out.update(mismatch)
         out.update({f"role/{role}/{k}": v for k, v in {**mismatch, **update}.items()})

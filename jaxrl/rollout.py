@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import time
 from typing import Any, Sequence
 
 import jax
@@ -137,6 +138,7 @@ def collect(graphdef, params, records: list[dict[str, Any]], tokenizer, rewards,
     prompt_ids = [r["prompt_ids"] for r in records]
     pad_id = int(tokenizer.pad_token_id)
     g = spec.num_samples
+    t0 = time.perf_counter()
     gen = generate_from_state(graphdef, params, prompt_ids, spec, eos_ids=(int(tokenizer.eos_token_id),),
                               seed=seed, pad_id=pad_id)
     lengths = hosts.to_host(gen.lengths)  # per-row scalars: gathered
@@ -151,6 +153,7 @@ def collect(graphdef, params, records: list[dict[str, Any]], tokenizer, rewards,
         completions[i] = text
     fields = {k: [rep[i][k] for i in mine] for k in records[0] if k not in _INTERNAL}
     fields["completion_length"] = [int(lengths[i]) for i in mine]
+    t1 = time.perf_counter()  # the sampler has finished: its lengths and tokens were read back
     own_NK, info = rewards_lib.score(rewards, [rep[i]["prompt"] for i in mine],
                                      [completions[i] for i in mine], fields)
     rewards_NK = np.zeros((len(rep), own_NK.shape[1]), np.float32)
@@ -158,6 +161,8 @@ def collect(graphdef, params, records: list[dict[str, Any]], tokenizer, rewards,
     rewards_NK = hosts.gather_owned(rewards_NK, owners)
     info = global_info(info, rewards_NK)
     metrics = dict(info.metrics)
+    # stage times of the step's breakdown (`jaxrl.rl_step` moves them out of the rollout's metrics)
+    metrics.update({"time/generation": t1 - t0, "time/reward": time.perf_counter() - t1})
     metrics["response_length/mean"] = float(lengths.mean())
     metrics["response_length/max"] = float(lengths.max())
     metrics["response/finished_frac"] = float(finished.mean())

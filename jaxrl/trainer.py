@@ -27,7 +27,7 @@ import optax
 from flax import nnx
 
 from jaxrl import agentic, build, checkpoint as ckpt_lib, losses, model_io, rewards as rewards_lib
-from jaxrl import rollout as rollout_lib
+from jaxrl import rollout as rollout_lib, step_time
 from jaxrl.algorithms import ALGORITHMS, AlgoSettings, Algorithm, KLRewardPenalty, Shaper
 from jaxrl.config import ExperimentConfig, KLWhere, dump_config
 from jaxrl.errors import ConfigError, UserError
@@ -102,6 +102,7 @@ class Run:
     role_adapters: tuple[str, ...] = ()  # per-role LoRA adapters: the roles (params = {role: adapters})
     segment_estimators: tuple = ()  # per role segment: its own advantage estimator, None = the algorithm's
     share_prompts: str = "auto"  # train.share_prompts: "auto" | "always" | "never" (`prompt_groups`)
+    flops_per_token: Any = None  # context -> the update's model FLOPs per token (`step_time`); None: no MFU
 
 
 def collect(run: Run, params, records, spec: SamplingSpec, key) -> rollout_lib.Rollout:
@@ -236,7 +237,9 @@ def setup(cfg: ExperimentConfig, run_dir: Path) -> tuple[Run, TrainState, Any]:
               logprobs_from_sampler=cfg.rollout.logprobs_from_sampler,
               mismatch=MismatchSpec(m.mode.value, m.level.value, m.lower, m.upper), state_sharding=state_sharding,
               step_fn=step_fn, logprob_fn=logprob_fn, ref_params=ref_params, base=base, base_sha256=base_sha,
-              share_prompts=cfg.train.share_prompts)
+              share_prompts=cfg.train.share_prompts,
+              flops_per_token=functools.partial(step_time.train_flops_per_token, model.cfg,
+                                                lora=lora_cfg is not None))
     if cfg.train.share_prompts == "always":
         _check_always_shared(cfg, run, algorithm)
     if lora_cfg is not None:
@@ -466,7 +469,8 @@ def _check_always_shared(cfg: ExperimentConfig, run: Run, algorithm: Algorithm) 
 
 
 def assemble(run: Run, params, ro, adv, *, extra_rows: TrainBatch | None = None, recompute_old: bool = False,
-             pad: bool = False) -> tuple[TrainBatch, dict[str, float]]:
+             pad: bool = False, clock: step_time.StageClock | None = None
+             ) -> tuple[TrainBatch, dict[str, float]]:
     """The completion-space train batch of a rollout (advantages, old and reference log-probs, importance
     weights of the mismatch correction) and the metrics: mismatch, and `train/shared_prompts` (1 when the
     batch runs each prompt once per group, `prompt_groups`).
@@ -474,7 +478,9 @@ def assemble(run: Run, params, ro, adv, *, extra_rows: TrainBatch | None = None,
     recompute_old: take the old log-probs at `params` even when the run uses the sampler's (a later phase of
     a sequential multi-agent update starts from the policy the previous phase left).
     pad: pad the rows to the batch shards x mini-batches with rows that train on nothing (`_pad_rows`; one
-    role's rows in a sequential update need not divide them)."""
+    role's rows in a sequential update need not divide them).
+    clock: gets the seconds of the old and reference log-prob passes (`old_logprobs`, `ref_logprobs`)."""
+    clock = clock or step_time.StageClock()
     n, t = ro.completion_mask_BT.shape
     zeros = np.zeros((n, t), np.float32)
     group, _ = prompt_groups(run, ro, extra_rows=extra_rows is not None or pad)
@@ -490,12 +496,16 @@ def assemble(run: Run, params, ro, adv, *, extra_rows: TrainBatch | None = None,
     metrics: dict[str, float] = {"train/shared_prompts": float(group > 1)}
     if recompute_old or not run.logprobs_from_sampler or run.mismatch.mode != "off":
         sampler_BT = batch.old_logp_BT
-        old_BT = run.logprob_fn(params, batch.tokens_BL, batch.mask_BL, t, group) * batch.completion_mask_BT
+        with clock("old_logprobs"):
+            old_BT = step_time.synced(run.logprob_fn(params, batch.tokens_BL, batch.mask_BL, t, group)
+                                      * batch.completion_mask_BT)
         batch = batch.replace(old_logp_BT=old_BT)
         batch, mismatch_metrics = _mismatch(run, batch, sampler_BT, n)
         metrics.update(mismatch_metrics)
     if run.loss.kl_beta > 0:
-        ref_BT = run.logprob_fn(run.ref_params, batch.tokens_BL, batch.mask_BL, t, group)
+        with clock("ref_logprobs"):
+            ref_BT = step_time.synced(run.logprob_fn(run.ref_params, batch.tokens_BL, batch.mask_BL, t,
+                                                     group))
         batch = batch.replace(ref_logp_BT=ref_BT)
     return batch, metrics
 

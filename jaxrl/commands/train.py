@@ -25,6 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="YAML config (default: the embedded configs/quickstart.yaml)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override one config value by its dotted key, e.g. --set optimizer.lr=1e-5")
+    parser.add_argument("--profile", default=None, metavar="STEPS",
+                        help="write a jax.profiler trace of these steps (FIRST:LAST, e.g. 3:5, or one step) into "
+                             "RUN/profile (TensorBoard's profile plugin, Perfetto)")
     parser.add_argument("--run-dir", default=None,
                         help="run directory (default: runs/<config name>); a gs:// URL keeps the checkpoints "
                              "there (so a re-created TPU VM resumes) and the metrics in runs/<config name>")
@@ -60,10 +63,11 @@ def exit_code(signum: int | None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from jaxrl import distributed
+    from jaxrl import distributed, run_summary, step_time
     from jaxrl.config import load_config
 
     cfg = load_config(args.config, args.overrides)  # config errors exit 2 before anything heavy starts
+    profile = step_time.parse_profile_steps(args.profile) if args.profile else None
     distributed.initialize_from_args(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("absl", "jax", "orbax"):
@@ -90,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
         with run_lock.hold(run_dir, primary=jax.process_index() == 0):
             from jaxrl.train_loop import train
 
-            last = train(cfg, run_dir, checkpoint_dir=checkpoint_dir)
+            last = train(cfg, run_dir, checkpoint_dir=checkpoint_dir, profile=profile)
     except _StoppedBeforeSteps as e:
         print(f"jaxrl train: stopped by {signal.Signals(e.signum).name} before any new step (nothing to "
               f"save); run the same command to resume (exit {exit_code(e.signum)})", file=sys.stderr)
@@ -98,6 +102,9 @@ def run(args: argparse.Namespace) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
     where = remote or run_dir
+    summary = run_summary.read(run_dir) if jax.process_index() == 0 else None
+    if summary:  # steps, wall time by phase, held-out accuracy, checkpoint, export command
+        print("\n".join(run_summary.lines(summary)))
     # The loop reports the signal that stopped it; `last_stop_signal` covers a loop that predates that key.
     signum = last["stopped_by_signal"] if "stopped_by_signal" in last else checkpoint.last_stop_signal()
     if signum is not None:

@@ -31,8 +31,8 @@ BASE = (
     "logging.sample_every=1", "logging.num_samples=2", REWARDS,
 )
 
-TIMING_KEYS = ("tokens_per_s",)
-TIMING_PREFIX = "timing/"
+TIMING_KEYS = ()
+TIMING_PREFIX = ("time/", "throughput/")  # wall-clock keys (`jaxrl.step_time`): they differ between runs
 
 
 def env() -> dict[str, str]:

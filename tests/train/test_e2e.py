@@ -15,8 +15,9 @@ from _common import HERE, ROOT, env
 from _e2e_runner import CASES
 
 REQUIRED = ("reward/mean", "reward/short/mean", "loss", "entropy", "clip_frac",
-            "response_length/mean", "frac_zero_std_groups", "tokens_per_s", "timing/rollout_s",
-            "timing/logprob_s", "timing/update_s", "train/grad_norm")
+            "response_length/mean", "frac_zero_std_groups", "time/generation", "time/reward",
+            "time/old_logprobs", "time/update", "time/step", "throughput/tokens_per_s_per_device/update",
+            "train/grad_norm")
 
 pytestmark = pytest.mark.slow  # one subprocess runs 13 tiny 2-3 step trainings (~100 s CPU)
 
