@@ -1,7 +1,8 @@
 """PNG plots of training curves from one or more run directories (several runs overlaid, one line per run).
 
-Panels: reward, held-out accuracy, KL, entropy, response length, and the per-reward means. A panel no run has
-data for is skipped. A metric a run did not measure is not drawn for it, even where an older run logged a
+Panels: reward, held-out accuracy, KL, entropy, response length, the per-reward means, and `step_time.png`: each
+run's step time stacked by stage (`time/*`, `jaxrl.step_time`), one row of the figure per run. A panel no run
+has data for is skipped. A metric a run did not measure is not drawn for it, even where an older run logged a
 placeholder: KL when the run's `config.yaml` has the KL coefficient at 0 (earlier versions logged `kl: 0.0`
 then); null values (NaN: undefined) are gaps. matplotlib runs on the Agg backend (no display needed).
 """
@@ -25,6 +26,11 @@ PANELS: dict[str, tuple[str, tuple[str, ...]]] = {
     "entropy": ("entropy", ("entropy",)),
     "response_length": ("response length (tokens)", ("response_length/mean",)),
 }
+
+
+# stages of `step_time.png`, bottom to top (`time/<stage>`; `jaxrl.step_time`, `jaxrl.train_loop`)
+BREAKDOWN = ("generation", "reward", "env", "old_logprobs", "ref_logprobs", "update", "weight_sync", "eval",
+             "checkpoint", "other")
 
 
 def _series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
@@ -106,4 +112,34 @@ def plot_runs(run_dirs: Sequence[str | os.PathLike], out_dir: str | os.PathLike)
             fig.savefig(path, dpi=100)
             written.append(path)
         plt.close(fig)
-    return written
+    path = _plot_breakdown(plt, data, out / "step_time.png")
+    return written + ([path] if path else [])
+
+
+def _plot_breakdown(plt, data: dict[str, list[dict]], path: Path) -> Path | None:
+    """Stacked seconds per stage of every step (and `time/step` as a line), one subplot per run with them."""
+    runs = {label: [r for r in rows if r.get("step", 0) > 0 and isinstance(r.get("time/step"), (int, float))]
+            for label, rows in data.items()}
+    runs = {label: rows for label, rows in runs.items() if rows}
+    if not runs:
+        return None
+    fig, axes = plt.subplots(len(runs), 1, figsize=(7, 3.2 * len(runs)), squeeze=False)
+    for ax, (label, rows) in zip(axes[:, 0], runs.items()):
+        steps = [r["step"] for r in rows]
+        stages = [s for s in BREAKDOWN if any(r.get(f"time/{s}") for r in rows)]
+        bottom = [0.0] * len(rows)
+        for stage in stages:  # stacked bars, one per step
+            seconds = [float(r.get(f"time/{stage}") or 0.0) for r in rows]
+            ax.bar(steps, seconds, width=0.9, bottom=bottom, label=stage, linewidth=0)
+            bottom = [b + s for b, s in zip(bottom, seconds)]
+        ax.plot(steps, [r["time/step"] for r in rows], "k_", markersize=12, label="time/step")
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.set_title(f"step time by stage: {label}")
+        ax.set_xlabel("step")
+        ax.set_ylabel("seconds")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

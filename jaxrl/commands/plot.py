@@ -1,4 +1,5 @@
-"""`jaxrl plot RUN_DIR [RUN_DIR...] [--out DIR]`: PNG curves of reward, accuracy, KL, entropy and length."""
+"""`jaxrl plot RUN_DIR [RUN_DIR...] [--out DIR]`: PNG curves of reward, accuracy, KL, entropy and length, and
+each run's step time stacked by stage (`step_time.png`)."""
 
 from __future__ import annotations
 
