@@ -9,6 +9,8 @@ User errors raise `jaxrl.errors.UserError`; they are printed as one line on stde
 are filesystem errors (`FILESYSTEM_ERRNOS`); Ctrl-C outside a training loop prints one line and exits 130
 (exit codes: `jaxrl.errors`).
 Before anything imports jax, `jaxrl.host_memory.configure_from_env()` sets the host allocator up for XLA:CPU.
+Third-party warnings that are false for jaxrl are dropped before any subcommand imports their library
+(`FALSE_WARNINGS`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import errno
 import importlib
+import logging
 import os
 import sys
 
@@ -43,6 +46,17 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+# logger -> start of a message that is false for jaxrl. transformers (5.x) logs "PyTorch was not found. Models
+# won't be available ..." at import on a core-only install: jaxrl's models are JAX, and transformers only
+# gives it tokenizers and configs.
+FALSE_WARNINGS: dict[str, tuple[str, ...]] = {"transformers": ("PyTorch was not found",)}
+
+
+def _drop_false_warnings() -> None:
+    for name, starts in FALSE_WARNINGS.items():
+        logging.getLogger(name).addFilter(lambda record, s=starts: not record.getMessage().startswith(s))
+
+
 def _set_offline_defaults() -> None:
     # Fail fast instead of hanging on hub retries; users who want the hub unset these explicitly.
     for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
@@ -51,6 +65,7 @@ def _set_offline_defaults() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     _set_offline_defaults()
+    _drop_false_warnings()
     try:
         host_memory.configure_from_env()  # before any subcommand imports jax (see jaxrl.host_memory)
     except ValueError as e:
