@@ -153,9 +153,11 @@ class DataConfig:
     target_formats: tuple[str, ...] = ()
     params: dict[str, Any] = dataclasses.field(default_factory=dict)
     seed: int = 0
+    on_long_prompt: str = "error"  # a prompt longer than the rollout can take: "error" (exit 2) or "drop" it
 
     def __post_init__(self):
         _check(bool(self.source), "data.source", self.source, "must name a generator or a file")
+        _check_choice("data.on_long_prompt", self.on_long_prompt, ("error", "drop"))
         for name in ("prompts_per_step", "train_size"):
             _check(getattr(self, name) >= 1, f"data.{name}", getattr(self, name), "must be >= 1")
         _check(self.eval_size >= 0, "data.eval_size", self.eval_size, "must be >= 0")

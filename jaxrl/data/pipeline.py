@@ -8,6 +8,7 @@ block of every batch: in-process (no worker processes), reshuffled every epoch, 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import zlib
 from typing import Any, Iterator, Sequence
 
@@ -16,6 +17,9 @@ import numpy as np
 
 from jaxrl.data.tasks import load_records
 from jaxrl.errors import ConfigError
+
+log = logging.getLogger(__name__)
+LONG_PROMPT_CHOICES = ("error", "drop")
 
 
 def split_records(
@@ -39,6 +43,55 @@ def split_records(
     return shuffled[eval_size:], shuffled[:eval_size]
 
 
+@dataclasses.dataclass(frozen=True)
+class PromptLimit:
+    """The most prompt tokens (chat template included) a rollout can take, and why: `tokens` =
+    min(context − max_new_tokens, largest prompt bucket). `on_long`: "error" (`data.on_long_prompt`) refuses a
+    longer prompt, "drop" leaves its record out (the count is logged)."""
+
+    tokens: int
+    why: str
+    on_long: str = "error"
+
+    @classmethod
+    def of(cls, *, context: int, max_new_tokens: int, prompt_buckets: Sequence[int] = (),
+           on_long: str = "error") -> "PromptLimit":
+        limit = cls(context - max_new_tokens, f"the model's context of {context} tokens less "
+                                              f"rollout.max_new_tokens={max_new_tokens}", on_long)
+        if prompt_buckets and max(prompt_buckets) < limit.tokens:
+            limit = cls(max(prompt_buckets), "the largest rollout.prompt_buckets", on_long)
+        return limit
+
+
+def check_prompt_lengths(records: Sequence[dict[str, Any]], encoder: "Encoder",
+                         limit: PromptLimit) -> list[dict[str, Any]]:
+    """The records whose encoded prompt fits `limit`; a longer one raises ConfigError naming the record index
+    and both lengths (`on_long="error"`) or is dropped with a logged count (`"drop"`)."""
+    if limit.on_long not in LONG_PROMPT_CHOICES:
+        raise ConfigError(f"data.on_long_prompt={limit.on_long!r}: allowed values are "
+                          f"{', '.join(map(repr, LONG_PROMPT_CHOICES))}")
+    kept, dropped, lengths = [], 0, {}
+    for i, rec in enumerate(records):
+        n = lengths.get(rec["prompt"])
+        if n is None:  # each distinct prompt is encoded once (generators repeat theirs)
+            n = lengths[rec["prompt"]] = len(encoder.prompt_ids(rec["prompt"]))
+        if n <= limit.tokens:
+            kept.append(rec)
+        elif limit.on_long == "drop":
+            dropped += 1
+        else:
+            raise ConfigError(f"data: record {i}'s prompt is {n} tokens (chat template included), longer "
+                              f"than {limit.tokens} ({limit.why}); shorten it, or set data.on_long_prompt=drop "
+                              "to leave such records out")
+    if dropped:
+        log.warning("data: dropped %d of %d records whose prompt is longer than %d tokens (%s; "
+                    "data.on_long_prompt=drop)", dropped, len(records), limit.tokens, limit.why)
+    if not kept and records:
+        raise ConfigError(f"data: every one of the {len(records)} records has a prompt longer than "
+                          f"{limit.tokens} tokens ({limit.why})")
+    return kept
+
+
 def make_splits(
     source: str,
     *,
@@ -48,8 +101,13 @@ def make_splits(
     params: dict[str, Any] | None = None,
     prompt_field: str = "prompt",
     answer_field: str = "answer",
+    encoder: "Encoder | None" = None,
+    prompt_limit: PromptLimit | None = None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Loads `train_size + eval_size` records of a source (all rows of a file) and splits them."""
+    """Loads `train_size + eval_size` records of a source (all rows of a file) and splits them.
+
+    With `encoder` and `prompt_limit`, records whose encoded prompt is longer than the limit are refused or
+    dropped before the split (`check_prompt_lengths`), so the held-out set keeps its size."""
     records = load_records(
         source,
         train_size + eval_size,
@@ -58,6 +116,8 @@ def make_splits(
         prompt_field=prompt_field,
         answer_field=answer_field,
     )
+    if encoder is not None and prompt_limit is not None:
+        records = check_prompt_lengths(records, encoder, prompt_limit)
     return split_records(records, eval_size, seed)
 
 

@@ -5,6 +5,12 @@ reasoning-gym package when installed; a `.jsonl` / `.json` / `.parquet` path is 
 `datasets.load_dataset`
 and its `prompt_field` / `answer_field` columns are renamed to `prompt` / `answer` (other columns are kept as
 reward fields).
+
+A file is checked before it is loaded (`ConfigError`, one line, exit 2 in the CLI; the README's "Data" section
+states the format): an empty file; for JSON, bytes that are not UTF-8 and lines that are not a JSON object
+(each with its line number); and for every format a record without the prompt or answer field or with a null
+one (`datasets` made it the literal text "None"), or with a prompt that is not text (a list of chat messages
+would have become its Python repr).
 """
 
 from __future__ import annotations
@@ -127,6 +133,70 @@ def _reasoning_gym(task: str, n: int, seed: int, params: dict[str, Any]) -> list
     return out
 
 
+def _json_rows(path: Path) -> list[tuple[int, Any]] | None:
+    """(line number, value) of each record of a JSON-lines file or of a .json array (line 0: unknown);
+    ConfigError naming the line of non-UTF-8 bytes or of a line that is not JSON. None for a .json file
+    holding one multi-line object, which `datasets` reads as columns (checked after loading)."""
+    where = f"data.source={str(path)!r}"
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8-sig")  # a leading byte-order mark is allowed, as `datasets` allows it
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise ConfigError(f"{where}: line {line} is not UTF-8 text (byte 0x{data[e.start]:02x}); save the "
+                          "file as UTF-8") from None
+    if path.suffix == ".json" and text.lstrip().startswith("["):
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{where}: line {e.lineno} is not valid JSON ({e.msg})") from None
+        return [(0, row) for row in value]
+    rows = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append((n, json.loads(line)))
+        except json.JSONDecodeError as e:
+            if path.suffix == ".json" and _is_json_object(text):
+                return None
+            raise ConfigError(f"{where}: line {n} is not valid JSON ({e.msg}); each line must hold one JSON "
+                              "object") from None
+    return rows
+
+
+def _is_json_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except json.JSONDecodeError:
+        return False
+
+
+def _check_fields(path: Path, rows: list[tuple[int, Any]], prompt_field: str, answer_field: str) -> None:
+    """ConfigError for the first record that is not an object or lacks (or nulls) the prompt or answer."""
+    where = f"data.source={str(path)!r}"
+    if not rows:
+        raise ConfigError(f"{where}: the file holds no records")
+    objects = [row for _, row in rows if isinstance(row, dict)]
+    for key, field in (("data.prompt_field", prompt_field), ("data.answer_field", answer_field)):
+        if objects and not any(field in row for row in objects):
+            columns = sorted({k for row in objects for k in row})
+            raise ConfigError(f"{key}={field!r}: not a column of {path} (columns: {', '.join(columns)})")
+    for i, (line, row) in enumerate(rows):
+        at = f"{where}: record {i}" + (f" (line {line})" if line else "")
+        if not isinstance(row, dict):
+            raise ConfigError(f"{at} is a JSON {type(row).__name__}, not an object "
+                              f"{{\"{prompt_field}\": ..., \"{answer_field}\": ...}}")
+        for key, field in (("data.prompt_field", prompt_field), ("data.answer_field", answer_field)):
+            if row.get(field) is None:
+                state = "is null" if field in row else "is missing"
+                raise ConfigError(f"{at}: its {field!r} field ({key}) {state}; every record needs one")
+        if isinstance(row[prompt_field], (list, dict)):
+            raise ConfigError(f"{at}: its {prompt_field!r} field is a {type(row[prompt_field]).__name__}; "
+                              "it must be the prompt text (jaxrl applies the chat template; "
+                              "data.system_prompt sets the system message)")
+
+
 def _load_file(path: Path, prompt_field: str, answer_field: str) -> list[dict[str, Any]]:
     import datasets
 
@@ -135,12 +205,25 @@ def _load_file(path: Path, prompt_field: str, answer_field: str) -> list[dict[st
         raise ConfigError(f"data.source={str(path)!r}: expected a .jsonl, .json or .parquet file")
     if not path.is_file():
         raise ConfigError(f"data.source={str(path)!r}: no such file")
-    ds = datasets.load_dataset(kind, data_files=str(path), split="train")
+    if path.stat().st_size == 0:
+        raise ConfigError(f"data.source={str(path)!r}: the file is empty (no records)")
+    rows = _json_rows(path) if kind == "json" else None  # with line numbers: `datasets` fails on these with
+    if rows is not None:                                  # long tracebacks, or reads a null as "None"
+        _check_fields(path, rows, prompt_field, answer_field)
+    try:
+        ds = datasets.load_dataset(kind, data_files=str(path), split="train")
+    except Exception as e:  # noqa: BLE001 -- a file the user gave that `datasets` cannot read: one line
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+        raise ConfigError(f"data.source={str(path)!r}: cannot read it as {kind} ({type(e).__name__}: "
+                          f"{first})") from None
     for key, field in (("data.prompt_field", prompt_field), ("data.answer_field", answer_field)):
         if field not in ds.column_names:
             raise ConfigError(
                 f"{key}={field!r}: not a column of {path} (columns: {', '.join(ds.column_names)})"
             )
+    if rows is None:  # parquet, or JSON columns: the loaded values, by record index
+        _check_fields(path, [(0, {prompt_field: p, answer_field: a})
+                             for p, a in zip(ds[prompt_field], ds[answer_field])], prompt_field, answer_field)
     out = []
     for row in ds:
         rec = {k: v for k, v in row.items() if k not in (prompt_field, answer_field)}
