@@ -5,6 +5,11 @@ and checkpoint sections) and hands explicit arguments to everything below. Hooks
 completions, held-out evaluation, checkpoints, preemption) run between steps; the step itself is
 `jaxrl.rl_step.rl_step`.
 
+Timing: every step's row holds the stage breakdown of `jaxrl.rl_step` plus `time/eval`, `time/checkpoint` (the
+save that followed the previous row: a row is written before its own checkpoint, so that a killed run never
+has a checkpoint without its row), `time/other` and `time/step` (wall time since the previous row); the
+phases (warm start, evaluation, checkpoint) each log one line, and RUN/run_summary.json sums them up.
+
 Reproducibility: every random choice is derived from (train.seed, step) with `fold_in`, and the data
 iterator's position is checkpointed, so a resumed run repeats exactly the steps an uninterrupted run would
 take.
@@ -12,9 +17,11 @@ take.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,13 +30,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxrl import agentic, checkpoint as ckpt_lib, distributed, rewards as rewards_lib, trainer
+from jaxrl import agentic, checkpoint as ckpt_lib, distributed, rewards as rewards_lib, run_summary, step_time
+from jaxrl import trainer
 from jaxrl.algorithms import expert_rows
 from jaxrl.config import ExperimentConfig
 from jaxrl.errors import CheckpointError
 from jaxrl.data.pipeline import Encoder, PromptLimit, make_splits, train_iterator
 from jaxrl.evaluate import evaluate
-from jaxrl.metrics import MetricsWriter
+from jaxrl.metrics import MetricsWriter, interactive
 from jaxrl.rl_step import TIMING_PREFIX, rl_step, total_reward  # noqa: F401 -- TIMING_PREFIX re-exported
 from jaxrl.sampling import bucket
 from jaxrl.sharding import hosts, row_sharding
@@ -96,15 +104,17 @@ def _warm_start_roles(run: trainer.Run, state: TrainState, warm_start) -> tuple[
     return role_adapters.seed_roles(state, sub.params), curve
 
 
-def train(cfg: ExperimentConfig, run_dir: str | Path, checkpoint_dir: str | None = None) -> dict[str, Any]:
+def train(cfg: ExperimentConfig, run_dir: str | Path, checkpoint_dir: str | None = None,
+          profile: tuple[int, int] | None = None) -> dict[str, Any]:
     """Runs (or resumes) the experiment in `run_dir`; returns the last metrics row.
 
     `checkpoint_dir` (default RUN/checkpoints) may be an object-store URL such as gs://bucket/run/checkpoints.
+    `profile` (first, last): write a `jax.profiler` trace of those steps into RUN/profile (`step_time`).
     In a multi-host job the peers are told whether this process finished or failed (`jaxrl.distributed`),
     so a failure on one host stops the others instead of leaving them waiting in a collective.
     """
     try:
-        last = _train(cfg, run_dir, checkpoint_dir)
+        last = _train(cfg, run_dir, checkpoint_dir, profile)
     except BaseException as e:
         distributed.finish(ok=False, message=f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}")
         raise
@@ -112,7 +122,10 @@ def train(cfg: ExperimentConfig, run_dir: str | Path, checkpoint_dir: str | None
     return last
 
 
-def _train(cfg: ExperimentConfig, run_dir: str | Path, checkpoint_dir: str | None) -> dict[str, Any]:
+def _train(cfg: ExperimentConfig, run_dir: str | Path, checkpoint_dir: str | None,
+           profile: tuple[int, int] | None) -> dict[str, Any]:
+    t_start = time.perf_counter()
+    phases = step_time.StageClock()  # this invocation's wall time by phase (RUN/run_summary.json)
     run_dir = Path(run_dir)
     run, state, model = trainer.setup(cfg, run_dir)  # validates rewards first, before any model is built
     model_cfg = model.cfg
@@ -138,8 +151,20 @@ def _train(cfg: ExperimentConfig, run_dir: str | Path, checkpoint_dir: str | Non
     sampled = dataclasses.replace(run.sampling, num_samples=k) if k > 1 else None
     collect = functools.partial(trainer.collect, run)
     # The trained parameters (LoRA: the adapters) -> the policy the sampler runs (LoRA: base + adapters).
-    evaluate_now = lambda params: evaluate(collect, run.policy(params), eval_records, encoder, run.eval_sampling,
-                                           batch_size=d.prompts_per_step, sampled=sampled, seed=run.seed)
+    evaluate_fn = lambda params: evaluate(collect, run.policy(params), eval_records, encoder,
+                                          run.eval_sampling, batch_size=d.prompts_per_step, sampled=sampled,
+                                          seed=run.seed)
+
+    def evaluate_now(params, step: int) -> tuple[dict[str, float], float]:
+        """(the eval metrics, seconds), with one log line."""
+        t0 = time.perf_counter()
+        with phases("eval"):
+            out = evaluate_fn(params)
+        seconds = time.perf_counter() - t0
+        log.info("evaluation at step %d: held-out accuracy %.4g on %d prompts (%.1f s)", step,
+                 out.get("eval/accuracy", float("nan")), len(eval_records), seconds)
+        return out, seconds
+
     ckpt = ckpt_lib.Checkpointer(checkpoint_dir or run_dir / "checkpoints", every=cfg.checkpoint.every,
                                  keep=cfg.checkpoint.keep, async_save=cfg.checkpoint.async_save)
     start, nonfinite_run = 0, 0
@@ -166,11 +191,15 @@ def _train(cfg: ExperimentConfig, run_dir: str | Path, checkpoint_dir: str | Non
         if run.ref_params is not None and w.steps > 0 and run.base is None:
             # The reference policy is the warm-started model, which is not checkpointed: replay the
             # (deterministic) warm start from the initial parameters to rebuild it exactly.
-            run.ref_params = warm_start(initial)[0].params
+            with phases("warm_start"):
+                run.ref_params = warm_start(initial)[0].params
         log.info("resumed from step %d in %s", start, ckpt.directory)
     elif w.steps > 0:
-        state, curve = _warm_start_roles(run, state, warm_start) if run.role_adapters else warm_start(state)
-        log.info("SFT warm start: NLL %.3f -> %.3f over %d steps", curve[0], curve[-1], len(curve))
+        with phases("warm_start"):
+            roles = run.role_adapters
+            state, curve = _warm_start_roles(run, state, warm_start) if roles else warm_start(state)
+        log.info("SFT warm start: NLL %.3f -> %.3f over %d steps (%.1f s)", curve[0], curve[-1], len(curve),
+                 phases.seconds["warm_start"])
         if run.ref_params is not None and run.base is None:  # KL to the policy RL starts from (LoRA: the base)
             run.ref_params = jax.tree.map(jnp.copy, state.params)
     del initial
@@ -187,19 +216,44 @@ def _train(cfg: ExperimentConfig, run_dir: str | Path, checkpoint_dir: str | Non
                 "rng": ckpt_lib.key_to_json(jax.random.key(cfg.train.seed)), "stages": stages,
                 **({"lora_base_sha256": run.base_sha256} if run.base_sha256 else {})}
 
-    bar_steps = cfg.train.steps if cfg.logging.progress_bar else None
-    with MetricsWriter(run_dir, resume_step=start, total_steps=bar_steps,
-                       tensorboard=cfg.logging.tensorboard) as writer, ckpt_lib.PreemptionGuard() as guard:
+    def save(step: int) -> float:
+        t0 = time.perf_counter()
+        with phases("checkpoint"):
+            ckpt.save(step, state.params, state.opt_state, extra())
+            if cfg.model.lora is not None:  # export-ready adapters: export-hf --checkpoint RUN/adapters
+                _save_adapters(run, cfg, state.params, run_dir / "adapters")
+        seconds = time.perf_counter() - t0
+        log.info("checkpoint: step %d saved in %s (%.1f s%s)", step, ckpt.directory, seconds,
+                 "; finishing in the background" if cfg.checkpoint.async_save else "")
+        return seconds
+
+    # A bar only on a terminal: a log file gets plain lines every `logging.every` steps, never bar frames.
+    bar = cfg.logging.progress_bar and interactive()
+    profiler = step_time.StepProfiler(profile, run_dir / "profile")
+    stage_sums: collections.Counter = collections.Counter()
+    with MetricsWriter(run_dir, resume_step=start, total_steps=cfg.train.steps, progress_bar=bar,
+                       log_every=cfg.logging.every, tensorboard=cfg.logging.tensorboard) as writer, \
+            ckpt_lib.PreemptionGuard() as guard:
         if start == 0 and cfg.train.eval_every:
-            writer.write(0, evaluate_now(state.params))
+            writer.write(0, evaluate_now(state.params, 0)[0])
+        t_loop = t_row = time.perf_counter()
+        checkpoint_s = 0.0  # the save after the previous row
         for step in range(start + 1, cfg.train.steps + 1):
-            records = hosts.gather_json(next(data_it))
-            state, metrics, ro = rl_step(run, state, records, step)
-            reward_failures.update(*ro.score_infos)  # a reward failing on every sample stops the run
-            nonfinite_run = nonfinite_run + 1 if metrics.get("train/nonfinite", 0) else 0
-            metrics["train/nonfinite_run"] = float(nonfinite_run)
-            if cfg.train.eval_every and step % cfg.train.eval_every == 0:
-                metrics.update(evaluate_now(state.params))
+            with profiler.step(step):
+                records = hosts.gather_json(next(data_it))
+                state, metrics, ro = rl_step(run, state, records, step)
+                reward_failures.update(*ro.score_infos)  # a reward failing on every sample stops the run
+                nonfinite_run = nonfinite_run + 1 if metrics.get("train/nonfinite", 0) else 0
+                metrics["train/nonfinite_run"] = float(nonfinite_run)
+                metrics["time/eval"] = 0.0
+                if cfg.train.eval_every and step % cfg.train.eval_every == 0:
+                    evaluated, metrics["time/eval"] = evaluate_now(state.params, step)
+                    metrics.update(evaluated)
+            metrics["time/checkpoint"], now = checkpoint_s, time.perf_counter()
+            metrics["time/step"], t_row = now - t_row, now
+            timed = sum(metrics[f"time/{k}"] for k in (*step_time.STAGES, "eval", "checkpoint"))
+            metrics["time/other"] = max(metrics["time/step"] - timed, 0.0)
+            stage_sums.update({k[len("time/"):]: v for k, v in metrics.items() if k.startswith("time/")})
             writer.write(step, metrics)
             if step % cfg.logging.sample_every == 0 and cfg.logging.num_samples:
                 k = cfg.logging.num_samples
@@ -208,10 +262,13 @@ def _train(cfg: ExperimentConfig, run_dir: str | Path, checkpoint_dir: str | Non
             last = {"step": step, **metrics}
             stop = guard.should_stop()
             too_many = nonfinite_run >= cfg.optimizer.max_nonfinite_steps
+            checkpoint_s = 0.0
             if ckpt.should_save(step) or stop or too_many or step == cfg.train.steps:
-                ckpt.save(step, state.params, state.opt_state, extra())
-                if cfg.model.lora is not None:  # export-ready adapters: export-hf --checkpoint RUN/adapters
-                    _save_adapters(run, cfg, state.params, run_dir / "adapters")
+                checkpoint_s = save(step)
+            profile_s = profiler.after(step)
+            if profile_s is not None:
+                t_row += profile_s  # writing the trace is not the next step's time
+                log.info("profile of steps %d-%d written to %s (%.1f s)", *profile, profiler.out_dir, profile_s)
             if too_many:
                 ckpt.close()
                 raise trainer.NonFiniteError(
@@ -222,5 +279,32 @@ def _train(cfg: ExperimentConfig, run_dir: str | Path, checkpoint_dir: str | Non
                 log.warning("stopping after step %d (preemption); checkpoint saved", step)
                 last["stopped_by_signal"] = guard.signal
                 break
-    ckpt.close()
+        profiler.close()
+    with phases("checkpoint"):
+        ckpt.close()  # waits for an asynchronous save
+    if jax.process_index() == 0:
+        _write_summary(cfg, run_dir, ckpt, start, last, phases, stage_sums, t_start, t_loop)
     return last
+
+
+def _write_summary(cfg: ExperimentConfig, run_dir: Path, ckpt: ckpt_lib.Checkpointer, start: int,
+                   last: dict[str, Any], phases: step_time.StageClock, stage_sums: dict[str, float],
+                   t_start: float, t_loop: float) -> None:
+    """RUN/run_summary.json (`jaxrl.run_summary`) of this invocation."""
+    wall = dict(phases.seconds)
+    stages = dict(stage_sums)
+    eval_before_loop = wall.get("eval", 0.0) - stages.get("eval", 0.0)
+    wall.update(total=time.perf_counter() - t_start, rl_steps=stages.pop("step", 0.0),
+                setup=max(t_loop - t_start - wall.get("warm_start", 0.0) - eval_before_loop, 0.0))
+    directory = str(ckpt.directory)
+    run_summary.write(run_dir, {
+        "steps": {"first": start + 1, "last": int(last.get("step", start)), "total": cfg.train.steps},
+        "stopped_by_signal": last.get("stopped_by_signal"),
+        "wall_s": wall,
+        "step_stages_s": stages,
+        "held_out_accuracy": run_summary.held_out(run_dir),
+        "checkpoint": {"directory": directory, "step": int(last.get("step", start))},
+        "export_hf": run_summary.export_command(directory if "://" in directory else str(run_dir), run_dir,
+                                                lora=cfg.model.lora is not None),
+        "file": str(run_dir / run_summary.SUMMARY_FILE),
+    })
