@@ -167,7 +167,8 @@ def extract_problem(transcript: str, answer: str, *, min_searches: int, min_word
     terms = search_terms(transcript, expand_lists=ref)
     searches = () if terms is None else terms
     if found is None or terms is None:
-        return Problem(None if found is None else found.group(1).strip(), materials, searches, False, "format")
+        q = None if found is None else found.group(1).strip()
+        return Problem(q, materials, searches, False, "format")
     q = clean_question(found.group(1)) if ref else found.group(1).strip()
     words = len(q.split(" ")) if ref else len(q.split())
     q = q.strip()

@@ -7,8 +7,8 @@ problem drawn from the pool of earlier problems whose recorded Solver success ra
 problem of the step (valid or reused) is pushed with its success rate; every `clear_every` steps the pool is
 emptied (`keep_ratio = 0`): after step k when (k + `clear_offset`) is a multiple of `clear_every`. The
 reference's `fit` advances its step counter before that test, so it clears after steps 9, 19, … for an
-interval of 10 (`clear_offset` 1); offset 0 clears after steps 10, 20, … (jaxrl before issue 28). The pool is host-side state that goes into checkpoints (`state_json`), so a
-resumed run draws the same problems.
+interval of 10 (`clear_offset` 1); offset 0 clears after steps 10, 20, … (jaxrl before issue 28). The pool
+is host-side state that goes into checkpoints (`state_json`), so a resumed run draws the same problems.
 """
 
 from __future__ import annotations

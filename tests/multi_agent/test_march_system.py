@@ -350,8 +350,8 @@ def _reference_pairs(text: str) -> list[tuple[str, str]]:
 
 def test_pairs_parse_like_the_reference_including_pairs_across_lines():
     rng = np.random.default_rng(0)
-    pieces = ["- Question:", "-Question:", " ", "\n", " \n ", "How old is Kop?", "Who?", "[Answer:", " 7", "12",
-              "]", "x", "- ", "[", "Answer: 3]"]
+    pieces = ["- Question:", "-Question:", " ", "\n", " \n ", "How old is Kop?", "Who?", "[Answer:", " 7",
+              "12", "]", "x", "- ", "[", "Answer: 3]"]
     across = 0
     for _ in range(3000):
         text = "".join(str(rng.choice(pieces)) for _ in range(int(rng.integers(1, 14))))

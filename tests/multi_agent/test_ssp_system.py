@@ -395,7 +395,8 @@ def test_reference_rules_by_hand():
     assert extract_problem(dup, "1173", min_searches=2, min_words=10).reason == "searches"
     stray = listed.replace("Tarn?</question>", "Tarn?</answer></question>")  # cleaned, as the reference
     assert extract_problem(stray, "1173", min_searches=2, min_words=10).question == q10
-    assert extract_problem(stray, "1173", min_searches=2, min_words=10, rules="v1").question == q10 + "</answer>"
+    v1 = extract_problem(stray, "1173", min_searches=2, min_words=10, rules="v1")
+    assert v1.question == q10 + "</answer>"
     newline = listed.replace("was the old", "was\nthe\nold")  # split(" "): 9 words; split(): 11
     assert extract_problem(newline, "1173", min_searches=2, min_words=10).reason == "length"
     assert extract_problem(newline, "1173", min_searches=1, min_words=10, rules="v1").valid
