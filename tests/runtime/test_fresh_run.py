@@ -3,6 +3,8 @@ directory holding an earlier run's checkpoints or metrics is one line, exit 2, b
 written; `--overwrite-run` moves the earlier run aside to `RUN.old-<timestamp>` (never deletes it), and
 refuses a run directory a live trainer holds."""
 
+import json
+
 import pytest
 
 from jaxrl.cli import main
@@ -12,10 +14,24 @@ from jaxrl.run_lock import RunLock
 from tests.runtime import _trainer as T
 
 
+def _model_config() -> str:
+    """The model_config.json a run of the tiny config saves (so a resume check alone would accept the run)."""
+    import tempfile
+    from pathlib import Path
+
+    from jaxrl import build, model_io
+    from jaxrl.config import load_config
+
+    cfg = load_config(str(T.write_config(Path(tempfile.mkdtemp()))), [])
+    tok = build.build_tokenizer(cfg.model, cfg.tokenizer)
+    return json.dumps(model_io.config_to_json(build.preset_config(cfg.model, len(tok))))
+
+
 def _earlier_run(run_dir):
-    """An earlier run's layout (checkpoint step 5, metrics rows); returns its files and their contents."""
+    """An earlier run's layout (checkpoint step 5 of the same model, metrics rows); returns its files and
+    their contents."""
     (run_dir / "checkpoints" / "5" / "params").mkdir(parents=True)
-    (run_dir / "checkpoints" / "model_config.json").write_text("{}")
+    (run_dir / "checkpoints" / "model_config.json").write_text(_model_config())
     (run_dir / "config.yaml").write_text("train: {steps: 5}\n")
     (run_dir / "metrics.jsonl").write_text('{"step": 1}\n{"step": 5}\n')
     return _files(run_dir)
