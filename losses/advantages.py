@@ -10,6 +10,11 @@ Deviations from / choices against the references:
 * `nan_aware=True` follows current TRL for failed rewards: NaN rewards are left out of every mean and std and
   their advantage is forced to 0. A group with a single finite reward then has std 0 (TRL would give NaN) and
   advantage 0.
+* A group (of two or more) whose rewards are all equal gets advantage exactly 0, as Tunix. verl and TRL
+  compute R - mean in floating point: for rewards not exact in binary (0.7, 1/3) the float32 mean is off by an
+  ulp, and dividing that by std + eps (std ~1e-8, eps 1e-6) gave advantages of about ±0.056. GRPO, Dr.GRPO,
+  TRL batch scaling, RLOO and (through `group_advantages`) GDPO per reward follow the rule; with
+  `nan_aware`, "all equal" is over the group's finite rewards.
 """
 
 import chex
@@ -28,6 +33,14 @@ def _check_rewards(rewards_N: chex.Array, group_size: int) -> None:
         raise ValueError(
             f"rewards_N has {rewards_N.shape[0]} samples, not a multiple of group_size={group_size}"
         )
+
+
+def _all_equal(x_PG: chex.Array, valid_PG: chex.Array) -> chex.Array:
+    """[P, 1] bool: the row has a valid entry and all its valid entries are equal (False with a NaN among
+    them, so NaN still propagates when rewards are not `nan_aware`)."""
+    hi = jnp.max(jnp.where(valid_PG, x_PG, -jnp.inf), axis=1, keepdims=True)
+    lo = jnp.min(jnp.where(valid_PG, x_PG, jnp.inf), axis=1, keepdims=True)
+    return hi == lo
 
 
 def _masked_mean_std(x_PG: chex.Array, valid_PG: chex.Array, axis) -> tuple[chex.Array, chex.Array]:
@@ -78,6 +91,8 @@ def group_advantages(
     else:
         mean_P1, std_P1 = _masked_mean_std(r_PG, valid_PG, axis=1)
     centred_PG = r_PG - mean_P1
+    if group_size > 1:  # every reward equal => exactly 0 (module docstring), not an ulp over std + eps
+        centred_PG = jnp.where(_all_equal(r_PG, valid_PG), 0.0, centred_PG)
     if scale == "group":
         adv_PG = centred_PG / (std_P1 + eps)
     elif scale == "none":
@@ -94,7 +109,8 @@ def group_advantages(
 def rloo_advantages(rewards_N: chex.Array, group_size: int) -> chex.Array:
     """REINFORCE leave-one-out advantages.
 
-    A_i = R_i - (1/(G-1)) sum_{j in g(i), j != i} R_j = G/(G-1) (R_i - mu_g).
+    A_i = R_i - (1/(G-1)) sum_{j in g(i), j != i} R_j = G/(G-1) (R_i - mu_g);  A_i = 0 exactly when the
+    group's rewards are all equal.
     Kool et al., "Buy 4 REINFORCE samples, get a baseline for free!" (2019);
     Ahmadian et al., arXiv:2402.14740.
 
@@ -110,7 +126,8 @@ def rloo_advantages(rewards_N: chex.Array, group_size: int) -> chex.Array:
         raise ValueError(f"rloo_advantages needs group_size >= 2 (leave-one-out baseline), got {group_size}")
     r_PG = rewards_N.reshape(-1, group_size)
     loo_mean_PG = (jnp.sum(r_PG, axis=1, keepdims=True) - r_PG) / (group_size - 1)
-    return (r_PG - loo_mean_PG).reshape(-1)
+    adv_PG = jnp.where(_all_equal(r_PG, jnp.ones(r_PG.shape, bool)), 0.0, r_PG - loo_mean_PG)
+    return adv_PG.reshape(-1)
 
 
 def dynamic_sampling_mask(rewards_N: chex.Array, group_size: int) -> chex.Array:

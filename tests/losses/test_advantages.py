@@ -129,3 +129,49 @@ class JitTest(parameterized.TestCase):
         for fn in (lambda x: group_advantages(x, 4), lambda x: group_advantages(x, 4, scale="batch"),
                    lambda x: rloo_advantages(x, 4), lambda x: dynamic_sampling_mask(x, 4)):
             np.testing.assert_allclose(self.variant(fn)(r), fn(r), rtol=1e-6, atol=1e-7)
+
+
+# Rewards that are not exact in binary: a float32 group mean of G copies can be an ulp off (numpy: 0.7 x 7 ->
+# 6e-8), which the old (R - mean) / (std + eps) turned into advantages of about ±0.056.
+EQUAL = (0.7, 1 / 3, 0.1, 2.3)
+_ZERO_FNS = {
+    "grpo": lambda r, g: group_advantages(r, g),
+    "grpo_nan_aware": lambda r, g: group_advantages(r, g, nan_aware=True),
+    "dr_grpo": lambda r, g: group_advantages(r, g, scale="none"),
+    "batch": lambda r, g: group_advantages(r, g, scale="batch"),
+    "rloo": lambda r, g: rloo_advantages(r, g),
+}
+
+
+def _equal_groups(g: int) -> np.ndarray:
+    """One group of G equal rewards per value of EQUAL, then one group with spread."""
+    return np.concatenate([np.full(g, v, np.float32) for v in EQUAL] + [np.arange(g, dtype=np.float32) / 3])
+
+
+def test_the_old_formula_was_not_zero_for_equal_rewards():
+    """Guards the tests below: in float32, some of these groups do not centre to 0 by arithmetic alone."""
+    off = []
+    for g in (3, 5, 7, 16):
+        r = _equal_groups(g)[: -g].reshape(-1, g)
+        mean = r.mean(1, keepdims=True, dtype=np.float32)
+        off.append(np.abs((r - mean) / (r.std(1, ddof=1, keepdims=True) + np.float32(1e-6))).max())
+    assert max(off) > 0.01
+
+
+class EqualRewardsTest(chex.TestCase):
+    @chex.variants(with_jit=True, without_jit=True)
+    @parameterized.parameters(*_ZERO_FNS)
+    def test_all_equal_group_gives_exactly_zero(self, name):
+        for g in (3, 7, 16):
+            fn = self.variant(lambda r, g=g: _ZERO_FNS[name](r, g))
+            out = np.asarray(fn(jnp.asarray(_equal_groups(g))))
+            np.testing.assert_array_equal(out[:-g], 0.0)
+            assert np.all(out[-g:][[0, -1]] != 0.0)  # the group with spread still has a signal
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_nan_aware_equal_finite_rewards_give_zero(self):
+        r = jnp.array([0.7, jnp.nan, 0.7, 0.7, 1 / 3, 1 / 3, jnp.nan, 1 / 3], jnp.float32)
+        out = self.variant(lambda x: group_advantages(x, 4, nan_aware=True))(r)
+        np.testing.assert_array_equal(out, 0.0)
+        plain = self.variant(lambda x: group_advantages(x, 4))(r)
+        assert np.isnan(plain).all()  # without nan_aware a NaN still poisons its group

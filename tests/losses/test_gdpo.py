@@ -172,3 +172,38 @@ class JitTest(parameterized.TestCase):
         for fn in (lambda x, m: gdpo_advantages(x, 4), lambda x, m: gdpo_token_advantages(x, 4, m),
                    lambda x, m: gd2po_advantages(x, 4, m, mode="snr", tau=0.8)):
             chex.assert_trees_all_close(self.variant(fn)(r, mask), fn(r, mask), rtol=1e-6, atol=1e-7)
+
+
+def _flat_and_varied_columns(g: int):
+    flat = np.concatenate([np.full(g, 0.7), np.full(g, 1 / 3), np.full(g, 0.1)]).astype(np.float32)
+    varied = np.random.default_rng(0).normal(size=3 * g).astype(np.float32)
+    return jnp.asarray(np.stack([flat, varied], axis=1))
+
+
+class EqualRewardColumnTest(chex.TestCase):
+    """GDPO per reward: a column whose rewards are all equal within each group (0.7, 1/3: not exact in binary)
+    has per-reward advantage exactly 0, so GDPO equals GDPO without that column (to float32 rounding of the
+    differently fused sums; the old ±0.056 would show as a difference of that size)."""
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_equal_column_adds_nothing_sample_form(self):
+        from jaxrl.losses.gdpo import _per_reward_advantages
+
+        g = 7
+        r_NK = _flat_and_varied_columns(g)
+        per_reward = self.variant(lambda r: _per_reward_advantages(r, g, 1e-6))(r_NK)
+        np.testing.assert_array_equal(per_reward[:, 0], 0.0)
+        both = self.variant(lambda r: gdpo_advantages(r, g, weights=[1.0, 1.0]))(r_NK)
+        alone = self.variant(lambda r: gdpo_advantages(r, g, weights=[1.0]))(r_NK[:, 1:])
+        np.testing.assert_allclose(both, alone, rtol=1e-6, atol=1e-7)
+        flat2 = jnp.stack([r_NK[:, 0], r_NK[:, 0]], 1)
+        np.testing.assert_array_equal(self.variant(lambda r: gdpo_advantages(r, g))(flat2), 0.0)
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_equal_column_adds_nothing_token_form(self):
+        g = 7
+        r_NK = _flat_and_varied_columns(g)
+        mask = jnp.asarray(np.arange(4)[None, :] < np.random.default_rng(1).integers(1, 5, size=(3 * g, 1)))
+        tok = self.variant(lambda r, m: gdpo_token_advantages(r, g, m, weights=[1.0, 1.0]))(r_NK, mask)
+        tok_alone = self.variant(lambda r, m: gdpo_token_advantages(r, g, m, weights=[1.0]))(r_NK[:, 1:], mask)
+        np.testing.assert_allclose(tok, tok_alone, rtol=1e-6, atol=1e-7)
