@@ -81,6 +81,8 @@ from jaxrl.losses.gspo import gspo_loss, gspo_objective, sequence_log_ratio
 from jaxrl.losses.mismatch import mismatch_metrics, rollout_correction
 from jaxrl.losses.passk import avg_at_k, pass_at_k, pass_at_k_per_problem
 from jaxrl.losses.sapo import sapo_loss, sapo_objective
+# Issue 28: REINFORCE++ and REINFORCE++-baseline.
+from jaxrl.losses.reinforce_pp import reinforce_pp_advantages, reinforce_pp_baseline_advantages
 
 __all__ = [
     "AggMode",
@@ -155,4 +157,6 @@ __all__ = [
     "classifier_micro_steps",
     "club_mi_micro",
     "reference_gamma",
+    "reinforce_pp_advantages",
+    "reinforce_pp_baseline_advantages",
 ]

@@ -35,6 +35,8 @@ ALGORITHMS: dict[str, Algorithm] = {
     "gd2po": Algorithm("gd2po", estimators.gd2po, per_reward=True),
     "etr": Algorithm("etr", estimators.etr),
     "clipo": Algorithm("clipo", estimators.grpo("group"), shaper=clipo_head),
+    "reinforce_pp": Algorithm("reinforce_pp", estimators.reinforce_pp),
+    "reinforce_pp_baseline": Algorithm("reinforce_pp_baseline", estimators.reinforce_pp_baseline),
     "sft_aux": Algorithm("sft_aux", estimators.grpo("group"), extra_rows=expert_rows,
                          loss=lambda s: {"sft_lambda": s.section.sft.lam}),
 }

@@ -8,6 +8,10 @@
 | gdpo     | per reward, then batch norm   | `losses.gdpo_advantages` (gdpo.batch_norm) | same                  |
 | gd2po    | per reward, conflict filter   | `losses.gd2po_advantages`                  | same                  |
 | etr      | weighted sum                  | GRPO                                       | elastic per sample    |
+| rf++     | weighted sum                  | γ-return, whitened over the batch's tokens | [clip.low, clip.high] |
+| rf++ b.  | weighted sum                  | R - mean_g, whitened over batch tokens     | same                  |
+
+(rf++: `reinforce_pp`; rf++ b.: `reinforce_pp_baseline`.)
 
 Rewards that failed with `on_error: skip` arrive as NaN: single-reward estimators leave them out of the group
 statistics and give them advantage 0 (TRL semantics); multi-reward estimators treat them as 0 (the NVlabs GDPO
@@ -81,3 +85,26 @@ def etr(rewards_NK, weights_K, mask_NT, s: AlgoSettings) -> Advantages:
     out = sequence_advantages(adv_N, mask_NT, s, {"etr/clip_low_mean": float(jnp.mean(low_N)),
                                                   "etr/clip_high_mean": float(jnp.mean(high_N))})
     return out._replace(clip_low_N=np.asarray(low_N, np.float32), clip_high_N=np.asarray(high_N, np.float32))
+
+
+def reinforce_pp(rewards_NK, weights_K, mask_NT, s: AlgoSettings) -> Advantages:
+    """REINFORCE++ (arXiv:2501.03262, verl `reinforce_plus_plus`): `losses.reinforce_pp_advantages` with
+    γ = `algorithm.reinforce_pp.gamma`."""
+    r_N = jnp.asarray(combined_reward(rewards_NK, weights_K))
+    adv_NT = losses.reinforce_pp_advantages(r_N, jnp.asarray(mask_NT), gamma=s.section.reinforce_pp.gamma,
+                                            nan_aware=True)
+    return _token_advantages(adv_NT, mask_NT, s)
+
+
+def reinforce_pp_baseline(rewards_NK, weights_K, mask_NT, s: AlgoSettings) -> Advantages:
+    """REINFORCE++-baseline (verl `reinforce_plus_plus_baseline`):
+    `losses.reinforce_pp_baseline_advantages`."""
+    r_N = jnp.asarray(combined_reward(rewards_NK, weights_K))
+    adv_NT = losses.reinforce_pp_baseline_advantages(r_N, s.group_size, jnp.asarray(mask_NT), nan_aware=True)
+    return _token_advantages(adv_NT, mask_NT, s)
+
+
+def _token_advantages(adv_NT, mask_NT, s: AlgoSettings) -> Advantages:
+    """Per-token advantages with the constant clip bounds."""
+    base = sequence_advantages(np.zeros(np.shape(mask_NT)[0]), mask_NT, s)
+    return base._replace(adv_NT=np.asarray(adv_NT, np.float32))
