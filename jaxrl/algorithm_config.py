@@ -26,6 +26,8 @@ class Algo(str, enum.Enum):
     ETR = "etr"
     CLIPO = "clipo"
     SFT_AUX = "sft_aux"
+    REINFORCE_PP = "reinforce_pp"
+    REINFORCE_PP_BASELINE = "reinforce_pp_baseline"
 
 
 class KLWhere(str, enum.Enum):
@@ -150,6 +152,17 @@ class SFTSection:
         _check(self.lam >= 0, "algorithm.sft.lam", self.lam, "must be >= 0")
 
 
+@dataclasses.dataclass(frozen=True)
+class ReinforcePPSection:
+    """REINFORCE++ (`losses.reinforce_pp_advantages`): discount γ of the last-token reward per trained token
+    (verl `algorithm.gamma`, default 1: every token's return is the reward)."""
+
+    gamma: float = 1.0
+
+    def __post_init__(self):
+        _check(0 <= self.gamma <= 1, "algorithm.reinforce_pp.gamma", self.gamma, "must be in [0, 1]")
+
+
 class Objective(str, enum.Enum):
     """The per-token policy objective of the update (`losses`): PPO/GRPO clip, GSPO, GSPO-token, CISPO, SAPO."""
 
@@ -165,12 +178,19 @@ class ObjectiveSection:
     """Which policy objective and its own settings. `ppo_clip` uses `algorithm.clip` (and ETR's elastic
     bounds); GSPO (arXiv:2507.18071) its sequence-ratio clip `gspo_low/high` (paper 3e-4 / 4e-4); CISPO
     (MiniMax-M1, arXiv:2506.13585) the IS-weight bounds `cispo_w_max` / `cispo_w_min`; SAPO (arXiv:2511.20347)
-    the gate temperatures `sapo_tau_pos` / `sapo_tau_neg`."""
+    the gate temperatures `sapo_tau_pos` / `sapo_tau_neg`.
+
+    CISPO default: the paper's form, ŵ = clip(r, 1 − ε_low^IS, 1 + ε_high^IS) with ε_low^IS "large" (no lower
+    bound: `cispo_w_min` null) and only ε_high^IS tuned (§3.1). The report prints no number for ε_high^IS, so
+    `cispo_w_max` = 1 + 0.2 = 1.2 is verl's CISPO example of that form (`examples/cispo_trainer`:
+    clip_ratio_low 10, clip_ratio_high 0.2). Other references: verl's plain default is the two-sided
+    [0.8, 1.2]; TRL's cap is `epsilon_high` as an absolute weight, 0.2 when unset (REINFORCE scaled by 0.2),
+    and 5 in its ScaleRL example (arXiv:2510.13786)."""
 
     name: Objective = Objective.PPO_CLIP
     gspo_low: float = 3e-4
     gspo_high: float = 4e-4
-    cispo_w_max: float = 1.28
+    cispo_w_max: float = 1.2
     cispo_w_min: float | None = None
     sapo_tau_pos: float = 1.0
     sapo_tau_neg: float = 1.05
@@ -184,6 +204,16 @@ class ObjectiveSection:
                    self.cispo_w_min, "must be in [0, cispo_w_max] or null")
         for name in ("sapo_tau_pos", "sapo_tau_neg"):
             _check(getattr(self, name) > 0, f"algorithm.objective.{name}", getattr(self, name), "must be > 0")
+
+
+# The aggregation each policy objective's reference uses (`AlgorithmConfig.agg_mode` unset).
+OBJECTIVE_AGG: dict[Objective, AggMode] = {
+    Objective.PPO_CLIP: AggMode.TOKEN_MEAN,
+    Objective.GSPO: AggMode.SEQ_MEAN_TOKEN_MEAN,
+    Objective.GSPO_TOKEN: AggMode.SEQ_MEAN_TOKEN_MEAN,
+    Objective.CISPO: AggMode.TOKEN_MEAN,
+    Objective.SAPO: AggMode.SEQ_MEAN_TOKEN_MEAN,
+}
 
 
 class MismatchMode(str, enum.Enum):
@@ -200,17 +230,28 @@ class MismatchLevel(str, enum.Enum):
     GEOMETRIC = "geometric"
 
 
+class MismatchReject(str, enum.Enum):
+    """What MIS does with a rejected token (`losses.rollout_correction(reject=...)`): drop it from the mask,
+    so it leaves every denominator and the KL term (verl's rejection sampling, default), or keep it with
+    policy weight 0 (TRL's `token_mask` / `sequence_mask`)."""
+
+    MASK = "mask"
+    ZERO_WEIGHT = "zero_weight"
+
+
 @dataclasses.dataclass(frozen=True)
 class MismatchSection:
     """Train-inference mismatch (`losses.rollout_correction`): the importance weight π_trainer / π_sampler of
     each sampled token (or sequence) multiplies the policy loss (TIS: clipped to [lower, upper]; MIS: tokens or
-    sequences outside the band are dropped). Any mode other than `off` recomputes the old log-probs with the
-    trainer, and the step logs `mismatch/*` whenever both log-probs exist."""
+    sequences outside the band get weight 0 and, with `reject: mask` (verl, default), leave the mask; with
+    `reject: zero_weight` (TRL) they stay in it). Any mode other than `off` recomputes the old log-probs with
+    the trainer, and the step logs `mismatch/*` whenever both log-probs exist."""
 
     mode: MismatchMode = MismatchMode.OFF
     level: MismatchLevel = MismatchLevel.TOKEN
     lower: float | None = None
     upper: float | None = 2.0
+    reject: MismatchReject = MismatchReject.MASK
 
     def __post_init__(self):
         _check(self.lower is not None or self.upper is not None, "algorithm.mismatch",
@@ -225,12 +266,19 @@ class AlgorithmConfig:
     """Advantage estimator, policy objective, aggregation and their hyper-parameters (spec/algorithms.md).
 
     `name` is a key of `jaxrl.algorithms.ALGORITHMS` (built-ins: the `Algo` values). Each method's own
-    settings live in its sub-section (`etr`, `gd2po`, `clipo`, `dapo`, `sft`, `gdpo`); `clip` and `kl` are
-    shared. The flat keys of earlier versions (`etr_alpha`, `clipo_tau`, ...) are refused with their new place.
+    settings live in its sub-section (`etr`, `gd2po`, `clipo`, `dapo`, `sft`, `gdpo`, `reinforce_pp`); `clip`
+    and `kl` are shared. The flat keys of earlier versions (`etr_alpha`, `clipo_tau`, ...) are refused with
+    their new place.
+
+    `agg_mode` left unset (null) resolves at load to the policy objective's reference aggregation
+    (`OBJECTIVE_AGG`): token-mean for `ppo_clip` (verl's default) and `cispo` (the paper's 1/Σ|o_i|),
+    seq-mean-token-mean for `gspo`, `gspo_token` and `sapo` (their papers' mean over responses; verl
+    hard-codes it, TRL warns that a length-weighted GSPO "does not reproduce the GSPO paper"). The resolved
+    config names the mode.
     """
 
     name: str = "grpo"
-    agg_mode: AggMode = AggMode.TOKEN_MEAN
+    agg_mode: AggMode | None = None
     adv_eps: float = 1e-6
     entropy_coef: float = 0.0
     ppo_epochs: int = 1
@@ -244,6 +292,7 @@ class AlgorithmConfig:
     clipo: CLIPOSection = CLIPOSection()
     dapo: DAPOSection = DAPOSection()
     sft: SFTSection = SFTSection()
+    reinforce_pp: ReinforcePPSection = ReinforcePPSection()
     objective: ObjectiveSection = ObjectiveSection()
     mismatch: MismatchSection = MismatchSection()
 
@@ -258,6 +307,8 @@ class AlgorithmConfig:
     }
 
     def __post_init__(self):
+        if self.agg_mode is None:  # resolved once here, so the trainer and the saved config see the mode
+            object.__setattr__(self, "agg_mode", OBJECTIVE_AGG[self.objective.name])
         _check(self.adv_eps > 0, "algorithm.adv_eps", self.adv_eps, "must be > 0")
         _check(self.entropy_coef >= 0, "algorithm.entropy_coef", self.entropy_coef, "must be >= 0")
         for name in ("ppo_epochs", "mini_batches", "grad_accum"):

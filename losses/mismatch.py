@@ -17,10 +17,13 @@ Demystifying RL Collapse from the Training-Inference Mismatch" (blog, 2025). Tok
 IcePop (Ring team, arXiv:2510.18855). Symbols: C_min = `lower`, C_max = `upper` (TRL
 `vllm_importance_sampling_clip_min/max`, verl `rollout_is_threshold`).
 
-How to use the two outputs: `weights_BT` already holds 0 for rejected tokens, so multiplying it into the
-per-token policy loss and aggregating with the original mask is TRL's semantics (rejected tokens stay in the
-token-mean denominator). Aggregating with `keep_BT` instead is verl's rejection-sampling semantics (rejected
-tokens leave every denominator). The KL term is added after the weighting, unweighted (TRL).
+Rejected tokens (MIS), `reject`: `weights_BT` holds 0 for them either way; the caller multiplies the weights
+into the per-token policy loss and aggregates every term (policy, KL, entropy) over `keep_BT`.
+* "mask" (default, verl `rollout_rs`: rejection sampling): keep_BT = m · 1[inside]. Rejected tokens leave
+  every denominator (token-mean count, sequence lengths, the set of non-empty sequences) and the KL and
+  entropy terms.
+* "zero_weight" (TRL `vllm_importance_sampling_mode=token_mask / sequence_mask`): keep_BT = m. Rejected
+  tokens stay in the denominators with policy weight 0 and keep their β·KL and entropy terms.
 
 Choices (references: TRL 1.16 `GRPOTrainer._generate_and_score_completions`, `vllm_importance_sampling_*`;
 verl `rollout_corr_helper.py`; spec algorithms-2 §4):
@@ -42,6 +45,7 @@ from jaxrl.losses import aggregation
 
 _LEVELS = ("token", "sequence", "geometric")
 _MODES = ("truncate", "mask")
+_REJECTS = ("mask", "zero_weight")
 _MAX_LOG_RATIO = 20.0
 _NORM_EPS = 1e-8
 
@@ -113,6 +117,7 @@ def rollout_correction(
     upper: float | None = 2.0,
     batch_normalize: bool = False,
     max_log_ratio: float = _MAX_LOG_RATIO,
+    reject: str = "mask",
 ) -> tuple[chex.Array, chex.Array, dict[str, chex.Array]]:
     """TIS / MIS importance weights π_trainer/π_sampler at token or sequence level (module docstring).
 
@@ -125,11 +130,14 @@ def rollout_correction(
       lower: C_min or None (no lower bound).  upper: C_max or None (no upper bound); at least one is set.
       batch_normalize: divide the weights by their batch mean (verl `rollout_is_batch_normalize`).
       max_log_ratio: clamp of the (token or sequence) log ratio before exp.
+      reject: what MIS does with a rejected token besides its weight 0: "mask" (verl: it leaves `keep_BT`)
+        or "zero_weight" (TRL: it stays in `keep_BT`). Ignored by TIS.
 
     Returns:
       (weights_BT [B, T] constant weights (float32; float64 for float64 inputs), 0 at masked and rejected
        positions;
-       keep_BT [B, T] bool, the mask less the rejected tokens (MIS) — equal to the mask for TIS;
+       keep_BT [B, T] bool, the mask to aggregate over: the mask less the rejected tokens (MIS with
+       reject="mask"), the mask itself otherwise;
        metrics: those of `mismatch_metrics` (cap = upper, or 2) plus "mismatch/is_weight_mean",
        "mismatch/is_weight_min", "mismatch/is_weight_max" (over valid tokens for level="token", over non-empty
        sequences otherwise), "mismatch/rejected_frac" (share of valid tokens masked out by MIS),
@@ -139,6 +147,8 @@ def rollout_correction(
         raise ValueError(f"rollout_correction: level={level!r}; allowed: {_LEVELS}")
     if mode not in _MODES:
         raise ValueError(f"rollout_correction: mode={mode!r}; allowed: {_MODES}")
+    if reject not in _REJECTS:
+        raise ValueError(f"rollout_correction: reject={reject!r}; allowed: {_REJECTS}")
     if lower is None and upper is None:
         raise ValueError("rollout_correction: set at least one of lower, upper (C_min, C_max)")
     if lower is not None and upper is not None and not 0.0 <= lower <= upper:
@@ -164,9 +174,10 @@ def rollout_correction(
         keep_BT = valid_BT
     else:
         weights_BT = jnp.where(inside_BT, rho_BT, 0.0)
-        keep_BT = valid_BT & inside_BT
+        keep_BT = valid_BT & inside_BT if reject == "mask" else valid_BT
     weights_BT = jnp.where(valid_BT, weights_BT, 0.0)
 
+    rejected_BT = valid_BT & ~inside_BT if mode == "mask" else jnp.zeros_like(inside_BT)
     nonempty_B = jnp.any(valid_BT, axis=1)
     first_BT = (jnp.arange(diff_BT.shape[1]) == 0)[None, :] & nonempty_B[:, None]  # one unit per sequence
     unit_BT = valid_BT if level == "token" else first_BT
@@ -184,7 +195,7 @@ def rollout_correction(
         "mismatch/is_weight_mean": aggregation.masked_mean(weights_BT, unit_BT),
         "mismatch/is_weight_min": w_min,
         "mismatch/is_weight_max": w_max,
-        "mismatch/rejected_frac": aggregation.masked_mean((valid_BT & ~keep_BT).astype(jnp.float32), mask_BT),
+        "mismatch/rejected_frac": aggregation.masked_mean(rejected_BT.astype(jnp.float32), mask_BT),
         "mismatch/truncated_frac": aggregation.masked_mean(
             (~inside_BT if mode == "truncate" else jnp.zeros_like(inside_BT)).astype(jnp.float32), mask_BT),
     })

@@ -152,6 +152,100 @@ def test_agrees_with_trl_vllm_importance_sampling(mode, clip_min, clip_max):
         np.testing.assert_allclose(m["mismatch/" + ours], trl_m[theirs][0], rtol=1e-6, err_msg=ours)
 
 
+def _policy_case(seed):
+    """Trainer/sampler log-probs with rejected tokens on both sides, a current policy near the trainer's, and
+    advantages per row (float64)."""
+    train, sampler, mask = _random(seed, scale=0.6)
+    sampler = np.where(mask, np.nan_to_num(sampler, nan=-1.5), 0.0)
+    rng = np.random.default_rng(seed + 10)
+    logp = train + rng.normal(0.0, 0.15, size=train.shape)
+    adv = rng.normal(size=(train.shape[0], 1)) * np.ones_like(train)
+    return train, sampler, mask, logp, adv
+
+
+def _np_ppo(logp, old, adv, eps=0.2):
+    r = np.exp(logp - old)
+    return -np.minimum(r * adv, np.clip(r, 1 - eps, 1 + eps) * adv)
+
+
+def _np_agg(v, m, mode):
+    v = np.where(m, v, 0.0)
+    if mode == "token-mean":
+        return v.sum() / max(m.sum(), 1)
+    rows = m.any(1)
+    return (v.sum(1)[rows] / m.sum(1)[rows]).sum() / max(rows.sum(), 1)
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_reject_modes_share_weights_and_differ_in_the_mask(level):
+    train, sampler, mask = (jnp.asarray(x) for x in _random(5, scale=0.6))
+    kw = dict(level=level, mode="mask", lower=0.5, upper=2.0)
+    w_m, keep_m, met_m = rollout_correction(train, sampler, mask, **kw)
+    w_z, keep_z, met_z = rollout_correction(train, sampler, mask, reject="zero_weight", **kw)
+    np.testing.assert_array_equal(w_m, w_z)
+    np.testing.assert_array_equal(keep_z, mask)  # TRL: rejected tokens stay, with weight 0
+    inside = np.asarray(w_m) > 0
+    np.testing.assert_array_equal(keep_m, np.asarray(mask) & inside)  # verl: they leave the mask
+    assert np.any(np.asarray(mask) & ~inside)
+    assert met_m["mismatch/rejected_frac"] == met_z["mismatch/rejected_frac"] > 0
+    w_t, keep_t, _ = rollout_correction(train, sampler, mask, level=level, mode="truncate", upper=2.0,
+                                        reject="zero_weight")
+    np.testing.assert_array_equal(keep_t, mask)  # TIS rejects nothing
+    with pytest.raises(ValueError, match="reject"):
+        rollout_correction(train, sampler, mask, reject="drop")
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
+def test_mis_reject_mask_is_verls_rejection_sampling(level, agg):
+    """verl (`rollout_corr_helper`: rejection sampling multiplies the response mask by the in-band indicator,
+    IS weights on the kept tokens): loss = agg(l_pg · ρ, m · 1[C_min <= ρ <= C_max]); the KL term is
+    aggregated over the same reduced mask."""
+    from jaxrl.losses import aggregate, clipped_objective, kl_penalty
+
+    train, sampler, mask, logp, adv = _policy_case(6)
+    ref_logp = train - 0.3
+    with jax.enable_x64(True):
+        w, keep, _ = rollout_correction(jnp.asarray(train), jnp.asarray(sampler), jnp.asarray(mask),
+                                        level=level, mode="mask", lower=0.5, upper=2.0)
+        pg, _ = clipped_objective(jnp.asarray(logp), jnp.asarray(train), jnp.asarray(adv), keep)
+        kl = kl_penalty(jnp.asarray(logp), jnp.asarray(ref_logp), "k1")
+        loss = float(aggregate(pg * w + 0.1 * kl, keep, agg))
+    d = np.where(mask, train - sampler, 0.0)
+    rho = np.exp(d if level == "token" else np.repeat(d.sum(1, keepdims=True), d.shape[1], 1))
+    kept = mask & (rho >= 0.5) & (rho <= 2.0)
+    assert kept.sum() < mask.sum()
+    expected = _np_agg(_np_ppo(logp, train, adv) * rho + 0.1 * (logp - ref_logp), kept, agg)
+    np.testing.assert_allclose(loss, expected, rtol=1e-12)
+
+
+@pytest.mark.parametrize("mode", ["token_mask", "sequence_mask"])
+@pytest.mark.parametrize("loss_type,agg", [("dapo", "token-mean"), ("grpo", "seq-mean-token-mean")])
+def test_mis_reject_zero_weight_is_trls_loss(mode, loss_type, agg):
+    """TRL 1.16 (`vllm_importance_sampling_mode=token_mask / sequence_mask`): the IS weight (0 when rejected)
+    multiplies the per-token loss, aggregated over the unchanged completion mask. Checked by running TRL's
+    own `_compute_loss` on its own weights."""
+    oracle = pytest.importorskip("_trl_oracle")
+    from jaxrl.losses import aggregate, clipped_objective
+
+    train, sampler, mask, logp, adv = _policy_case(7)
+    trl_w, _ = oracle.trl_vllm_importance_weights(train, sampler, mask, mode=mode, clip_min=0.5, clip_max=2.0)
+    trl_loss, _, _ = oracle.trl_compute_loss(logp, train, adv[:, 0], mask, loss_type=loss_type,
+                                             is_ratio=trl_w)
+    level = mode.split("_")[0]
+    with jax.enable_x64(True):
+        w, keep, _ = rollout_correction(jnp.asarray(train), jnp.asarray(sampler), jnp.asarray(mask),
+                                        level=level, mode="mask", lower=0.5, upper=2.0, reject="zero_weight")
+        pg, _ = clipped_objective(jnp.asarray(logp), jnp.asarray(train), jnp.asarray(adv), keep)
+        loss = float(aggregate(pg * w, keep, agg))
+        w_m, keep_m, _ = rollout_correction(jnp.asarray(train), jnp.asarray(sampler), jnp.asarray(mask),
+                                            level=level, mode="mask", lower=0.5, upper=2.0)
+        verl_loss = float(aggregate(pg * w_m, keep_m, agg))
+    assert np.any(np.asarray(mask) & (np.where(mask, trl_w, 1.0) == 0.0))  # something was rejected
+    np.testing.assert_allclose(loss, trl_loss, rtol=1e-10)
+    assert abs(verl_loss - trl_loss) > 1e-4  # the two rules differ on this case
+
+
 class JitTest(parameterized.TestCase):
     @chex.variants(with_jit=True, without_jit=True)
     def test_jit_equals_eager(self):
