@@ -9,7 +9,8 @@ Gao et al. (Qwen), "Soft Adaptive Policy Optimization", arXiv:2511.20347. Symbol
 temperatures for positive / negative advantages (1.0 / 1.05, both libraries' defaults). The gate weight
 sech²(τ(r − 1)/2) is 1 at r = 1 and decays smoothly as the ratio moves away; a larger τ_neg damps negative
 updates faster. The loss value at r = 1 is −2A/τ (a constant offset in a logged loss). Reference aggregation:
-seq-mean-token-mean (verl hard-codes it; TRL's `sapo` shares its `grpo` normaliser).
+seq-mean-token-mean (verl hard-codes it; TRL's `sapo` shares its `grpo` normaliser), the trainer's default
+for this objective (`algorithm.agg_mode` unset).
 
 Choices (references: TRL 1.16 `GRPOTrainer._compute_loss`, `loss_type="sapo"`; verl
 `core_algos.py::compute_policy_loss_sapo`; spec algorithms-2 §3):
