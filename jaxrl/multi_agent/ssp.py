@@ -318,9 +318,10 @@ class SspSystem:
       leak: rule 4, "substring" (reference) or "word" (a* as a whole word: one-character answers).
       min_searches: rule 6, the reference's 2 distinct search terms whatever the hop count; None: the
         record's hop count (configs/ssp_tiny.yaml, 1-hop records).
-      rules: "reference" (default) or "v1" (configs/ssp_tiny.yaml): the text rules of `extract_problem` and
-        the pool's clearing step (reference: after steps interval − 1, 2·interval − 1, …, its step counter
-        being advanced before the test; v1: after steps interval, 2·interval, …).
+      rules: "reference" (default) or "v1" (configs/ssp_tiny.yaml): the text rules of `extract_problem`, the
+        pool's clearing step (reference: after steps interval − 1, 2·interval − 1, …, its step counter being
+        advanced before the test; v1: after steps interval, 2·interval, …) and a failed slot with no eligible
+        pool problem (reference: any pool problem; v1: the dummy; only with reuse_threshold < 1).
       format_penalty: R_p of an invalid problem (script 0, config default -1).
       rag_check: run rule 7 with the policy as verifier; rag_others: other episodes' materials mixed in
         (reference: 4; fewer keep the verifier's prompt inside a small model's prompt buckets).
@@ -397,8 +398,8 @@ class SspSystem:
         # role ids in update order (`jaxrl.rl_step.phased_update`); () = one joint update
         self.update_phases = (ROLE_IDS["proposer"], ROLE_IDS["solver"]) if update == "sequential" else ()
         offset = 1 if rules == "reference" else 0
-        self.pool = ProblemPool(float(reuse_threshold), int(pool_clear_interval), clear_offset=offset) \
-            if failed_slots == "reuse" else None
+        self.pool = ProblemPool(float(reuse_threshold), int(pool_clear_interval), clear_offset=offset,
+                                fallback_any=rules == "reference") if failed_slots == "reuse" else None
 
     def state_json(self) -> dict | None:
         return None if self.pool is None else self.pool.state_json()

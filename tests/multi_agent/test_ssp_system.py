@@ -156,13 +156,13 @@ def test_proposer_group_of_one_by_default_gives_a_equal_r(tok):
 def test_problem_pool_draws_eligible_problems_and_clears():
     from jaxrl.multi_agent.ssp_pool import ProblemPool
 
-    pool = ProblemPool(threshold=0.5, clear_every=3, clear_offset=0)
+    pool = ProblemPool(threshold=0.5, clear_every=3, clear_offset=0, fallback_any=False)
     assert pool.fill([False, True], key=0) == [None, None]  # empty: the caller's dummy
     pool.push([("q easy", "a1", 1.0), ("q hard", "a2", 0.25)])
     picks = pool.fill([False, True, False, False], key=1)
     assert picks[1] is None and all(p["question"] == "q hard" for p in picks if p is not None)  # 1.0 > 0.5
     assert [p is None for p in picks] == [False, True, False, False]
-    same = ProblemPool(threshold=0.5, clear_every=3, clear_offset=0)
+    same = ProblemPool(threshold=0.5, clear_every=3, clear_offset=0, fallback_any=False)
     same.load_state(pool.state_json())
     assert same.fill([False] * 5, key=7) == pool.fill([False] * 5, key=7) and same.steps == 1
     pool.push([])
@@ -190,6 +190,24 @@ def test_pool_clears_at_the_reference_step():
     assert cleared_after(ProblemPool(clear_every=0)) == []
     tok = load_tokenizer("builtin")
     assert SspSystem(tok).pool.clear_offset == 1 and SspSystem(tok, rules="v1").pool.clear_offset == 0
+
+
+def test_pool_falls_back_to_any_problem_when_none_is_eligible():
+    """The reference's `get_problems_by_success_rate`: no problem at or below the threshold, a non-empty pool:
+    a random pool problem (v1: the dummy)."""
+    from jaxrl.multi_agent.ssp_pool import ProblemPool
+
+    tok = load_tokenizer("builtin")
+    ref, v1 = SspSystem(tok, reuse_threshold=0.5).pool, SspSystem(tok, reuse_threshold=0.5, rules="v1").pool
+    for pool in (ref, v1):
+        pool.push([("q solved", "a1", 1.0), ("q also", "a2", 0.75)])
+    picks = ref.fill([False, True, False], key=3)
+    assert picks[1] is None and {p["question"] for p in picks if p} <= {"q solved", "q also"}
+    assert all(p is not None for p in (picks[0], picks[2]))
+    assert v1.fill([False, True, False], key=3) == [None, None, None]
+    ref.push([("q hard", "a3", 0.25)])  # an eligible problem exists: only it is drawn
+    assert {p["question"] for p in ref.fill([False] * 6, key=4)} == {"q hard"}
+    assert ProblemPool().fill([False], key=0) == [None]  # an empty pool: the dummy
 
 
 def test_failed_slots_reuse_earlier_problems_and_resume_exactly(tok):
