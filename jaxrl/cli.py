@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import errno
 import importlib
+import importlib.util
 import logging
 import os
 import sys
@@ -82,6 +83,11 @@ def main(argv: list[str] | None = None) -> int:
         if name == chosen:
             importlib.import_module(module_name).add_arguments(p)
     args = parser.parse_args(argv)
+    remote = next((v for v in vars(args).values() if isinstance(v, str) and v.startswith("gs://")), None)
+    if remote and args.command != "launch" and importlib.util.find_spec("gcsfs") is None:  # launch: remote
+        print(f"jaxrl {args.command}: error: {remote}: gs:// paths need gcsfs; pip install 'jaxrl[gcs]'",
+              file=sys.stderr)
+        return EXIT_USER_ERROR
     try:
         return int(importlib.import_module(args._module).run(args) or 0)
     except UserError as e:
