@@ -67,8 +67,9 @@ def hf_model(name: str):
     raise SystemExit(f"unknown --model {name!r}; allowed: smollm2, qwen3-0.6b")
 
 
-def hf_runner(model, prompts: list[list[int]]):
-    """gen(n) -> [B, n] new tokens of transformers greedy `generate` on the left-padded prompts."""
+def hf_runner(model, prompts: list[list[int]], **generate_kwargs):
+    """gen(n) -> [B, n] new tokens of transformers greedy `generate` on the left-padded prompts, on the
+    model's device (`generate_kwargs`, e.g. `cache_implementation="static"`, go to `generate`)."""
     import torch
 
     width = max(map(len, prompts))
@@ -77,12 +78,13 @@ def hf_runner(model, prompts: list[list[int]]):
     for b, p in enumerate(prompts):
         ids[b, width - len(p):] = torch.tensor(p)
         mask[b, width - len(p):] = 1
+    ids, mask = ids.to(model.device), mask.to(model.device)
 
     def gen(n):
         with torch.inference_mode():
             out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
-                                 do_sample=False, pad_token_id=0)
-        return out[:, width:].numpy()
+                                 do_sample=False, pad_token_id=0, **generate_kwargs)
+        return out[:, width:].cpu().numpy()  # the copy to the host waits for the device
 
     gen(2)
     return gen

@@ -66,6 +66,52 @@ def make_inputs(b: int, lp: int, lc: int, seed: int = 0, group: int = 1) -> dict
                 old_logp=np.where(cmask, -rng.uniform(6.0, 9.0, size=(b, lc)), 0.0).astype(np.float32))
 
 
+def jaxrl_update(graphdef, params, x: dict[str, np.ndarray], *, group: int = 1, spec=None):
+    """(jitted step, initial TrainState, TrainBatch on the default device) of jaxrl's update on the rows
+    `x` of `make_inputs`, jitted as the trainer does (donated state, `update_compiler_options`); AdamW with
+    clip norm 1. `group` > 1 marks shared-prompt groups (`TrainBatch.group`); `spec`: a `LossSpec`."""
+    import functools
+
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    from jaxrl.train_step import LossSpec, TrainBatch, TrainState, train_step, update_compiler_options
+
+    spec = LossSpec() if spec is None else spec
+    tokens = np.concatenate([x["prompt_ids"], x["completion_ids"]], 1).astype(np.int32)
+    mask = np.concatenate([x["prompt_mask"], x["completion_mask"]], 1)
+    completion_BT = x["completion_mask"]  # completion space: the loss reads only these positions
+    old_BT = x["old_logp"].astype(np.float32)
+    adv_BT = completion_BT * x["advantages"][:, None]
+    b = tokens.shape[0]
+    clip_B = np.full((b,), 0.2, np.float32)
+    batch = TrainBatch(tokens, mask, completion_BT, old_BT, np.zeros_like(old_BT), adv_BT.astype(np.float32),
+                       clip_B, clip_B, np.zeros((b,), np.float32), group=group)
+    batch = jax.device_put(batch)
+    tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-6))
+    step = jax.jit(functools.partial(train_step, graphdef=graphdef, spec=spec, tx=tx), donate_argnums=0,
+                   compiler_options=update_compiler_options(shared_prompts=group > 1))  # as the trainer
+    return step, TrainState(params, tx.init(params), jnp.zeros((), jnp.int32)), batch
+
+
+def time_update(step, state, batch, base, steps: int):
+    """(state, metrics, seconds of the first (compiling) call, seconds of each of `steps` further calls)."""
+    import jax
+
+    t0 = time.perf_counter()
+    state, m = step(state, batch, base)
+    jax.block_until_ready(m["loss"])
+    first_s = time.perf_counter() - t0
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        state, m = step(state, batch, base)
+        jax.block_until_ready((state.params, m["loss"]))
+        times.append(time.perf_counter() - t0)
+    return state, m, first_s, times
+
+
 def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -74,15 +120,11 @@ def run_jaxrl(model_dir: str, args, out) -> None:
     from jaxrl import host_memory
 
     host_memory.configure_from_env()  # what the `jaxrl` CLI does before importing jax
-    import functools
-
     import jax
-    import jax.numpy as jnp
-    import optax
     from flax import nnx
 
     from jaxrl import hf
-    from jaxrl.train_step import LossSpec, TrainBatch, TrainState, train_step, update_compiler_options
+    from jaxrl.train_step import LossSpec
 
     model = hf.from_pretrained(model_dir)
     # what `model.scan_layers` / `model.remat` in a config do
@@ -99,31 +141,9 @@ def run_jaxrl(model_dir: str, args, out) -> None:
         base = params if args.lora == "dense" else quant.quantize_params(params, args.lora)
         params, spec = adapters, LossSpec(lora=lora_cfg)
     x = make_inputs(args.batch, args.prompt, args.completion, group=args.group)
-    tokens = np.concatenate([x["prompt_ids"], x["completion_ids"]], 1).astype(np.int32)
-    mask = np.concatenate([x["prompt_mask"], x["completion_mask"]], 1)
-    completion_BT = x["completion_mask"]  # completion space: the loss reads only these positions
-    old_BT = x["old_logp"].astype(np.float32)
-    adv_BT = completion_BT * x["advantages"][:, None]
-    b = args.batch
-    clip_B = np.full((b,), 0.2, np.float32)
-    batch = TrainBatch(tokens, mask, completion_BT, old_BT, np.zeros_like(old_BT), adv_BT.astype(np.float32),
-                       clip_B, clip_B, np.zeros((b,), np.float32), group=args.group if args.shared else 1)
-    batch = jax.device_put(batch)
-    tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-6))
-    step = jax.jit(functools.partial(train_step, graphdef=graphdef, spec=spec, tx=tx), donate_argnums=0,
-                   compiler_options=update_compiler_options(shared_prompts=batch.group > 1))  # as the trainer
-    state = TrainState(params, tx.init(params), jnp.zeros((), jnp.int32))
+    step, state, batch = jaxrl_update(graphdef, params, x, group=args.group if args.shared else 1, spec=spec)
     del params
-    t0 = time.perf_counter()
-    state, m = step(state, batch, base)
-    jax.block_until_ready(m["loss"])
-    compile_s = time.perf_counter() - t0
-    times = []
-    for _ in range(args.steps):
-        t0 = time.perf_counter()
-        state, m = step(state, batch, base)
-        jax.block_until_ready((state.params, m["loss"]))
-        times.append(time.perf_counter() - t0)
+    state, m, compile_s, times = time_update(step, state, batch, base, args.steps)
     out.put(dict(side=args.side, step_s=statistics.median(times),
                  first_call_s=compile_s,
                  loss=float(m["loss"]), peak_rss_mib=_peak_rss_mib(), step_cache_size=step._cache_size()))
