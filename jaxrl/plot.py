@@ -132,8 +132,15 @@ def _plot_breakdown(plt, data: dict[str, list[dict]], path: Path) -> Path | None
             seconds = [float(r.get(f"time/{stage}") or 0.0) for r in rows]
             ax.bar(steps, seconds, width=0.9, bottom=bottom, label=stage, linewidth=0)
             bottom = [b + s for b, s in zip(bottom, seconds)]
-        ax.plot(steps, [r["time/step"] for r in rows], "k_", markersize=12, label="time/step")
+        totals = [r["time/step"] for r in rows]
+        ax.plot(steps, totals, "k_", markersize=12, label="time/step")
         ax.xaxis.get_major_locator().set_params(integer=True)
+        cap = 2 * sorted(totals)[int(0.9 * (len(totals) - 1))]
+        if len(totals) > 3 and max(totals) > cap:  # compiling steps off the scale, labelled, so the rest shows
+            ax.set_ylim(0, cap)
+            for step, total in zip(steps, totals):
+                if total > cap:
+                    ax.annotate(f"{total:.3g} s", (step, cap), ha="left", va="top", fontsize=7)
         ax.set_title(f"step time by stage: {label}")
         ax.set_xlabel("step")
         ax.set_ylabel("seconds")

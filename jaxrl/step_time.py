@@ -2,7 +2,7 @@
 
 Every stage is timed on the host between device syncs (`jax.block_until_ready` at the stage's end), so a
 stage's seconds are its device work plus its host work, not the time to dispatch it. The keys a step logs
-(README, "Metrics") and their names in NeMo RL and MLPerf Training's RL benchmark:
+(README, "Where a step's time goes") and their names in NeMo RL and MLPerf Training's RL benchmark:
 
     time/generation    sampling (single-turn: + detokenising)  NeMo `generation`, MLPerf `generation_time`
     time/reward        scoring the completions                 NeMo `reward_calculation`
@@ -13,7 +13,8 @@ stage's seconds are its device work plus its host work, not the time to dispatch
                                                                `policy_training_time`
     time/weight_sync   trained weights -> sampler weights      NeMo `prepare_for_generation` / `weight_sync`,
                                                                MLPerf `weight_sync_time`
-    time/step          wall time since the previous row        NeMo `total_step_time`, MLPerf `train_step_time`
+    time/step          wall time since the previous row        NeMo `total_step_time`, MLPerf
+                                                               `train_step_time`
 
 Deviations: trainer and sampler share one copy of the weights (colocated), so `time/weight_sync` is 0 except
 under LoRA, where it is the adapter merge; generation is synchronous, so there is no "exposed generation"
