@@ -11,6 +11,12 @@ checkpoints and evaluation work on episodes unchanged:
 
 `demonstration_rows` lays out an environment's demonstrations (`env.demonstration(record)`, a list of action
 texts) the same way, for the SFT warm start: the model learns the tool format on rows identical to sampled ones.
+
+Environment errors (`jaxrl.envs.contract`): before an `EnvFactory`'s first rollout or warm start, one record
+is played through a fresh env (`dry_run`: reset + one step), so a broken environment stops the run (EnvError,
+exit 2) before the first update. Episodes ended by an error (on_error "end_episode") score 0 and are reported
+as failures of the "env" reward column (`ScoreInfo`), so the run's reward-failure guard stops a run whose
+environment fails on every episode for `train.max_failed_reward_steps` consecutive steps.
 """
 
 from __future__ import annotations
@@ -22,7 +28,8 @@ import jax
 import numpy as np
 
 from jaxrl import rewards as rewards_lib
-from jaxrl.envs import Episodes, EpisodeSpec, collect_episodes, scripted_episodes
+from jaxrl.envs import EnvFactory, Episodes, EpisodeSpec, collect_episodes, scripted_episodes
+from jaxrl.envs.contract import checked_demonstration, dry_run
 from jaxrl.errors import ConfigError
 from jaxrl import rollout as rollout_lib
 from jaxrl.rollout import Rollout
@@ -50,7 +57,9 @@ def to_rollout(eps: Episodes, rewards, tokenizer) -> Rollout:
     w = eps.prompt_width
     rewards_NK = eps.rewards_N[:, None].astype(np.float32)
     names, weights = (ENV_REWARD,), np.ones((1,), np.float32)
-    infos = ()
+    errors = 0 if eps.errors_N is None else int(eps.errors_N.sum())
+    infos = (rewards_lib.ScoreInfo((ENV_REWARD,), weights, {ENV_REWARD: errors}, {}, len(eps.rewards_N),
+                                   {ENV_REWARD: eps.first_error or "environment error"} if errors else {}),)
     metrics = dict(eps.metrics)
     metrics[f"reward/{ENV_REWARD}/mean"] = float(eps.rewards_N.mean())
     n = rewards_NK.shape[0]
@@ -68,7 +77,8 @@ def to_rollout(eps: Episodes, rewards, tokenizer) -> Rollout:
             extra_NK = hosts.gather_owned(extra_NK, owners)
             info = rollout_lib.global_info(info, extra_NK)
         rewards_NK = np.concatenate([rewards_NK, extra_NK], axis=1)
-        names, weights, infos = (*names, *info.names), np.concatenate([weights, info.weights_K]), (info,)
+        names, weights = (*names, *info.names), np.concatenate([weights, info.weights_K])
+        infos = (*infos, info)
         metrics.update(info.metrics)
     tokens, old_logp = eps.tokens_BL, eps.old_logp_BL[:, w:]
     if eps.row_sharding is not None:  # each host's rows to its own devices
@@ -87,9 +97,18 @@ def collect_env(graphdef, params, records: list[dict[str, Any]], tokenizer, rewa
     if not isinstance(seed, (int, np.integer)):
         seed = int(jax.random.randint(seed, (), 0, 2**31 - 1))
     es = episode_spec(base, spec)
+    check_once(env_factory, records, tokenizer, es)
     layout = None if row_layout is None else row_layout(len(records) * es.group_size)
     eps = collect_episodes(graphdef, params, records, tokenizer, env_factory, es, seed, row_sharding=layout)
     return to_rollout(eps, rewards, tokenizer)
+
+
+def check_once(env_factory, records, tokenizer, spec: EpisodeSpec) -> None:
+    """`dry_run` of an `EnvFactory` on its first records (once per factory); other callables are checked at
+    their first call only."""
+    if isinstance(env_factory, EnvFactory) and not env_factory.checked and len(records):
+        dry_run(env_factory, records[0], tokenizer, timeout_s=spec.step_timeout_s)
+        env_factory.checked = True
 
 
 def demonstration_rows(records, tokenizer, env_factory, base: EpisodeSpec, *,
@@ -102,7 +121,10 @@ def demonstration_rows(records, tokenizer, env_factory, base: EpisodeSpec, *,
     if not callable(getattr(probe, "demonstration", None)):
         raise ConfigError(f"sft_warmup.steps > 0 with env {type(probe).__name__}: the environment has no "
                           "demonstration(record) method giving the action texts to imitate")
-    eps = scripted_episodes(records, tokenizer, env_factory, lambda r: probe.demonstration(r),
+    check_once(env_factory, records, tokenizer, base)
+    index = {id(r): i for i, r in enumerate(records)}
+    eps = scripted_episodes(records, tokenizer, env_factory,
+                            lambda r: checked_demonstration(probe, r, index.get(id(r), 0)),
                             dataclasses.replace(base, group_size=1), row_sharding=row_sharding)
     w, n = eps.prompt_width, eps.tokens_BL.shape[0]
     cmask = eps.loss_mask_BL[:, w:]

@@ -239,19 +239,28 @@ class EnvConfig:
     or "path/file.py:Class"; `params` go to its constructor (checked against its signature at setup). Each
     episode has at most `max_turns` model turns of `rollout.max_new_tokens` tokens and `max_total_tokens` of
     context; `cache` is "reprefill" (rebuild the KV cache every turn) or "continue" (prefill only the new
-    observation tokens). The episode return is reward column 0; `rewards:` add columns scored on the transcript."""
+    observation tokens). The episode return is reward column 0; `rewards:` add columns scored on the transcript.
+    A step that breaks the `Env` contract, raises or runs past `step_timeout_s` seconds (null: no limit):
+    with `on_error` "raise" the run stops (exit 2, one line); with "end_episode" that episode scores 0
+    (`env/errors`), and an environment failing every episode for `train.max_failed_reward_steps` steps stops
+    it (exit 2)."""
 
     name: str
     params: dict[str, Any] = dataclasses.field(default_factory=dict)
     max_turns: int = 4
     max_total_tokens: int = 512
     cache: str = "reprefill"
+    on_error: str = "raise"
+    step_timeout_s: float | None = None
 
     def __post_init__(self):
         _check(bool(self.name), "env.name", self.name, "must name an environment")
         _check(self.max_turns >= 1, "env.max_turns", self.max_turns, "must be >= 1")
         _check(self.max_total_tokens >= 1, "env.max_total_tokens", self.max_total_tokens, "must be >= 1")
         _check_choice("env.cache", self.cache, ("reprefill", "continue"))
+        _check_choice("env.on_error", self.on_error, ("raise", "end_episode"))
+        _check(self.step_timeout_s is None or self.step_timeout_s > 0, "env.step_timeout_s",
+               self.step_timeout_s, "must be > 0 seconds, or null for no limit")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,8 +4,8 @@ Exit codes of every `jaxrl` command:
 
     0    success
     1    an unexpected failure (a bug): Python's traceback
-    2    a user mistake (`UserError`: bad config, path, checkpoint, a run dir locked by another trainer);
-         one line on stderr
+    2    a user mistake (`UserError`: bad config, path, checkpoint, a run dir locked by another trainer, an
+         environment that broke its contract); one line on stderr
     75   `train` stopped by SIGTERM (preemption) after saving a checkpoint: resumable; `jaxrl launch`
          restarts it (75 is sysexits' EX_TEMPFAIL, "try again later")
     130  stopped by SIGINT (Ctrl-C); `train` saved a checkpoint first when the signal arrived during training
@@ -39,3 +39,10 @@ class RunDirError(UserError):
 class OutputDirError(CheckpointError):
     """An export / import output directory that must not be written: a run or checkpoint directory, foreign
     files, or an existing directory without --overwrite."""
+
+
+class EnvError(UserError):
+    """An environment (`jaxrl.envs.Env`) broke its contract: reset / step / demonstration returned the wrong
+    type, empty or out-of-vocabulary token ids, a non-finite reward, or step raised or ran past
+    `env.step_timeout_s`. The message names the class, the method, the record and turn, and what was
+    expected."""

@@ -261,7 +261,8 @@ def setup(cfg: ExperimentConfig, run_dir: Path) -> tuple[Run, TrainState, Any]:
                    if v}
         run.episode_spec = EpisodeSpec(group_size=r.group_size, max_turns=e.max_turns,
                                        max_new_tokens=r.max_new_tokens, max_total_tokens=e.max_total_tokens,
-                                       cache=e.cache, **buckets)
+                                       cache=e.cache, on_error=e.on_error, step_timeout_s=e.step_timeout_s,
+                                       **buckets)
     if system is not None:
         _multi_agent_setup(run, cfg, system)
     if algorithm.shaper is not None:

@@ -11,6 +11,10 @@ in the layout of `jaxrl.rollout.Rollout` (prompt_width columns of prompt, then t
 `rewards_N` is the episode return Σ_k r_k of the per-turn rewards (`turn_rewards_NK`); environments that
 only score the final answer give a return equal to that final reward.
 
+Every reset / step / demonstration is checked against the `Env` contract (`jaxrl.envs.contract`); a step that
+breaks it (or raises, or runs past `step_timeout_s`) stops the rollout with `EnvError` (on_error "raise") or
+ends that episode with return 0 (on_error "end_episode": `errors_N`, metric `env/errors`).
+
 Hosts: with `row_sharding` (`jaxrl.sharding.row_sharding` of the N rows) a host runs the environments of the
 rows it owns (`jaxrl.sharding.hosts.row_owners`) and no others, so a tool is called once per episode on a pod,
 not once per host. The rows' tokens and log-probs are then valid at the rows this host holds (its own; also
@@ -28,7 +32,8 @@ import jax
 import numpy as np
 
 from jaxrl.envs.base import Action, Env
-from jaxrl.errors import UserError
+from jaxrl.envs.contract import ON_ERROR, checked_reset, checked_step
+from jaxrl.errors import EnvError, UserError
 from jaxrl.sampling.batching import DEFAULT_GEN_BUCKETS, DEFAULT_PROMPT_BUCKETS, bucket
 from jaxrl.sampling.multiturn import MODES, TurnDecoder, stop_token_sequences
 from jaxrl.sharding import hosts
@@ -50,6 +55,9 @@ class EpisodeSpec:
         speed; when padding makes a turn not fit, the live episodes are re-prefilled (same results).
       chunk_buckets, gen_buckets: compiled chunk / per-turn decode widths; row_buckets: widths of the
         training rows' prompt and completion regions.
+      on_error: a step that breaks the contract, raises or times out: "raise" (EnvError) or "end_episode"
+        (that episode ends with return 0 and counts in `Episodes.errors_N`).
+      step_timeout_s: wait at most this long for one step (None: no limit, the step runs on this thread).
     """
 
     group_size: int = 1
@@ -64,8 +72,15 @@ class EpisodeSpec:
     chunk_buckets: tuple[int, ...] = DEFAULT_PROMPT_BUCKETS
     gen_buckets: tuple[int, ...] = DEFAULT_GEN_BUCKETS
     row_buckets: tuple[int, ...] = DEFAULT_GEN_BUCKETS
+    on_error: str = "raise"
+    step_timeout_s: float | None = None
 
     def __post_init__(self):
+        if self.on_error not in ON_ERROR:
+            allowed = ", ".join(map(repr, ON_ERROR))
+            raise ValueError(f"on_error={self.on_error!r}: allowed values are {allowed}")
+        if self.step_timeout_s is not None and not float(self.step_timeout_s) > 0:
+            raise ValueError(f"step_timeout_s must be > 0 or None, got {self.step_timeout_s}")
         if self.cache not in MODES:
             raise ValueError(f"cache={self.cache!r}: allowed values are {', '.join(map(repr, MODES))}")
         for name in ("group_size", "max_turns", "max_new_tokens", "max_total_tokens"):
@@ -102,6 +117,8 @@ class Episodes:
     metrics: dict[str, float]
     driven_N: np.ndarray | None = None  # bool, the rows this host drove (None: all)
     row_sharding: Any = None  # the rows' layout when hosts drove their own rows (`collect_episodes`)
+    errors_N: np.ndarray | None = None  # bool, ended by an environment error (on_error "end_episode")
+    first_error: str = ""  # the first such error of this host's episodes
 
     @property
     def completion_mask_NT(self) -> np.ndarray:
@@ -111,6 +128,7 @@ class Episodes:
 @dataclasses.dataclass
 class _Episode:
     env: Env
+    index: int  # the record's index in the batch (for error messages)
     prompt: list[int]
     context: list[int]
     logp: list[float]
@@ -119,18 +137,28 @@ class _Episode:
     info: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     done: bool = False
     finished: bool = False
+    error: str = ""  # the environment error that ended the episode (on_error "end_episode")
 
-    def act(self, ids: Sequence[int], logp: Sequence[float], action: Action, max_turns: int,
-            max_total: int) -> None:
-        """Appends an action, steps the env and appends its observation unless the episode ends."""
+    def act(self, ids: Sequence[int], logp: Sequence[float], action: Action, spec: EpisodeSpec,
+            vocab: int) -> None:
+        """Appends an action, steps the env (checked) and appends its observation unless the episode ends."""
         self.context += ids
         self.logp += logp
         self.sampled += [True] * len(ids)
-        res = self.env.step(action)
-        self.rewards.append(float(res.reward))
-        self.info.append(dict(res.info))
-        self.finished = bool(res.done or action.eos)
-        obs = [int(x) for x in res.observation]
+        try:
+            obs, reward, done, info = checked_step(self.env, action, self.index, len(self.rewards) + 1, vocab,
+                                                   spec.step_timeout_s)
+        except EnvError as e:
+            if spec.on_error == "raise":
+                raise
+            self.rewards = [0.0] * (len(self.rewards) + 1)  # the episode's return is 0
+            self.info.append({"env_error": str(e)})
+            self.error, self.done = str(e), True
+            return
+        self.rewards.append(reward)
+        self.info.append(info)
+        self.finished = bool(done or action.eos)
+        max_turns, max_total = spec.max_turns, spec.max_total_tokens
         no_room = len(self.context) + len(obs) >= max_total
         self.done = self.finished or len(self.rewards) >= max_turns or no_room
         if not self.done:
@@ -150,13 +178,12 @@ def _start(env_factory: Callable[[Any], Env], records, tokenizer, spec: EpisodeS
             eps.append(None)
             continue
         env = env_factory(tokenizer)
-        prompt = [int(x) for x in env.reset(r)]
-        if not prompt:
-            raise ValueError(f"{type(env).__name__}.reset returned an empty prompt")
+        prompt = checked_reset(env, r, i // spec.group_size, len(tokenizer))
         if len(prompt) >= spec.max_total_tokens:
             raise UserError(f"the prompt of record {i // spec.group_size} has {len(prompt)} tokens; "
                             f"max_total_tokens={spec.max_total_tokens} leaves no room for an action")
-        eps.append(_Episode(env, prompt, list(prompt), [0.0] * len(prompt), [False] * len(prompt)))
+        eps.append(_Episode(env, i // spec.group_size, prompt, list(prompt), [0.0] * len(prompt),
+                            [False] * len(prompt)))
     return rep, eps
 
 
@@ -213,7 +240,7 @@ def collect_episodes(graphdef, params, records: Sequence[dict[str, Any]], tokeni
             ids = [int(x) for x in turn.tokens[i, :n]]
             action = Action(tuple(ids), tokenizer.decode(ids, skip_special_tokens=True), ids[-1] == eos)
             logp = [float(x) for x in turn.logprobs[i, :n]]
-            e.act(ids, logp, action, spec.max_turns, spec.max_total_tokens)
+            e.act(ids, logp, action, spec, len(tokenizer))
         env_s += time.perf_counter() - t1
     out = _assemble(eps, rep, tokenizer, spec, row_sharding)
     out.metrics.update({"time/generate_s": gen_s, "time/env_s": env_s,
@@ -236,7 +263,12 @@ def scripted_episodes(records: Sequence[dict[str, Any]], tokenizer, env_factory:
     for r, e in zip(rep, eps):
         if e is None:
             continue
-        for text in policy(r):
+        actions = policy(r)
+        if isinstance(actions, (str, bytes)) or not isinstance(actions, Sequence) or \
+                not all(isinstance(a, str) for a in actions):
+            raise EnvError(f"the demonstration policy of {type(e.env).__name__} (record {e.index}) returned "
+                           f"{actions!r:.60}; expected a list of action texts (list[str])")
+        for text in actions:
             if e.done:
                 break
             ids = [int(x) for x in tokenizer.encode(text, add_special_tokens=False)]
@@ -246,7 +278,7 @@ def scripted_episodes(records: Sequence[dict[str, Any]], tokenizer, env_factory:
                 e.done = True
                 break
             action = Action(tuple(ids), tokenizer.decode(ids, skip_special_tokens=True), ids[-1] == eos)
-            e.act(ids, [0.0] * len(ids), action, spec.max_turns, spec.max_total_tokens)
+            e.act(ids, [0.0] * len(ids), action, spec, len(tokenizer))
     return _assemble(eps, rep, tokenizer, spec, row_sharding)
 
 
@@ -268,7 +300,8 @@ def _assemble(eps: list, rep: list[dict[str, Any]], tokenizer, spec: EpisodeSpec
     loss_mask = np.zeros((n, width + comp), bool)
     old_logp = np.zeros((n, width + comp), np.float32)
     turn_rewards = np.zeros((n, spec.max_turns), np.float32)
-    per_row = np.zeros((n, 6), np.int32)  # turns, tool calls, tool errors, action tokens, length, finished
+    # turns, tool calls, tool errors, action tokens, length, finished, ended by an error
+    per_row = np.zeros((n, 7), np.int32)
     for i, e in enumerate(eps):
         if e is None:
             continue
@@ -278,7 +311,8 @@ def _assemble(eps: list, rep: list[dict[str, Any]], tokenizer, spec: EpisodeSpec
         loss_mask[i, cols], old_logp[i, cols] = e.sampled, e.logp
         turn_rewards[i, : len(e.rewards)] = e.rewards
         per_row[i] = (len(e.rewards), sum(int(x.get("tool_calls", 0)) for x in e.info),
-                      sum(int(x.get("tool_errors", 0)) for x in e.info), sum(e.sampled), c - p, e.finished)
+                      sum(int(x.get("tool_errors", 0)) for x in e.info), sum(e.sampled), c - p, e.finished,
+                      bool(e.error))
     driven = None
     if row_sharding is not None:  # the small per-row arrays from each row's owner
         driven = np.asarray([e is not None for e in eps])
@@ -287,13 +321,14 @@ def _assemble(eps: list, rep: list[dict[str, Any]], tokenizer, spec: EpisodeSpec
                                                   for x in (mask, loss_mask, turn_rewards, per_row))
         if hosts.shared_rows(row_sharding, (n,)):  # a row on several hosts: its holders need its tokens
             tokens, old_logp = (hosts.gather_owned(x, owners) for x in (tokens, old_logp))
-    turns, tool_calls, tool_errors, action_tokens, lengths, finished = per_row.T
+    turns, tool_calls, tool_errors, action_tokens, lengths, finished, errors = per_row.T
     out = Episodes(
         tokens, mask, loss_mask, old_logp, width, turn_rewards.sum(axis=1), turn_rewards, turns, tool_calls,
         tool_errors, lengths - action_tokens, action_tokens, lengths, finished.astype(bool), list(rep),
         ["" if e is None else tokenizer.decode(e.prompt) for e in eps],
         ["" if e is None else tokenizer.decode(e.context[len(e.prompt):]) for e in eps],
-        [[] if e is None else e.info for e in eps], {}, driven, row_sharding,
+        [[] if e is None else e.info for e in eps], {}, driven, row_sharding, errors.astype(bool),
+        next((e.error for e in mine if e.error), ""),
     )
     out.metrics.update({
         "reward/mean": float(out.rewards_N.mean()), "episode/turns": float(out.turns_N.mean()),
@@ -302,5 +337,6 @@ def _assemble(eps: list, rep: list[dict[str, Any]], tokenizer, spec: EpisodeSpec
         "episode/obs_tokens": float(out.obs_tokens_N.mean()),
         "episode/action_tokens": float(action_tokens.mean()),
         "episode/finished_frac": float(out.finished_N.mean()),
+        "env/errors": float(errors.sum()),
     })
     return out

@@ -18,16 +18,19 @@ from typing import Any, Mapping
 from jaxrl._checks import check_init_params
 from jaxrl.envs.base import Env
 from jaxrl.envs.search import SearchEnv, ToolEnv
+from jaxrl.envs.tools import ToolError
 from jaxrl.errors import ConfigError
 
 ENVS: dict[str, type] = {"search": SearchEnv, "tools": ToolEnv}
 
 
 class EnvFactory:
-    """`factory(tokenizer) -> Env`: a validated environment class with its params bound."""
+    """`factory(tokenizer) -> Env`: a validated environment class with its params bound. `checked`: whether
+    `jaxrl.envs.contract.dry_run` has played one record through it (the first rollout does)."""
 
     def __init__(self, cls: type, params: Mapping[str, Any], name: str):
         self.cls, self.params, self.name = cls, dict(params), name
+        self.checked = False
 
     def __call__(self, tokenizer) -> Env:
         return self.cls(tokenizer, **self.params)
@@ -95,7 +98,7 @@ def make_env(name: str, params: Mapping[str, Any] | None = None, tokenizer=None)
     if tokenizer is not None:
         try:
             env = factory(tokenizer)
-        except (ValueError, TypeError) as e:
+        except (ValueError, TypeError, ToolError) as e:  # ToolError: a tool's own parameter (top_k)
             raise ConfigError(f"env {name!r} with params {params}: {e}") from None
         if not isinstance(getattr(env, "stop_strings", None), tuple):
             raise ConfigError(f"env {name!r}: {cls.__name__}.stop_strings must be a tuple of strings")
