@@ -406,6 +406,16 @@ class TrainConfig:
         _check_choice("train.share_prompts", self.share_prompts, ("auto", "always", "never"))
 
 
+# The world (corpus_seed, corpus_size) by default of data.source "entities" (`jaxrl.data.tasks.entities`), env
+# "search" (`jaxrl.envs.SearchEnv`) and multi_agent "march" (`jaxrl.multi_agent.MarchSystem`); a test holds
+# them equal to those signatures' defaults.
+WORLD_DEFAULTS = {"corpus_seed": 0, "corpus_size": "tiny"}
+
+
+def _world(params: dict[str, Any]) -> tuple[Any, Any]:
+    return tuple(params.get(k, v) for k, v in WORLD_DEFAULTS.items())
+
+
 @dataclasses.dataclass(frozen=True)
 class ExperimentConfig:
     model: ModelConfig = ModelConfig()
@@ -429,6 +439,7 @@ class ExperimentConfig:
         _check(self.multi_agent is None or self.multi_agent.adapters == "shared" or self.model.lora is not None,
                "multi_agent.adapters", self.multi_agent and self.multi_agent.adapters,
                "per_role adapters need model.lora (one LoRA adapter set per role over the frozen base)")
+        self._check_same_world()
         names = [r.name for r in self.rewards]
         dup = sorted({n for n in names if names.count(n) > 1})
         _check(not dup, "rewards", dup, "reward names must be unique")
@@ -455,6 +466,20 @@ class ExperimentConfig:
                 _check(r.params["group_size"] == self.rollout.group_size,
                        f"rewards[{r.name}].params.group_size", r.params["group_size"],
                        f"must equal rollout.group_size={self.rollout.group_size}")
+
+    def _check_same_world(self) -> None:
+        """A built-in world environment (search, MARCH) must search the world its questions come from: with
+        another one every question is unanswerable (issue 30 item 8)."""
+        if self.data.source != "entities":
+            return
+        env = (("env.params", self.env.params) if self.env is not None and self.env.name == "search" else
+               ("multi_agent.params", self.multi_agent.params)
+               if self.multi_agent is not None and self.multi_agent.system == "march" else None)
+        if env is not None:
+            mine, data = _world(env[1]), _world(self.data.params)
+            _check(mine == data, f"{env[0]}.(corpus_seed, corpus_size)", mine,
+                   f"differs from data.params' {data}: the environment would search another world than its "
+                   "questions'; give both the same corpus_seed and corpus_size")
 
     def _check_role_estimators(self, algo) -> None:
         """`multi_agent.estimators`: estimator-only algorithms, under a run algorithm without group-wide

@@ -24,6 +24,7 @@ from typing import Any, Mapping, Sequence
 from jaxrl.data.entities import build_world
 from jaxrl.envs.base import Action, StepResult, encode_text, message_ids, prompt_ids
 from jaxrl.envs.tools import TOOLS, ToolError, find_calls
+from jaxrl.errors import EnvError
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
@@ -138,6 +139,14 @@ class SearchEnv(ToolEnv):
 
     def reset(self, record: Mapping[str, Any]) -> list[int]:
         self.question = str(record.get("question", ""))
+        if "chain" in record:  # a generated record (`World.records`): it must be a question of this world
+            key = (self.question, tuple(str(a) for a in record.get("answers", ())))
+            if key not in _questions(self.world.seed, self.world.size):
+                raise EnvError(
+                    f"{type(self).__name__}.reset: the record {self.question!r} (answers {list(key[1])}) is "
+                    f"not a question of the env's world (corpus_seed={self.world.seed}, corpus_size="
+                    f"{self.world.size!r}): its data comes from another corpus; give env.params the data's "
+                    "corpus_seed and corpus_size")
         return super().reset(record)
 
     def step(self, action: Action) -> StepResult:
@@ -159,6 +168,11 @@ class SearchEnv(ToolEnv):
 @functools.lru_cache(maxsize=4)
 def _world(seed: int, size: str):
     return build_world(seed, size)
+
+
+@functools.lru_cache(maxsize=4)
+def _questions(seed: int, size: str) -> frozenset[tuple[str, tuple[str, ...]]]:
+    return frozenset((q["question"], tuple(map(str, q["answers"]))) for q in _world(seed, size).questions)
 
 
 def _unit(text: str) -> float:
