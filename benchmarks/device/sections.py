@@ -65,8 +65,9 @@ MODES = {
     "gpu": Settings(shapes=("qwen3_0_6b", "qwen3_1_7b"), decode_batch=64, new_tokens=512, prompt_len=(32, 64),
                     jaxrl_rounds=2, hf_rounds=1, update_rows=64, update_prompt=128, update_completion=512,
                     update_steps=3, min_grad_accum=1, copy_bytes=2 * GIB, matmul_n=8192, train_sets=()),
-    # Same code at tiny sizes; two micro-batches so that the gradient-accumulation scan runs too.
-    "dry": Settings(shapes=("qwen3_tiny",), decode_batch=4, new_tokens=8, prompt_len=(4, 8), jaxrl_rounds=1,
+    # Same code at tiny sizes; two micro-batches so that the gradient-accumulation scan runs too. T = 32 and
+    # the best of 3 keep the decode time well above the TTFT on a busy CPU (their difference is the rate).
+    "dry": Settings(shapes=("qwen3_tiny",), decode_batch=4, new_tokens=32, prompt_len=(4, 8), jaxrl_rounds=3,
                     hf_rounds=1, update_rows=4, update_prompt=8, update_completion=8, update_steps=1,
                     min_grad_accum=2, copy_bytes=8 * 1024**2, matmul_n=256,
                     train_sets=("model.preset=tiny", "model.dtype=float32", "data.prompts_per_step=2",
@@ -193,6 +194,8 @@ def decode_hf(s: Settings, shape: str, static_cache: bool = False) -> dict:
     from jaxrl.models.hf_io import config_to_hf
 
     on_gpu = torch.cuda.is_available()
+    if not on_gpu:  # the dry run: one thread, as a shared CPU is oversubscribed (measured 25x slower with 2)
+        torch.set_num_threads(1)
     hf_cfg = config_to_hf(model_config(shape))
     config = transformers.AutoConfig.for_model(hf_cfg.pop("model_type"), **hf_cfg)
     torch.manual_seed(0)
