@@ -34,14 +34,16 @@ fi
 SITE=/tmp/jaxrl-device-site
 rm -rf "$SITE"
 mkdir -p "$SITE"
-if compgen -G ".whl/*.whl" >/dev/null; then
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl
+if compgen -G ".whl/*.whl" >/dev/null; then  # a failure here costs only train_cli (grain): go on
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
+    .whl/*.whl || echo "run.sh: installing the wheels in .whl/ failed; train_cli will fail" >&2
 else
   echo "run.sh: no wheels in .whl/ (benchmarks/device/README.md says which); jaxrl train may fail" >&2
 fi
 if ! "$PY" -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --no-cache-dir \
-    --target "$SITE" . ; then
+    --target "$SITE" . 2>/tmp/jaxrl-device-pip.log; then  # (setuptools' package-data warnings go there)
   # No usable setuptools: lay the package out by hand as pyproject's package-dir does.
+  tail -5 /tmp/jaxrl-device-pip.log >&2
   echo "run.sh: pip could not build jaxrl; linking its folders into $SITE instead" >&2
   rm -rf "$SITE/jaxrl" && cp -r jaxrl "$SITE/jaxrl"
   for sub in models losses sharding configs; do ln -sfn "$PWD/$sub" "$SITE/jaxrl/$sub"; done
@@ -50,5 +52,6 @@ export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
 # A second run on the same machine reuses the compiled programs; JAX may use 90% of the GPU's memory.
 export JAX_COMPILATION_CACHE_DIR="${JAX_COMPILATION_CACHE_DIR:-/tmp/jaxrl-device-jax-cache}"
 export XLA_PYTHON_CLIENT_MEM_FRACTION="${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.90}"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || true
 echo "run.sh: installed in $(( $(date +%s) - START )) s; $("$PY" -c 'import jax; print(jax.__version__, jax.devices())')"
 exec "$PY" benchmarks/device/suite.py --out "$OUT_DIR" --started "$START"
