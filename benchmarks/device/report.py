@@ -38,7 +38,7 @@ def summarize(raw: dict[str, dict], mode: str, s: Settings) -> dict:
                 if dev.get("spec_bf16_tflops"):
                     u["mfu_vs_spec"] = u["model_tflops"] / dev["spec_bf16_tflops"]
             memory.append(_memory_row(f"update:{shape}", u))
-    if "train_cli" in ok:
+    if ok.get("train_cli", {}).get("plan_peak_bytes"):  # None: no peak row found in `jaxrl plan`'s output
         memory.append(_memory_row("train_cli", ok["train_cli"]))
     sections = {task: {k: r[k] for k in ("status", "wall_s", "error") if k in r} for task, r in raw.items()}
     return dict(mode=mode, settings=dataclasses.asdict(s), device=dev, decode=decode, update=update,
