@@ -124,12 +124,15 @@ def test_budget_guard_skips_what_does_not_fit(tmp_path):
 
 @pytest.fixture
 def suite_modules(monkeypatch):
-    """(sections, suite) of benchmarks/device, imported by their script names and forgotten afterwards."""
+    """(sections, suite) of benchmarks/device, imported by their script names (tests/suite.py is another
+    `suite`), and forgotten afterwards."""
     names = ("sections", "suite", "report")
+    saved = {name: sys.modules.pop(name) for name in names if name in sys.modules}
     monkeypatch.syspath_prepend(str(RUN.parent))
     yield importlib.import_module("sections"), importlib.import_module("suite")
     for name in names:
         sys.modules.pop(name, None)
+    sys.modules.update(saved)
 
 
 def test_gpu_jobs_are_feasible(suite_modules):
