@@ -65,6 +65,12 @@ class MismatchSpec:
     level: str = "token"
     lower: float | None = None
     upper: float | None = 2.0
+    reject: str = "mask"  # MIS: "mask" (verl) or "zero_weight" (TRL), `losses.rollout_correction`
+
+    @classmethod
+    def from_config(cls, m) -> "MismatchSpec":
+        """From the config's `algorithm.mismatch` section."""
+        return cls(m.mode.value, m.level.value, m.lower, m.upper, m.reject.value)
 
 
 @dataclasses.dataclass
@@ -235,7 +241,7 @@ def setup(cfg: ExperimentConfig, run_dir: Path) -> tuple[Run, TrainState, Any]:
               sampling=sampling_spec(cfg), eval_sampling=sampling_spec(cfg, greedy=True), rewards=rewards,
               algorithm=algorithm, settings=settings, seed=cfg.train.seed,
               logprobs_from_sampler=cfg.rollout.logprobs_from_sampler,
-              mismatch=MismatchSpec(m.mode.value, m.level.value, m.lower, m.upper), state_sharding=state_sharding,
+              mismatch=MismatchSpec.from_config(m), state_sharding=state_sharding,
               step_fn=step_fn, logprob_fn=logprob_fn, ref_params=ref_params, base=base, base_sha256=base_sha,
               share_prompts=cfg.train.share_prompts,
               flops_per_token=functools.partial(step_time.train_flops_per_token, model.cfg,
@@ -516,7 +522,8 @@ def assemble(run: Run, params, ro, adv, *, extra_rows: TrainBatch | None = None,
 # together can enter their all-reduces in different orders on different processes and hang.
 _mismatch_metrics = jax.jit(losses.mismatch_metrics, static_argnames=("cap", "max_log_ratio"))
 _rollout_correction = jax.jit(losses.rollout_correction, static_argnames=("level", "mode", "lower", "upper",
-                                                                         "batch_normalize", "max_log_ratio"))
+                                                                         "batch_normalize", "max_log_ratio",
+                                                                         "reject"))
 
 
 def _mismatch(run: Run, batch: TrainBatch, sampler_BT, n_rollout: int) -> tuple[TrainBatch, dict[str, float]]:
@@ -529,7 +536,7 @@ def _mismatch(run: Run, batch: TrainBatch, sampler_BT, n_rollout: int) -> tuple[
         return batch, {k: float(v) for k, v in jax.device_get(out).items()}
     weights_BT, keep_BT, out = _rollout_correction(
         batch.old_logp_BT, sampler_BT, mask_BT, level=m.level, mode="truncate" if m.mode == "tis" else "mask",
-        lower=m.lower, upper=m.upper)
+        lower=m.lower, upper=m.upper, reject=m.reject)
     metrics = {k: float(v) for k, v in jax.device_get(out).items()}
     weights_BT = jnp.where(rollout_rows, weights_BT, 1.0)  # expert rows keep weight 1 (they train on SFT only)
     keep_BT = jnp.where(rollout_rows, keep_BT, batch.completion_mask_BT)
