@@ -185,8 +185,8 @@ class Checkpointer:
             )
             raise CheckpointError(
                 f"no checkpoint in {self.directory} can be restored into this run's model and optimizer "
-                f"({detail}); a changed model/optimizer config cannot resume: use a new run directory or "
-                "--set checkpoint.resume=false"
+                f"({detail}); a changed model/optimizer config cannot resume: use a new --run-dir, or "
+                "--overwrite-run to move this run aside"
             )
         return None
 

@@ -123,7 +123,7 @@ def test_incompatible_targets_raise_and_move_nothing(tmp_path):
     ckpt.save(1, params, opt_state, {})
     ckpt.close()
     bigger = jax.tree.map(lambda x: jnp.zeros((3, *x.shape), x.dtype), params)
-    with pytest.raises(CheckpointError, match=r"step 1: .*checkpoint.resume=false"):
+    with pytest.raises(CheckpointError, match=r"step 1: .*--overwrite-run to move this run aside"):
         Checkpointer(tmp_path, every=1, keep=3).restore_latest(bigger, _adam_state(bigger))
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["1"]
 
