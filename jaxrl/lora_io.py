@@ -10,6 +10,12 @@ Adapter checkpoint (`save_adapters` / `load_adapters`), a directory:
 hash differs from the recorded one, so adapters never silently land on weights they were not trained on. The
 arrays are stored bit for bit (float32 safetensors), so a resume continues from exactly the saved adapters.
 
+A trainer run directory stands for its latest adapters wherever an adapter checkpoint is accepted
+(`find_adapters`: RUN -> RUN/adapters). A base recorded without a path (a preset model: nothing on disk) is
+rebuilt from the run's resolved `config.yaml` beside the adapters (preset, overrides and `train.seed`), and
+the recorded fingerprint still decides whether it is the base the adapters were trained on (`load_base`).
+`merged_model` gives base + adapters as one model, for `jaxrl sample` and `jaxrl eval` of a LoRA run.
+
 PEFT (`export_peft` / `import_peft`): `adapter_config.json` + `adapter_model.safetensors` with tensors
 `base_model.model.model.layers.{i}.{self_attn|mlp}.{target}.lora_A.weight` `[r, in]` and `.lora_B.weight`
 `[out, r]` (torch Linear layout, ΔW = (α/r)·B_peft·A_peft). Ours: A `[in…, r]` = A_peftᵀ and B `[r, out…]` =
@@ -129,8 +135,9 @@ def save_adapters(directory: str | os.PathLike, adapters: Mapping, cfg: lora.Lor
     """
     import jax
 
-    if set(base) != {"path", "sha256"}:
-        raise ValueError(f"base reference needs keys path and sha256, got {sorted(base)}")
+    if not {"path", "sha256"} <= set(base) <= {"path", "sha256", "preset", "seed"}:
+        raise ValueError(f"base reference needs keys path and sha256 (and optionally preset, seed), got "
+                         f"{sorted(base)}")
     tensors = {}
     for target, a, b in lora.adapter_pairs(adapters, cfg):
         prefix = f"layers/{lora.SITES[target][0]}/{target}"
@@ -340,6 +347,81 @@ def import_peft(peft_dir: str | os.PathLike, params: Mapping) -> tuple[dict, lor
 
 # ------------------------------------------------------------------------------------------ CLI entry points
 
+def find_adapters(path: str | os.PathLike) -> Path | None:
+    """The adapter checkpoint that `path` stands for: `path` itself, or a LoRA run directory's RUN/adapters;
+    None when `path` is neither. CheckpointError (one line saying what to pass) for a run with one adapter set
+    per role, and for a checkpoint directory inside a LoRA run (its orbax state holds adapters only)."""
+    path = Path(path)
+    if (path / CONFIG_FILE).is_file():
+        return path
+    adapters = path / "adapters"
+    if (adapters / CONFIG_FILE).is_file():
+        return adapters
+    if adapters.is_dir():
+        roles = sorted(p.name for p in adapters.iterdir() if (p / CONFIG_FILE).is_file())
+        if roles:
+            raise CheckpointError(f"{path} holds one adapter set per role ({', '.join(roles)}): pass "
+                                  f"--checkpoint {adapters}/<role>")
+    for run in list(path.absolute().parents)[:2]:  # RUN/checkpoints or RUN/checkpoints/<step>
+        if (run / "adapters" / CONFIG_FILE).is_file() and path.absolute().is_relative_to(run / "checkpoints"):
+            raise CheckpointError(f"{path} is a training checkpoint of the LoRA run {run} (adapters only): "
+                                  f"pass --checkpoint {run} (its latest adapters on their base), or export "
+                                  f"them: jaxrl export-hf --checkpoint {run} --out DIR")
+    return None
+
+
+def load_base(adapter_dir: str | os.PathLike, base: str | os.PathLike | None = None):
+    """(model, tokenizer, description) of the base of the adapters in `adapter_dir`: `base` when given, else
+    the recorded path, else (a preset base, recorded without a path) rebuilt from the run's `config.yaml`
+    beside the adapters. `load_adapters` then checks it against the recorded fingerprint."""
+    from jaxrl import model_io
+
+    adapter_dir = Path(adapter_dir)
+    _, ref = read_adapter_config(adapter_dir)
+    if base is not None or ref.get("path"):
+        path = Path(base if base is not None else ref["path"])
+        if not path.exists():
+            raise CheckpointError(f"base model {path} of the adapters in {adapter_dir} not found; pass "
+                                  "--base")
+        model, tokenizer = model_io.load_model(path)
+        return model, tokenizer, str(path)
+    for config_file in (adapter_dir.parent / "config.yaml", adapter_dir.parent.parent / "config.yaml"):
+        if config_file.is_file():
+            return _rebuild_base(config_file)
+    raise CheckpointError(f"{adapter_dir}: the adapters' base is a preset model (no path recorded) and no "
+                          "run config.yaml lies beside them to rebuild it from; pass --base (an HF directory or "
+                          "jaxrl checkpoint of the base)")
+
+
+def _rebuild_base(config_file: Path):
+    """The run's base model as its trainer built it (`jaxrl.build`, the same preset, overrides and seed).
+    The resolved config is the only record of a preset base's recipe, hence the config import here."""
+    from jaxrl import build
+    from jaxrl.config import load_config
+
+    cfg = load_config(config_file)
+    tokenizer = build.build_tokenizer(cfg.model, cfg.tokenizer)
+    model = build.build_model(cfg.model, vocab_size=len(tokenizer), seed=cfg.train.seed)
+    what = cfg.model.preset or cfg.model.hf_path or cfg.model.checkpoint
+    return model, tokenizer, f"{what} (train.seed {cfg.train.seed}, rebuilt from {config_file})"
+
+
+def merged_model(adapter_dir: str | os.PathLike, base: str | os.PathLike | None = None):
+    """(model, tokenizer): the adapters of `adapter_dir` (or of a LoRA run directory) merged into their base
+    (W + (α/r)·A·B), checked against the recorded fingerprint; what `jaxrl sample` and `jaxrl eval` run for
+    a LoRA run."""
+    from flax import nnx
+
+    from jaxrl.model_io import model_from_params
+
+    adapter_dir = find_adapters(adapter_dir) or adapter_dir
+    model, tokenizer, _ = load_base(adapter_dir, base)
+    params = nnx.state(model, nnx.Param).to_pure_dict()
+    adapters, cfg = load_adapters(adapter_dir, params)
+    merged = model_from_params(model.cfg, lora.merge(params, adapters, cfg), where="merged LoRA model")
+    return merged, tokenizer
+
+
 def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, *, mode: str,
                       base: str | os.PathLike | None = None, max_shard_size: int | str = "5GB",
                       overwrite: bool = False) -> Path:
@@ -351,22 +433,18 @@ def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, *, 
     """
     from flax import nnx
 
-    from jaxrl import model_io, run_dir
+    from jaxrl import run_dir
 
     if mode not in ("merge", "peft"):
         raise ValueError(f"mode must be 'merge' or 'peft', got {mode!r}")
     owns = run_dir.owns_hf_export if mode == "merge" else owns_peft_export
     run_dir.check_output_dir(out, owns=owns, overwrite=overwrite, what="--out")  # before loading anything
-    _, ref = read_adapter_config(checkpoint)
-    base_path = Path(base if base is not None else ref["path"])
-    if not base_path.exists():
-        raise CheckpointError(f"base model {base_path} of the adapters in {checkpoint} not found; "
-                              "pass --base")
-    model, tokenizer = model_io.load_model(base_path)
+    checkpoint = find_adapters(checkpoint) or checkpoint  # a LoRA run directory: its RUN/adapters
+    model, tokenizer, base_name = load_base(checkpoint, base)
     params = nnx.state(model, nnx.Param).to_pure_dict()
     adapters, cfg = load_adapters(checkpoint, params)
     if mode == "peft":
-        return export_peft(adapters, cfg, out, base_model=str(base_path), overwrite=overwrite)
+        return export_peft(adapters, cfg, out, base_model=base_name, overwrite=overwrite)
     return export_merged(model.cfg, params, adapters, cfg, out, tokenizer=tokenizer,
                          max_shard_size=max_shard_size, overwrite=overwrite)
 

@@ -7,7 +7,8 @@ The rewards, prompt format (system prompt, chat template) and sampling settings 
 `--checkpoint` is a training run directory, from its `config.yaml` (the embedded default otherwise); `--set`
 overrides them as in `jaxrl train`. The dataset is the config's held-out split unless `--data` names another
 source (a .jsonl/.parquet file, a built-in generator, or `reasoning_gym:<task>`), of which the first `--limit`
-records are scored. Prints one JSON object (also written to `--out` when given).
+records are scored. Prints one JSON object (also written to `--out` when given). A LoRA run's adapters are
+merged into their base on the fly (`jaxrl.lora_io.merged_model`).
 """
 
 from __future__ import annotations
@@ -71,7 +72,10 @@ def run(args: argparse.Namespace) -> int:
     records = records[: args.limit] if args.limit else records
     if not records:
         raise UserError(f"--data {args.data or d.source}: no records to evaluate")
-    model, tokenizer = load_model(checkpoint)
+    from jaxrl import lora_io
+
+    adapters = lora_io.find_adapters(checkpoint)  # a LoRA run: its adapters merged into the base on the fly
+    model, tokenizer = lora_io.merged_model(adapters) if adapters is not None else load_model(checkpoint)
     if tokenizer is None:
         raise UserError(f"--checkpoint {checkpoint}: no tokenizer saved with the model")
     graphdef, params = nnx.split(model)

@@ -3,6 +3,9 @@
     jaxrl export-hf --checkpoint CKPT --out DIR [--max-shard-size 5GB]
     jaxrl export-hf --checkpoint ADAPTERS --out DIR --merge|--peft [--base BASE]   # LoRA adapter checkpoint
 
+A LoRA run directory stands for its adapters (RUN/adapters), merged by default; a preset base is rebuilt from
+the run's config.yaml (`jaxrl.lora_io.load_base`).
+
 Pre-norm models become standard Llama/Qwen2/Qwen3 directories; post-norm and SiameseNorm models carry our own
 modeling files and load with `AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)`.
 """
@@ -22,7 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-shard-size", default="5GB", help="largest safetensors shard, e.g. 5GB, 500MB")
     lora = parser.add_mutually_exclusive_group()  # LoRA: jaxrl.lora_io
     lora.add_argument("--merge", action="store_true",
-                      help="--checkpoint is a LoRA adapter checkpoint: write base + adapters merged")
+                      help="--checkpoint is a LoRA adapter checkpoint or run: write base + adapters merged "
+                           "(the default for a LoRA run)")
     lora.add_argument("--peft", action="store_true",
                       help="--checkpoint is a LoRA adapter checkpoint: write a PEFT adapter directory")
     parser.add_argument("--base", help="base model of the adapters (default: the path recorded with them)")
@@ -31,17 +35,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from jaxrl import hf, model_io, run_dir
+    from jaxrl import hf, lora_io, model_io, run_dir
 
     if not Path(args.checkpoint).exists():
         raise UserError(f"--checkpoint {args.checkpoint}: no such directory")
-    if args.merge or args.peft:
-        from jaxrl import lora_io
-
-        lora_io.export_checkpoint(args.checkpoint, args.out, mode="merge" if args.merge else "peft",
+    if args.merge or args.peft or lora_io.find_adapters(args.checkpoint) is not None:
+        lora_io.export_checkpoint(args.checkpoint, args.out, mode="peft" if args.peft else "merge",
                                   base=args.base, max_shard_size=args.max_shard_size,
                                   overwrite=args.overwrite)
-        print(f"wrote {'merged HF' if args.merge else 'PEFT adapter'} directory {args.out}")
+        print(f"wrote {'PEFT adapter' if args.peft else 'merged HF'} directory {args.out}")
         return 0
     if args.base is not None:
         raise UserError("--base applies only with --merge or --peft (a LoRA adapter checkpoint)")

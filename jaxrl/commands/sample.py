@@ -2,6 +2,9 @@
 
     jaxrl sample --checkpoint DIR --prompt "What is 2+3?" --chat --num-samples 4 --max-new-tokens 64
 
+DIR may be a LoRA run directory or adapter checkpoint: the adapters are merged into their base on the fly
+(`jaxrl.lora_io.merged_model`).
+
 The tokenizer (and chat template) saved with the model are used; `--chat` wraps each prompt as a single user
 turn with the generation prompt appended. Generation stops at the tokenizer's EOS token and at the
 `eos_token_id`s of `generation_config.json` when the directory has one.
@@ -61,7 +64,10 @@ def run(args: argparse.Namespace) -> int:
     checkpoint = Path(args.checkpoint)
     if not checkpoint.exists():
         raise UserError(f"--checkpoint {checkpoint}: no such file or directory")
-    model, tokenizer = load_model(checkpoint)
+    from jaxrl import lora_io
+
+    adapters = lora_io.find_adapters(checkpoint)  # a LoRA run: its adapters merged into the base on the fly
+    model, tokenizer = lora_io.merged_model(adapters) if adapters is not None else load_model(checkpoint)
     if tokenizer is None:
         raise UserError(f"--checkpoint {checkpoint}: no tokenizer saved with the model")
     prompt_ids = encode_prompts(tokenizer, args.prompt, args.chat)
