@@ -5,8 +5,12 @@ is cut by step_timeout_s; the setup dry run catches a broken env before any roll
 is a config error."""
 
 import math
+import os
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,6 +24,7 @@ from jaxrl.sampling import SamplingSpec
 from jaxrl.tokenizer import builtin_tokenizer
 
 TOK = builtin_tokenizer()
+REPO = Path(__file__).resolve().parents[2]
 RECORDS = [{"question": "Who?"}, {"question": "Why?"}]
 SPEC = EpisodeSpec(max_turns=3, max_total_tokens=256, row_buckets=(256,))
 
@@ -152,3 +157,26 @@ def test_a_tool_parameter_error_is_a_config_error():
     text = "<search> </search>"
     res = env.step(Action(tuple(TOK.encode(text, add_special_tokens=False)), text, False))
     assert res.info["tool_errors"] == 1 and not res.done
+
+
+class TupleEnv(ScriptEnv):
+    """A step that returns a tuple (the common mistake), for the CLI."""
+
+    def __init__(self, tokenizer):
+        super().__init__(tokenizer, bad=(["x"], 1.0, True))
+
+    def reset(self, record):
+        return super().reset({"question": record["prompt"]})
+
+
+def test_train_with_a_broken_env_exits_2_in_one_line(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"}
+    argv = [sys.executable, "-m", "jaxrl.cli", "train", "--run-dir", str(tmp_path / "run"),
+            "--set", f"env={{name: '{__file__}:TupleEnv'}}", "--set", "sft_warmup.steps=0",
+            "--set", "train.eval_every=0", "--set", "train.steps=2"]
+    proc = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
+    assert errors == ["jaxrl train: error: TupleEnv.step (record 0, turn 1): returned a tuple; expected "
+                      "jaxrl.envs.StepResult(observation, reward, done, info)"], proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
