@@ -29,6 +29,17 @@ def pytest_collection_modifyitems(config, items):
     phase = os.environ.get("JAXRL_TEST_PHASE")
     if phase not in ("parallel", "serial"):
         return
+    # Longest first, so that the two workers end together: the "learns" files, then files with slow tests.
+    # (A stable sort: the order within each class is pytest's; every worker computes the same order.)
+    def rank(item) -> int:
+        if item.path.name.endswith("_learns.py"):
+            return 0
+        return 1 if any(i.get_closest_marker("slow") for i in by_file[item.path]) else 2
+
+    by_file: dict = {}
+    for item in items:
+        by_file.setdefault(item.path, []).append(item)
+    items.sort(key=rank)
     keep, drop = [], []
     for item in items:
         (keep if (item.get_closest_marker("serial") is not None) == (phase == "serial") else drop).append(item)

@@ -9,15 +9,15 @@ import pytest
 
 from jaxrl import cli, host_memory
 
+# tests/suite.py runs these alone: page-fault counts depend on what else runs on the machine.
+pytestmark = pytest.mark.serial
+
 # Two 64 MiB temporaries per call (sin(x) and cos(x)ᵀ feed dots), freed at the end of each execution.
 _PROBE = r"""
 import json, resource, statistics
 from jaxrl import host_memory
 kept = host_memory.configure_from_env()
 import jax, jax.numpy as jnp
-
-# tests/suite.py runs these alone: page-fault counts depend on what else runs on the machine.
-pytestmark = pytest.mark.serial
 x = jnp.ones((4096, 4096), jnp.float32)
 f = jax.jit(lambda x: jnp.sum(jnp.sin(x) @ x[:, :64]) + jnp.sum(jnp.cos(x).T @ (jnp.sin(x) @ x[:, :64])))
 faults = []
