@@ -1,5 +1,6 @@
 """Test-wide settings, fixed once: 8 fake CPU devices and offline Hugging Face libraries; `train_cli`."""
 
+import json
 import os
 import subprocess
 import sys
@@ -29,17 +30,11 @@ def pytest_collection_modifyitems(config, items):
     phase = os.environ.get("JAXRL_TEST_PHASE")
     if phase not in ("parallel", "serial"):
         return
-    # Longest first, so that the two workers end together: the "learns" files, then files with slow tests.
-    # (A stable sort: the order within each class is pytest's; every worker computes the same order.)
-    def rank(item) -> int:
-        if item.path.name.endswith("_learns.py"):
-            return 0
-        return 1 if any(i.get_closest_marker("slow") for i in by_file[item.path]) else 2
-
-    by_file: dict = {}
-    for item in items:
-        by_file.setdefault(item.path, []).append(item)
-    items.sort(key=rank)
+    # Longest file first (LPT), so that the two workers end together: `tests/durations.json` holds each file's
+    # seconds from a measured run (`python tests/suite.py --record-durations` rewrites it); a file it does not
+    # know yet counts as 30 s. A stable sort: every worker computes the same order, a file's tests keep theirs.
+    seconds = json.loads((REPO / "tests" / "durations.json").read_text())
+    items.sort(key=lambda item: -seconds.get(item.path.relative_to(REPO).as_posix(), 30.0))
     keep, drop = [], []
     for item in items:
         (keep if (item.get_closest_marker("serial") is not None) == (phase == "serial") else drop).append(item)

@@ -9,9 +9,12 @@ tests (or two CLI subprocesses) compile is compiled once. Nothing is skipped: ea
 phase (`tests/conftest.py` deselects by `JAXRL_TEST_PHASE`).
 
 Usage: python tests/suite.py [PYTEST_ARGS...]; env JAXRL_TEST_WORKERS (default 2; 0 runs phase 1 in-process).
+`python tests/suite.py --record-durations` rewrites tests/durations.json (seconds per file, which orders the
+parallel phase longest first) from the last run's reports.
 Exit code: pytest's; 5 only when neither phase ran a test.
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -70,7 +73,24 @@ def report(walls: dict[str, float]) -> None:
     print(f"== tests/suite.py: total {sum(walls.values()) / 60:.1f} min wall")
 
 
+def record_durations() -> int:
+    """tests/durations.json from the last run's JUnit reports: seconds per test file, longest first."""
+    seconds: dict[str, float] = {}
+    for phase in ("parallel", "serial"):
+        for t, name, _ in read_cases(REPORTS / f"{phase}.xml"):
+            path = name.split("::")[0]
+            seconds[path] = seconds.get(path, 0.0) + t
+    if not seconds:
+        print("tests/suite.py: no reports in .cache/test-reports; run the suite first", file=sys.stderr)
+        return 2
+    ordered = {k: round(v, 1) for k, v in sorted(seconds.items(), key=lambda kv: -kv[1])}
+    (REPO / "tests" / "durations.json").write_text(json.dumps(ordered, indent=0) + "\n")
+    return 0
+
+
 def main(args: list[str]) -> int:
+    if args == ["--record-durations"]:
+        return record_durations()
     REPORTS.mkdir(parents=True, exist_ok=True)
     for stale in REPORTS.glob("*.xml"):
         stale.unlink()
