@@ -53,6 +53,16 @@ def _raised(where: str, e: BaseException) -> EnvError:
     return EnvError(f"{where} raised {type(e).__name__}{': ' + text[0] if text else ''}{at}")
 
 
+def _user_call(where: str, fn, *args):
+    """`fn(*args)`: a user method; anything it raises but an EnvError becomes one EnvError line naming it."""
+    try:
+        return fn(*args)
+    except EnvError:
+        raise
+    except Exception as e:  # noqa: BLE001 -- user code: one line naming it
+        raise _raised(where, e) from None
+
+
 def check_ids(ids: Any, vocab: int, where: str, what: str) -> list[int]:
     """`ids` as a list of ints, or EnvError unless it is a 1-D sequence of integer ids in [0, vocab)."""
     if isinstance(ids, np.ndarray):
@@ -76,12 +86,7 @@ def check_ids(ids: Any, vocab: int, where: str, what: str) -> list[int]:
 def checked_reset(env, record: Mapping[str, Any], index: int, vocab: int) -> list[int]:
     """The prompt ids of `env.reset(record)`; EnvError for an exception, a wrong type, empty or bad ids."""
     where = _where(env, "reset", index, None)
-    try:
-        ids = env.reset(record)
-    except EnvError:
-        raise
-    except Exception as e:  # noqa: BLE001 -- user code: one line naming it
-        raise _raised(where, e) from None
+    ids = _user_call(where, env.reset, record)
     ids = check_ids(ids, vocab, where, "the prompt")
     if not ids:
         raise EnvError(f"{where}: returned an empty prompt; expected the prompt's token ids (with the "
@@ -152,12 +157,7 @@ def checked_demonstration(env, record: Mapping[str, Any], index: int) -> list[st
     """`env.demonstration(record)` as a list of action texts; EnvError for anything else (a string would be
     imitated one character per turn)."""
     where = _where(env, "demonstration", index, None)
-    try:
-        actions = env.demonstration(record)
-    except EnvError:
-        raise
-    except Exception as e:  # noqa: BLE001 -- user code: one line naming it
-        raise _raised(where, e) from None
+    actions = _user_call(where, env.demonstration, record)
     if isinstance(actions, (str, bytes)) or not isinstance(actions, Sequence):
         raise EnvError(f"{where}: returned {_kind(actions)}; expected a list of action texts (list[str]), "
                        "e.g. ['<search>x</search>', '<answer>y</answer>']")
