@@ -30,7 +30,10 @@ SLOWEST = 30
 def run_phase(phase: str, args: list[str]) -> tuple[int, float]:
     """Runs one phase; returns (pytest exit code, wall seconds)."""
     workers = int(os.environ.get("JAXRL_TEST_WORKERS", "2"))
-    xdist = ["-n", str(workers), "--dist", "loadfile"] if phase == "parallel" and workers > 0 else ["-p", "no:xdist"]
+    # --no-loadscope-reorder: keep conftest's longest-file-first order (xdist would sort files by test count).
+    xdist = ["-p", "no:xdist"]
+    if phase == "parallel" and workers > 0:
+        xdist = ["-n", str(workers), "--dist", "loadfile", "--no-loadscope-reorder"]
     argv = [sys.executable, "-m", "pytest", "-q", *xdist, f"--junitxml={REPORTS / f'{phase}.xml'}", *args]
     print(f"== tests/suite.py: phase {phase}: {' '.join(argv[3:])}", flush=True)
     start = time.monotonic()
@@ -69,7 +72,8 @@ def report(walls: dict[str, float]) -> None:
         print(f"{seconds:8.1f}  {phase:8s}  {name}" + ("" if outcome == "passed" else f"  [{outcome}]"))
     for phase, wall in walls.items():
         busy = sum(t for t, _, _ in cases[phase])
-        print(f"== phase {phase}: {len(cases[phase])} tests, {wall / 60:.1f} min wall, {busy / 60:.1f} min in tests")
+        print(f"== phase {phase}: {len(cases[phase])} tests, {wall / 60:.1f} min wall, "
+              f"{busy / 60:.1f} min in tests")
     print(f"== tests/suite.py: total {sum(walls.values()) / 60:.1f} min wall")
 
 
