@@ -32,12 +32,13 @@ def pytest_collection_modifyitems(config, items):
         return
     # Longest file first (LPT), so that the two workers end together: `tests/durations.json` holds each file's
     # seconds from a measured run (`python tests/suite.py --record-durations` rewrites it); a file it does not
-    # know yet counts as 30 s. A stable sort: every worker computes the same order, a file's tests keep theirs.
+    # know yet counts as 30 s. A stable sort: every worker computes the same order; a file keeps its own.
     seconds = json.loads((REPO / "tests" / "durations.json").read_text())
     items.sort(key=lambda item: -seconds.get(item.path.relative_to(REPO).as_posix(), 30.0))
     keep, drop = [], []
     for item in items:
-        (keep if (item.get_closest_marker("serial") is not None) == (phase == "serial") else drop).append(item)
+        serial = item.get_closest_marker("serial") is not None
+        (keep if serial == (phase == "serial") else drop).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep

@@ -69,8 +69,9 @@ def test_smollm2_chat_logits_match_transformers(smollm2_dir):
     except AssertionError:
         if kernel <= 1.5:
             raise
-        pytest.xfail(f"XLA:CPU's fp32 dot is {kernel:.2f}x less accurate than torch's here: jaxrl max/mean error "
-                     f"{ours.max():.3g}/{ours.mean():.3g}, transformers {theirs.max():.3g}/{theirs.mean():.3g}")
+        pytest.xfail(f"XLA:CPU's fp32 dot is {kernel:.2f}x less accurate than torch's here: jaxrl max/mean "
+                     f"error {ours.max():.3g}/{ours.mean():.3g}, transformers "
+                     f"{theirs.max():.3g}/{theirs.mean():.3g}")
     np.testing.assert_array_equal(got.argmax(-1), want.argmax(-1))
     # The model is real: its greedy first answer token is "The" ("The capital of France is Paris.").
     assert tok.decode([int(got[0, -1].argmax())]).strip() == "The"
