@@ -279,8 +279,12 @@ def test_multi_turn_and_multi_agent_two_hosts_match_one_host(name, tmp_root):
     assert_same_metrics(runs[2], runs[1], keys=COMPARED + ("entropy",))
     assert sum(r.get("entropy", 0) > 0 for r in runs[1]) == 2, runs[1]
     if name == "search":
-        one, two = logs[1], logs[2]
-        assert len(one) == 1 and len(two) == 2, "one log file per process"
+        assert len(logs[1]) == 1 and len(logs[2]) == 2, "one log file per process"
+        # every host first checks its environment once (`dry_run`: reset + one step on the first record) before
+        # any heavy work; the episodes themselves follow
+        for lines in logs[1] + logs[2]:
+            assert lines[0] == logs[1][0][0] and lines[1].startswith("step "), lines[:2]
+        one, two = [lines[2:] for lines in logs[1]], [lines[2:] for lines in logs[2]]
         count = lambda lines, kind: sum(line.startswith(kind) for line in lines)
         for kind in ("reset ", "step "):
             assert count(one[0], kind) > 0
