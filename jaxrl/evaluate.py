@@ -16,6 +16,7 @@ import numpy as np
 
 from jaxrl import losses
 from jaxrl.data.pipeline import eval_batches
+from jaxrl.progress import tracked
 from jaxrl.sampling import SamplingSpec
 
 
@@ -42,7 +43,7 @@ def evaluate(collect, params, records, encoder, spec: SamplingSpec, *, batch_siz
     """
     scores, names = [], ()
     batches = eval_batches(records, encoder, max(batch_size, 1))
-    for batch in batches:
+    for batch in tracked(batches, "evaluation (greedy)", unit="batches"):
         ro = collect(params, batch, spec, 0)
         scores.append(ro.rewards_NK)
         names = ro.reward_names
@@ -52,7 +53,7 @@ def evaluate(collect, params, records, encoder, spec: SamplingSpec, *, batch_siz
     if sampled is not None and sampled.num_samples > 1:
         k = sampled.num_samples
         correct = []
-        for i, batch in enumerate(batches):
+        for i, batch in enumerate(tracked(batches, f"evaluation ({k} samples)", unit="batches")):
             ro = collect(params, batch, sampled, seed + i)
             correct.append((np.nan_to_num(ro.rewards_NK[:, 0]) > 0).reshape(-1, k))
         c_PK = np.concatenate(correct).astype(np.float64)

@@ -26,6 +26,7 @@ from flax import nnx
 from jaxrl._safetensors_dir import TensorReader, parse_size, write_tensors
 from jaxrl.errors import CheckpointError
 from jaxrl.model_params import model_from_params, token_ids
+from jaxrl.progress import Progress, tracked
 from jaxrl.models import Transformer, TransformerConfig
 from jaxrl.models import hf_io
 from jaxrl.run_dir import owns_hf_export, replace_owned_files
@@ -91,12 +92,17 @@ def from_pretrained(path: str | os.PathLike, dtype: str = "float32",
             raise CheckpointError(f"tensor {missing[0]!r} is missing from {path} "
                                   f"({len(missing)} missing: {missing[:5]})")
 
+        progress = Progress(f"import {path}", len(expected), "tensors")
+
         def get_tensor(name: str) -> np.ndarray:
             if name not in expected:
                 raise CheckpointError(f"{path}: the model config does not use tensor {name!r}")
-            return reader.get(name, expected_shape=expected[name])
+            array = reader.get(name, expected_shape=expected[name])
+            progress.advance()
+            return array
 
         params = hf_io.hf_to_params(cfg, get_tensor)
+        progress.finish()
     return model_from_params(cfg, params, where=str(path))
 
 
@@ -134,6 +140,7 @@ def save_pretrained(model: Transformer, path: str | os.PathLike, tokenizer=None,
     shapes = hf_io.hf_shapes(cfg)
     # Reshape to the HF layout of `hf_shapes` (a no-op when params_to_hf already yields it; guards biases).
     tensors = ((name, value.reshape(shapes[name])) for name, value in hf_io.params_to_hf(cfg, params))
+    tensors = tracked(tensors, f"export {path}", unit="tensors", total=len(shapes))
     with replace_owned_files(path, owns=owns_hf_export, overwrite=overwrite,
                              what="HF output directory") as tmp:
         write_tensors(tmp, tensors, limit)
