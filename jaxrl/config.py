@@ -24,7 +24,8 @@ from typing import Any
 
 
 from jaxrl._checks import check as _check, check_choice as _check_choice
-from jaxrl._config_io import dump_yaml_config, load_yaml_config
+from jaxrl._config_io import dump_yaml_config, load_yaml_config, to_dict
+from jaxrl.errors import ConfigError
 from jaxrl.models.lora import LoraConfig
 from jaxrl.algorithm_config import (  # noqa: F401 -- the algorithm section, re-exported
     Algo,
@@ -336,10 +337,12 @@ class CheckpointConfig:
 
 @dataclasses.dataclass(frozen=True)
 class WandbConfig:
-    """Weights & Biases logging beside TensorBoard (needs the `wandb` extra). `mode: offline` needs no network
-    (sync later with `wandb sync RUN/wandb/offline-run-*`); `disabled` makes every wandb call a no-op."""
+    """Weights & Biases options (needs the `wandb` extra). The run's files go to RUN/wandb; `mode: offline`
+    needs no network (upload later with `wandb sync RUN/wandb/offline-run-*`); `disabled` makes every wandb
+    call a no-op. `entity`: the user or team (null: the account's default); `name`: the run's display name."""
 
     project: str = "jaxrl"
+    entity: str | None = None
     mode: str = "offline"
     name: str | None = None
 
@@ -349,20 +352,73 @@ class WandbConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class MlflowConfig:
+    """MLflow options (needs the `mlflow` extra, mlflow-skinny). `tracking_uri` null: a local file store in
+    RUN/mlruns (`mlflow ui --backend-store-uri RUN/mlruns`); `experiment`: the experiment's name; `run_name`:
+    the run's display name (null: MLflow picks one)."""
+
+    tracking_uri: str | None = None
+    experiment: str = "jaxrl"
+    run_name: str | None = None
+
+    def __post_init__(self):
+        _check(bool(self.experiment), "logging.mlflow.experiment", self.experiment,
+               "must be a non-empty name")
+
+
+TRACKERS = ("tensorboard", "wandb", "mlflow")
+
+
+@dataclasses.dataclass(frozen=True)
 class LoggingConfig:
-    """`every`: steps between plain log lines when `progress_bar` is off; `wandb`: null = no W&B logging."""
+    """`every`: steps between plain log lines when `progress_bar` is off. `trackers`: where metrics and
+    samples go besides RUN/metrics.jsonl (always written): any of `tensorboard` (RUN/tb), `wandb`, `mlflow`;
+    options in `wandb:` / `mlflow:`.
+
+    One rule joins `trackers` and the older `tensorboard` switch: without `trackers` the list is `tensorboard`
+    unless `tensorboard: false`, plus `wandb` / `mlflow` when their options are given; with `trackers`, a
+    `tensorboard` switch or an options section that disagrees with the list is refused. After construction
+    `trackers` is that list, `tensorboard` says whether it names TensorBoard, and each listed tracker has its
+    options (defaults when none were given).
+    """
 
     every: int = 1
     sample_every: int = 10
     num_samples: int = 4
-    tensorboard: bool = True
+    trackers: tuple[str, ...] | None = None
+    tensorboard: bool | None = None
     progress_bar: bool = True
     wandb: WandbConfig | None = None
+    mlflow: MlflowConfig | None = None
 
     def __post_init__(self):
         for name in ("every", "sample_every"):
             _check(getattr(self, name) >= 1, f"logging.{name}", getattr(self, name), "must be >= 1")
         _check(self.num_samples >= 0, "logging.num_samples", self.num_samples, "must be >= 0")
+        options = {"wandb": self.wandb, "mlflow": self.mlflow}
+        if self.trackers is None:
+            names = ("tensorboard",) * (self.tensorboard is not False)
+            names += tuple(name for name, given in options.items() if given is not None)
+        else:
+            names = self.trackers
+            for i, name in enumerate(names):
+                _check_choice(f"logging.trackers[{i}]", name, TRACKERS)
+            _check(len(set(names)) == len(names), "logging.trackers", list(names), "names a tracker twice")
+            agrees = self.tensorboard is None or self.tensorboard == ("tensorboard" in names)
+            _check(agrees, "logging.tensorboard", self.tensorboard,
+                   f"contradicts logging.trackers={list(names)}; drop one of the two")
+            for name, given in options.items():
+                if given is not None and name not in names:
+                    raise ConfigError(f"logging.{name} holds options of a tracker that logging.trackers="
+                                      f"{list(names)} does not name; add {name} to the list or remove "
+                                      f"logging.{name}")
+        # frozen: normalise once, at construction (the saved config.yaml then loads back to an equal config)
+        object.__setattr__(self, "trackers", tuple(names))
+        object.__setattr__(self, "tensorboard", "tensorboard" in names)
+        if "wandb" in names and self.wandb is None:
+            object.__setattr__(self, "wandb", WandbConfig())
+        if "mlflow" in names and self.mlflow is None:
+            object.__setattr__(self, "mlflow", MlflowConfig())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -522,6 +578,11 @@ def load_config(
 def dump_config(cfg: ExperimentConfig) -> str:
     """The resolved config as YAML; `load_config` of it gives back an equal `ExperimentConfig`."""
     return dump_yaml_config(cfg)
+
+
+def config_dict(cfg: ExperimentConfig) -> dict[str, Any]:
+    """The resolved config as plain data (what `dump_config` writes), for experiment trackers."""
+    return to_dict(cfg)
 
 
 def save_config(cfg: ExperimentConfig, run_dir: str | Path) -> Path:

@@ -1,5 +1,6 @@
-"""Run-directory logging: `metrics.jsonl`, TensorBoard events, optional Weights & Biases, `samples.jsonl`, a
-tqdm bar (on a terminal, `interactive`) or plain log lines every `log_every` steps; cross-host reduction.
+"""Run-directory logging: `metrics.jsonl`, `samples.jsonl`, experiment trackers (`jaxrl.trackers`:
+TensorBoard, W&B, MLflow), a tqdm bar (on a terminal, `interactive`) or plain log lines every `log_every`
+steps; cross-host reduction.
 
 Only the primary process (process 0) writes anything. On resume from step k, lines of `metrics.jsonl` and
 `samples.jsonl` with step > k (written after the last checkpoint by a killed run) are dropped and TensorBoard
@@ -13,7 +14,6 @@ import json
 import logging
 import math
 import os
-import secrets
 import sys
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -21,11 +21,11 @@ from typing import Any, Mapping, Sequence
 import jax
 import numpy as np
 
-from jaxrl.errors import UserError
+from jaxrl import trackers as trackers_lib
 
 METRICS_FILE = "metrics.jsonl"
 SAMPLES_FILE = "samples.jsonl"
-TB_DIR = "tb"
+TB_DIR = trackers_lib.TB_DIR
 
 
 def _scalar(value: Any) -> float | int | str | None:
@@ -63,12 +63,12 @@ def read_metrics(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
 
 
 PLAIN_KEYS = ("reward/mean", "loss", "kl", "entropy", "response_length/mean", "eval/accuracy", "time/step")
-WANDB_ID_FILE = "wandb_run_id"
 log = logging.getLogger(__name__)
 
 
 class MetricsWriter:
-    """Writes one JSON object per step, TensorBoard / W&B scalars and a progress bar or plain log lines.
+    """Writes one JSON object per step, the numeric metrics and samples to the trackers, and a progress bar or
+    plain log lines.
 
     Only the primary process writes. With the bar on it shows the step just written and its `postfix_keys`;
     with it off, one line `step N/TOTAL: key value, ...` is logged (logger `jaxrl.metrics`, INFO) every
@@ -78,13 +78,14 @@ class MetricsWriter:
       run_dir: the run directory.
       resume_step: the step training restarts after (0 for a fresh run); later rows are dropped.
       total_steps: the run's length (None: unknown; then no bar is drawn).
-      tensorboard: also write TensorBoard event files under RUN/tb.
+      tensorboard: also write TensorBoard event files under RUN/tb (a `TensorBoardTracker` of its own; a
+        writer built by `from_config` gets TensorBoard from `trackers` instead).
       primary: whether this process writes (default: `jax.process_index() == 0`).
       postfix_keys: metrics shown on the progress bar.
       progress_bar: draw a tqdm bar (needs `total_steps`); False logs plain lines instead.
       log_every: steps between plain log lines.
-      wandb: a `WandbConfig` (project, mode, name) to also log to Weights & Biases; None: off.
-      config: the resolved config as plain data, stored with the W&B run.
+      trackers: `jaxrl.trackers.Tracker`s that get every row's numbers and the samples; closed with the
+        writer.
       bar_file: stream the bar is drawn on (default stderr).
     """
 
@@ -99,8 +100,7 @@ class MetricsWriter:
         postfix_keys: Sequence[str] = ("reward/mean", "loss"),
         progress_bar: bool = True,
         log_every: int = 1,
-        wandb: Any = None,
-        config: Mapping[str, Any] | None = None,
+        trackers: Sequence[trackers_lib.Tracker] = (),
         bar_file: Any = None,
     ):
         self.run_dir = Path(run_dir)
@@ -108,20 +108,18 @@ class MetricsWriter:
         self.postfix_keys = tuple(postfix_keys)
         self.total_steps = total_steps
         self.log_every = max(1, int(log_every))
-        self._tb = self._bar = self._file = self._wandb = None
+        self._bar = self._file = None
+        self._trackers: list[trackers_lib.Tracker] = []
         self._logs_through_bar = contextlib.ExitStack()
         if not self.primary:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
         for name in (METRICS_FILE, SAMPLES_FILE):
             _truncate_jsonl(self.run_dir / name, resume_step)
-        if wandb is not None:  # before any file is opened: a missing package is a clean error
-            self._wandb = _wandb_run(self.run_dir, wandb, config)
-        self._file = open(self.run_dir / METRICS_FILE, "a")
+        self._trackers = list(trackers)
         if tensorboard:
-            from tensorboardX import SummaryWriter
-
-            self._tb = SummaryWriter(str(self.run_dir / TB_DIR), purge_step=resume_step + 1)
+            self._trackers.append(trackers_lib.TensorBoardTracker(self.run_dir / TB_DIR, resume_step))
+        self._file = open(self.run_dir / METRICS_FILE, "a")
         if progress_bar and total_steps is not None:
             from tqdm.auto import tqdm
             from tqdm.contrib.logging import logging_redirect_tqdm
@@ -133,14 +131,18 @@ class MetricsWriter:
 
     @classmethod
     def from_config(cls, run_dir, logging_cfg, *, resume_step: int = 0, total_steps: int | None = None,
-                    config: Mapping[str, Any] | None = None, **kwargs) -> "MetricsWriter":
-        """A writer set up from a `LoggingConfig` (`progress_bar` on a terminal, `every`, `tensorboard`,
-        `wandb`)."""
-        return cls(run_dir, resume_step=resume_step, total_steps=total_steps,
-                   tensorboard=logging_cfg.tensorboard,
-                   progress_bar=logging_cfg.progress_bar and interactive(),
-                   log_every=logging_cfg.every,
-                   wandb=getattr(logging_cfg, "wandb", None), config=config, **kwargs)
+                    config: Mapping[str, Any] | None = None, primary: bool | None = None,
+                    **kwargs) -> "MetricsWriter":
+        """A writer set up from a `LoggingConfig` (`progress_bar` on a terminal, `every`, `trackers` with
+        the `wandb` / `mlflow` options); `config`, the resolved config as plain data, goes to the trackers.
+        Only the primary process makes trackers."""
+        primary = jax.process_index() == 0 if primary is None else primary
+        trackers = trackers_lib.make_trackers(
+            logging_cfg.trackers, run_dir, resume_step=resume_step, config=config, wandb=logging_cfg.wandb,
+            mlflow=logging_cfg.mlflow) if primary else []
+        return cls(run_dir, resume_step=resume_step, total_steps=total_steps, tensorboard=False,
+                   primary=primary, progress_bar=logging_cfg.progress_bar and interactive(),
+                   log_every=logging_cfg.every, trackers=trackers, **kwargs)
 
     def write(self, step: int, metrics: Mapping[str, Any]) -> None:
         """Appends `{"step": step, **metrics}` (scalars; NaN is written as null) and updates the bar / log."""
@@ -151,11 +153,8 @@ class MetricsWriter:
         self._file.flush()
         numbers = {k: v for k, v in row.items()
                    if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)}
-        if self._tb is not None:
-            for key, value in numbers.items():
-                self._tb.add_scalar(key, value, int(step))
-        if self._wandb is not None:
-            self._wandb.log(numbers, step=int(step))
+        for tracker in self._trackers:
+            tracker.log(int(step), numbers)
         if self._bar is not None:
             shown = {
                 k.split("/")[0] if k.endswith("/mean") else k: row[k]
@@ -172,29 +171,28 @@ class MetricsWriter:
     def write_samples(
         self, step: int, prompts: Sequence[str], completions: Sequence[str], rewards: Sequence[float]
     ) -> None:
-        """Appends sample completions to RUN/samples.jsonl, one JSON object per completion."""
+        """Appends sample completions to RUN/samples.jsonl, one JSON object per completion, and gives them to
+        the trackers as one table."""
         if not self.primary:
             return
+        rows = [{"step": int(step), "prompt": p, "completion": c, "reward": _scalar(r)}
+                for p, c, r in zip(prompts, completions, rewards, strict=True)]
         with open(self.run_dir / SAMPLES_FILE, "a") as f:
-            for p, c, r in zip(prompts, completions, rewards, strict=True):
-                f.write(
-                    json.dumps({"step": int(step), "prompt": p, "completion": c, "reward": _scalar(r)}) + "\n"
-                )
+            f.writelines(json.dumps(row) + "\n" for row in rows)
+        for tracker in self._trackers:
+            tracker.log_samples(int(step), rows)
 
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
             self._file = None
-        if self._tb is not None:
-            self._tb.close()
-            self._tb = None
+        trackers, self._trackers = self._trackers, []
+        for tracker in trackers:
+            tracker.close()
         if self._bar is not None:
             self._logs_through_bar.close()
             self._bar.close()
             self._bar = None
-        if self._wandb is not None:
-            self._wandb.finish()
-            self._wandb = None
 
     def __enter__(self) -> "MetricsWriter":
         return self
@@ -218,20 +216,6 @@ def plain_line(row: Mapping[str, Any], total_steps: int | None = None) -> str:
             value = row[key]
             parts.append(f"{key} {'nan' if value is None else format(value, '.4g')}")
     return f"{where}: {', '.join(parts)}" if parts else where
-
-
-def _wandb_run(run_dir: Path, wandb_cfg: Any, config: Mapping[str, Any] | None):
-    """A W&B run logging into RUN/wandb; its id is kept in RUN/wandb_run_id so a resumed run continues it."""
-    try:
-        import wandb
-    except ImportError:
-        raise UserError("logging.wandb is set but the wandb package is not installed: pip install "
-                        "'jaxrl[wandb]' (or remove logging.wandb)") from None
-    id_file = run_dir / WANDB_ID_FILE
-    run_id = id_file.read_text().strip() if id_file.is_file() else secrets.token_hex(6)
-    id_file.write_text(run_id + "\n")
-    return wandb.init(project=wandb_cfg.project, name=wandb_cfg.name, mode=wandb_cfg.mode, dir=str(run_dir),
-                      id=run_id, resume="allow", config=dict(config) if config is not None else None)
 
 
 def reduce_across_hosts(metrics: Mapping[str, float], op: str = "mean") -> dict[str, float]:

@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from jaxrl import trackers
 from jaxrl.errors import ConfigError
 from jaxrl.run_dir import EXECUTION_ONLY, TOKENIZER_FILES, check_writable_dir
 
@@ -39,9 +40,10 @@ def check_tokenizer_source(cfg: Any) -> None:
 
 
 def validate_train(cfg: Any, run_dir: str | os.PathLike, checkpoint_dir: str | None = None) -> None:
-    """Everything `jaxrl train` checks before building a model: writable run directory, tokenizer presence,
-    resume compatibility."""
+    """Everything `jaxrl train` checks before building a model: writable run directory, the trackers'
+    packages, tokenizer presence, resume compatibility."""
     check_writable_dir(run_dir, "run directory")
+    trackers.check_installed(cfg.logging.trackers)  # a missing extra: one line, before anything heavy
     check_tokenizer_source(cfg)
     check_resume(cfg, run_dir, checkpoint_dir)
 

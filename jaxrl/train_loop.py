@@ -33,11 +33,11 @@ import optax
 from jaxrl import agentic, checkpoint as ckpt_lib, distributed, rewards as rewards_lib, run_summary, step_time
 from jaxrl import trainer
 from jaxrl.algorithms import expert_rows
-from jaxrl.config import ExperimentConfig
+from jaxrl.config import ExperimentConfig, config_dict
 from jaxrl.errors import CheckpointError
 from jaxrl.data.pipeline import Encoder, PromptLimit, make_splits, train_iterator
 from jaxrl.evaluate import evaluate
-from jaxrl.metrics import MetricsWriter, interactive
+from jaxrl.metrics import MetricsWriter
 from jaxrl.rl_step import TIMING_PREFIX, rl_step, total_reward  # noqa: F401 -- TIMING_PREFIX re-exported
 from jaxrl.sampling import bucket
 from jaxrl.sharding import hosts, row_sharding
@@ -227,12 +227,12 @@ def _train(cfg: ExperimentConfig, run_dir: str | Path, checkpoint_dir: str | Non
                  "; finishing in the background" if cfg.checkpoint.async_save else "")
         return seconds
 
-    # A bar only on a terminal: a log file gets plain lines every `logging.every` steps, never bar frames.
-    bar = cfg.logging.progress_bar and interactive()
+    # A bar only on a terminal (a log file gets plain lines every `logging.every` steps, never bar frames);
+    # the trackers of `logging.trackers` on process 0 only (`MetricsWriter.from_config`).
     profiler = step_time.StepProfiler(profile, run_dir / "profile")
     stage_sums: collections.Counter = collections.Counter()
-    with MetricsWriter(run_dir, resume_step=start, total_steps=cfg.train.steps, progress_bar=bar,
-                       log_every=cfg.logging.every, tensorboard=cfg.logging.tensorboard) as writer, \
+    with MetricsWriter.from_config(run_dir, cfg.logging, resume_step=start, total_steps=cfg.train.steps,
+                                   config=config_dict(cfg)) as writer, \
             ckpt_lib.PreemptionGuard() as guard:
         if start == 0 and cfg.train.eval_every:
             writer.write(0, evaluate_now(state.params, 0)[0])

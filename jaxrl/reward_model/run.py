@@ -32,7 +32,9 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 from jaxrl import model_io
 from jaxrl.checkpoint import Checkpointer
 from jaxrl.errors import ConfigError
+from jaxrl.config import config_dict
 from jaxrl.metrics import MetricsWriter
+from jaxrl.trackers import make_trackers
 from jaxrl.optim import build_optimizer
 from jaxrl.reward_model import data as data_lib
 from jaxrl.reward_model.config import RMExperimentConfig, dump_rm_config
@@ -145,8 +147,10 @@ def train_rm(cfg: RMExperimentConfig, run_dir: str | Path) -> dict[str, Any]:
     step_fn = make_train_step(graphdef, optimizer, debias)
     attr = train.attributes[debias.attribute]
     every = cfg.train.eval_every
+    trackers = make_trackers(cfg.logging.trackers, run_dir, resume_step=start, config=config_dict(cfg),
+                             wandb=cfg.logging.wandb, mlflow=cfg.logging.mlflow) if primary else []
     with MetricsWriter(run_dir, resume_step=start, total_steps=steps if cfg.logging.progress_bar else None,
-                       tensorboard=cfg.logging.tensorboard, postfix_keys=("rm/loss", "rm/acc")) as writer:
+                       tensorboard=False, trackers=trackers, postfix_keys=("rm/loss", "rm/acc")) as writer:
         for step in range(start, steps):
             idx = data_lib.batch_indices(step, len(train.records), cfg.data.batch_size, cfg.data.seed)
             batch = _place(Batch(train.chosen_BL[idx], train.rejected_BL[idx], attr[idx]), mesh, P("data"))

@@ -1,5 +1,5 @@
 """Quiet, honest output (issue 14 item 10): the bar shows the step just written, plain log lines every
-`logging.every` steps without a bar, optional Weights & Biases logging, no plot of a metric that was not
+`logging.every` steps without a bar, rows and samples to the trackers, no plot of a metric that was not
 measured, YAML errors with line and column."""
 
 from __future__ import annotations
@@ -7,13 +7,12 @@ from __future__ import annotations
 import io
 import json
 import logging
-import sys
 
 import pytest
 
 from jaxrl import cli
 from jaxrl.config import LoggingConfig, WandbConfig, load_config
-from jaxrl.errors import ConfigError, UserError
+from jaxrl.errors import ConfigError
 from jaxrl.metrics import MetricsWriter, plain_line
 from jaxrl.plot import plot_runs
 
@@ -59,54 +58,32 @@ def test_from_config_reads_the_logging_section(tmp_path, caplog):
     assert plain_line({"step": 4}) == "step 4"
 
 
-class _FakeRun:
-    def __init__(self, **kwargs):
-        self.init_kwargs, self.logged, self.finished = kwargs, [], False
+class _FakeTracker:
+    def __init__(self):
+        self.logged, self.samples, self.closed = [], [], False
 
-    def log(self, data, step):
-        self.logged.append((step, dict(data)))
+    def log(self, step, metrics):
+        self.logged.append((step, dict(metrics)))
 
-    def finish(self):
-        self.finished = True
+    def log_samples(self, step, rows):
+        self.samples.append((step, list(rows)))
+
+    def close(self):
+        self.closed = True
 
 
-def test_wandb_gets_every_numeric_row_and_resumes_the_same_run(tmp_path, monkeypatch):
-    runs = []
-    fake = type(sys)("wandb")
-    fake.init = lambda **kw: runs.append(_FakeRun(**kw)) or runs[-1]
-    monkeypatch.setitem(sys.modules, "wandb", fake)
-    cfg = LoggingConfig(tensorboard=False, progress_bar=False, wandb=WandbConfig(project="p", mode="offline"))
-    with MetricsWriter.from_config(tmp_path, cfg, total_steps=2, primary=True, config={"a": 1}) as w:
+def test_trackers_get_every_numeric_row_and_the_samples(tmp_path):
+    """The writer's side of `jaxrl.trackers` (tests/train/test_trackers.py runs the real W&B and MLflow)."""
+    tracker = _FakeTracker()
+    with MetricsWriter(tmp_path, tensorboard=False, primary=True, progress_bar=False, trackers=[tracker]) as w:
         w.write(1, {"loss": 0.5, "flag": True, "note": "x", "kl": float("nan")})
-    first = runs[0]
-    assert first.finished and first.logged == [(1, {"loss": 0.5})]  # no bools, strings or NaN (null)
-    assert first.init_kwargs["project"] == "p" and first.init_kwargs["mode"] == "offline"
-    assert first.init_kwargs["config"] == {"a": 1} and first.init_kwargs["dir"] == str(tmp_path)
-    with MetricsWriter.from_config(tmp_path, cfg, resume_step=1, total_steps=2, primary=True) as w:
-        w.write(2, {"loss": 0.25})
-    assert runs[1].init_kwargs["id"] == first.init_kwargs["id"] and runs[1].init_kwargs["resume"] == "allow"
-
-
-def test_wandb_offline_writes_a_local_run_without_network(tmp_path, monkeypatch):
-    wandb = pytest.importorskip("wandb")
-    monkeypatch.delenv("WANDB_DISABLED", raising=False)
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    cfg = WandbConfig(project="jaxrl-test", mode="offline")
-    with MetricsWriter(tmp_path, tensorboard=False, primary=True, progress_bar=False, wandb=cfg) as w:
-        w.write(1, {"reward/mean": 0.125, "loss": 0.5})
-        w.write(2, {"reward/mean": 0.375, "loss": 0.25})
-    wandb.teardown()  # the wandb-core service flushes the run file when it stops (at exit in a real run)
-    files = list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
-    assert len(files) == 1
-    data = files[0].read_bytes()
-    assert b"reward/mean" in data and b"0.375" in data
-
-
-def test_wandb_missing_is_one_clear_error(tmp_path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb -> ImportError
-    with pytest.raises(UserError, match=r"wandb package is not installed: pip install 'jaxrl\[wandb\]'"):
-        MetricsWriter(tmp_path, primary=True, wandb=WandbConfig())
-    assert not (tmp_path / "metrics.jsonl").exists()
+        w.write_samples(1, ["p"], ["c"], [0.25])
+    assert tracker.logged == [(1, {"loss": 0.5})]  # no bools, strings or NaN (null)
+    assert tracker.samples == [(1, [{"step": 1, "prompt": "p", "completion": "c", "reward": 0.25}])]
+    assert tracker.closed
+    with MetricsWriter(tmp_path, tensorboard=False, primary=False, trackers=[_FakeTracker()]) as w:
+        w.write(2, {"loss": 0.25})  # not process 0: nothing is written or logged
+    assert [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1]
 
 
 def test_wandb_config_is_validated(tmp_path):
