@@ -2,7 +2,8 @@
 
 Each tracker gets the resolved config once, every step's numeric metrics with their step, and the logged
 samples as a table (W&B: a `wandb.Table` under `samples`; MLflow: the artifact `samples.json` via
-`log_table`, one row per completion; TensorBoard: a Markdown table under the text tag `samples`).
+`log_table`, one row per completion; TensorBoard: a Markdown table under the text tag `samples`, the config
+under `config`).
 `make_trackers` is the one factory: `jaxrl.metrics.MetricsWriter` calls the trackers it returns; only the
 primary process (`jax.process_index() == 0`) gets any.
 
@@ -104,7 +105,7 @@ def make_trackers(names: Sequence[str], run_dir: str | os.PathLike, *, resume_st
     made: list[Tracker] = []
     for name in names:
         if name == "tensorboard":
-            made.append(TensorBoardTracker(run_dir / TB_DIR, resume_step))
+            made.append(TensorBoardTracker(run_dir / TB_DIR, resume_step, config))
         elif name == "wandb":
             tracker = WandbTracker(run_dir, wandb, config, state.get("wandb", {}).get("run_id"))
             state["wandb"] = {"run_id": tracker.run_id}
@@ -145,12 +146,16 @@ def _markdown(rows: Sequence[Mapping[str, Any]]) -> str:
 
 
 class TensorBoardTracker:
-    """TensorBoard event files (tensorboardX); on resume, events after `resume_step` are purged."""
+    """TensorBoard event files (tensorboardX); on resume, events after `resume_step` are purged. The config
+    is the text `config` at `resume_step` (the steps after it ran with that config)."""
 
-    def __init__(self, log_dir: Path, resume_step: int):
+    def __init__(self, log_dir: Path, resume_step: int, config: Mapping[str, Any] | None = None):
         from tensorboardX import SummaryWriter
 
         self._writer = SummaryWriter(str(log_dir), purge_step=resume_step + 1)
+        if config:  # indented: a Markdown code block
+            text = json.dumps(config, indent=2)
+            self._writer.add_text("config", "    " + text.replace("\n", "\n    "), resume_step)
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         for key, value in metrics.items():

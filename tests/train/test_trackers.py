@@ -1,8 +1,10 @@
 """Experiment trackers of `jaxrl train` (issue 31 item 1), with the real packages, offline / local:
 
-* one tiny CLI run with `logging.trackers=[wandb, mlflow]` (2 steps), then the same command resumed to step 3;
-* the values W&B (offline `.wandb` files, read with wandb's own protobuf records) and MLflow (local file
-  store, `MlflowClient.get_metric_history`) hold equal `metrics.jsonl` step by step, key by key;
+* one tiny CLI run with `logging.trackers=[wandb, mlflow, tensorboard]` (2 steps), then the same command
+  resumed to step 3;
+* the values W&B (offline `.wandb` files, read with wandb's own protobuf records), MLflow (local file
+  store, `MlflowClient.get_metric_history`) and TensorBoard (event files) hold equal `metrics.jsonl` step by
+  step, key by key;
 * the resumed invocation appended to the same W&B and MLflow runs (ids kept in RUN/trackers.json);
 * each tracker got the resolved config and the samples as a table;
 * a tracker whose package is missing is refused at setup with one line naming the extra (exit 2);
@@ -39,7 +41,8 @@ def _tracker_env(tmp) -> dict[str, str]:
 
 
 def _train(run_dir, e, *overrides) -> subprocess.CompletedProcess:
-    cmd = train_cmd(run_dir, "logging.trackers=[wandb, mlflow]", *overrides)
+    cmd = train_cmd(run_dir, "logging.trackers=[wandb, mlflow, tensorboard]", "logging.tensorboard=null",
+                    *overrides)
     return subprocess.run(cmd, cwd=ROOT, env=e, capture_output=True, text=True, timeout=600)
 
 
@@ -117,7 +120,8 @@ def test_wandb_holds_every_metric_of_every_step_in_one_resumed_run(run):
         assert history[row["step"]]["samples/_type"] == "table-file"
         assert history[row["step"]]["samples/nrows"] == 2
     config = runs[1][1]
-    assert config["train"]["steps"] == 3 and config["logging"]["trackers"] == ["wandb", "mlflow"]
+    assert config["train"]["steps"] == 3
+    assert config["logging"]["trackers"] == ["wandb", "mlflow", "tensorboard"]
 
 
 def test_wandb_samples_table_matches_samples_jsonl(run):
@@ -151,13 +155,44 @@ def test_mlflow_holds_every_metric_of_every_step_in_one_resumed_run(run, monkeyp
         expected = [(r["step"], float(r[key])) for r in rows if key in _numbers(r)]
         assert sorted(history) == expected, key
     assert mlrun.data.params["train.steps"] == "2"  # params: the config the run was created with
-    assert mlrun.data.params["logging.trackers"] == '["wandb", "mlflow"]'
+    assert mlrun.data.params["logging.trackers"] == '["wandb", "mlflow", "tensorboard"]'
     artifacts = run_dir / "mlruns" / mlrun.info.experiment_id / stored["run_id"] / "artifacts"
     assert json.loads((artifacts / "config.json").read_text())["train"]["steps"] == 3  # this invocation's
     table = json.loads((artifacts / "samples.json").read_text())
     samples = [json.loads(x) for x in (run_dir / "samples.jsonl").read_text().splitlines()]
     logged = [dict(zip(table["columns"], r)) for r in table["data"]]
     assert [{**r, "reward": pytest.approx(r["reward"], abs=1e-9)} for r in samples] == logged  # 10 decimals
+
+
+def _tensorboard(tb_dir) -> tuple[dict, dict]:
+    """({tag: [(step, value)]} of the scalars, {tag: [step]} of the texts) of TFRecord event files."""
+    from tensorboardX.proto import event_pb2
+
+    scalars, texts = {}, {}
+    for path in sorted(tb_dir.glob("events.out.tfevents.*")):
+        data, pos = path.read_bytes(), 0
+        while pos < len(data):  # u64 length, u32 crc, payload, u32 crc
+            n = int.from_bytes(data[pos:pos + 8], "little")
+            event = event_pb2.Event.FromString(data[pos + 12:pos + 12 + n])
+            pos += 16 + n
+            for v in event.summary.value:
+                if v.metadata.plugin_data.plugin_name == "text":
+                    texts.setdefault(v.tag, []).append(event.step)
+                elif v.HasField("simple_value"):
+                    scalars.setdefault(v.tag, []).append((event.step, v.simple_value))
+    return scalars, texts
+
+
+def test_tensorboard_holds_every_metric_the_config_and_the_samples(run):
+    run_dir, _, rows, _ = run
+    scalars, texts = _tensorboard(run_dir / "tb")
+    keys = set().union(*(_numbers(r) for r in rows))
+    assert set(scalars) == keys
+    for key in keys:  # TensorBoard keeps float32
+        expected = [(r["step"], pytest.approx(r[key], rel=1e-6, abs=1e-30))
+                    for r in rows if key in _numbers(r)]
+        assert scalars[key] == expected, key
+    assert texts == {"config/text_summary": [0, 2], "samples/text_summary": [1, 2, 3]}
 
 
 def test_resume_logs_where_the_runs_are_and_no_foreign_lines(run):

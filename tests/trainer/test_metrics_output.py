@@ -86,6 +86,14 @@ def test_trackers_get_every_numeric_row_and_the_samples(tmp_path):
     assert [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1]
 
 
+def test_only_process_0_makes_trackers(tmp_path):
+    cfg = LoggingConfig(trackers=("tensorboard", "wandb", "mlflow"), progress_bar=False)
+    with MetricsWriter.from_config(tmp_path / "run", cfg, total_steps=1, primary=False) as w:
+        w.write(1, {"loss": 0.5})
+        w.write_samples(1, ["p"], ["c"], [0.25])
+    assert not (tmp_path / "run").exists()  # no tb/, wandb/, mlruns/, trackers.json, metrics.jsonl
+
+
 def test_wandb_config_is_validated(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("logging: {every: 2}\n")
