@@ -24,15 +24,15 @@ Deviations and honest limits:
   steps shows there.
 * Steps that a killed run logged after its last checkpoint are logged again on resume (with the same values,
   except timings: a resumed run repeats exactly those steps). TensorBoard purges them; MLflow keeps both
-  points of such a step; W&B keeps the first.
+  points of such a step; W&B gets such a step twice, in two invocations' records, and its server decides.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import logging
+import os
 import re
 import secrets
 import time
@@ -71,7 +71,7 @@ def check_installed(names: Sequence[str]) -> None:
     """Raises UserError, naming the extra to install, for a tracker whose package cannot be imported."""
     for name in names:
         module, extra = PACKAGES[name]
-        if importlib.util.find_spec(module) is None:
+        if extra is not None and importlib.util.find_spec(module) is None:
             raise UserError(f"logging.trackers names {name} but the {module} package is not installed: "
                             f"pip install 'jaxrl[{extra}]' (or remove {name} from logging.trackers)")
 
@@ -103,28 +103,39 @@ def make_trackers(names: Sequence[str], run_dir: str | os.PathLike, *, resume_st
     state = _read_state(run_dir)
     config = dict(config or {})
     made: list[Tracker] = []
-    for name in names:
-        if name == "tensorboard":
-            made.append(TensorBoardTracker(run_dir / TB_DIR, resume_step, config))
-        elif name == "wandb":
-            tracker = WandbTracker(run_dir, wandb, config, state.get("wandb", {}).get("run_id"))
-            state["wandb"] = {"run_id": tracker.run_id}
-            where = run_dir / "wandb"
-            sync = f"; upload it with `wandb sync {where}/offline-run-*`" if wandb.mode == "offline" else ""
-            log.info("W&B: run %s (%s) in %s%s", tracker.run_id, wandb.mode, where, sync)
-            made.append(tracker)
-        elif name == "mlflow":
-            uri = mlflow.tracking_uri or (run_dir / "mlruns").resolve().as_uri()
-            stored = state.get("mlflow", {})
-            tracker = MlflowTracker(uri, mlflow, config,
-                                    stored.get("run_id") if stored.get("tracking_uri") == uri else None)
-            state["mlflow"] = {"run_id": tracker.run_id, "tracking_uri": uri}
-            log.info("MLflow: run %s in %s", tracker.run_id, uri)
-            made.append(tracker)
-        else:
-            raise ValueError(f"unknown tracker {name!r}: allowed are {', '.join(PACKAGES)}")
-        _write_state(run_dir, state)  # as soon as a run id exists: a run killed later still resumes it
+    try:
+        for name in names:
+            made.append(_make(name, run_dir, state, resume_step, config, wandb, mlflow))
+            if state:  # as soon as a run id exists: a run killed later still resumes it
+                _write_state(run_dir, state)
+    except BaseException:
+        for tracker in made:  # the ones already started end cleanly
+            tracker.close()
+        raise
     return made
+
+
+def _make(name: str, run_dir: Path, state: dict[str, Any], resume_step: int, config: dict[str, Any],
+          wandb: WandbConfig, mlflow: MlflowConfig) -> Tracker:
+    """One tracker; W&B and MLflow put their run id into `state` (RUN/trackers.json's contents)."""
+    if name == "tensorboard":
+        return TensorBoardTracker(run_dir / TB_DIR, resume_step, config)
+    if name == "wandb":
+        tracker = WandbTracker(run_dir, wandb, config, state.get("wandb", {}).get("run_id"))
+        state["wandb"] = {"run_id": tracker.run_id}
+        where = run_dir / "wandb"
+        sync = f"; upload it with `wandb sync {where}/offline-run-*`" if wandb.mode == "offline" else ""
+        log.info("W&B: run %s (%s) in %s%s", tracker.run_id, wandb.mode, where, sync)
+        return tracker
+    if name == "mlflow":
+        uri = mlflow.tracking_uri or (run_dir / "mlruns").resolve().as_uri()
+        stored = state.get("mlflow", {})
+        tracker = MlflowTracker(uri, mlflow, config,
+                                stored.get("run_id") if stored.get("tracking_uri") == uri else None)
+        state["mlflow"] = {"run_id": tracker.run_id, "tracking_uri": uri}
+        log.info("MLflow: run %s in %s", tracker.run_id, uri)
+        return tracker
+    raise ValueError(f"unknown tracker {name!r}: allowed are {', '.join(PACKAGES)}")
 
 
 def _read_state(run_dir: Path) -> dict[str, Any]:
