@@ -64,7 +64,7 @@ def sft_warm_start(run: trainer.Run, state: TrainState, records, encoder, *, ste
     completion_width = run.sampling.max_new_tokens
     longest = max(len(encoder(r)["prompt_ids"]) for r in records[:256])
     width = bucket(longest, run.sampling.prompt_buckets, "prompt")
-    curve = []
+    nll = []  # step k's NLL is read after step k + 1 is dispatched: one step in flight while a batch is built
     for k in range(steps):
         idx = rng.choice(len(records), size=batch_size, replace=False)
         if run.env_factory is not None:  # the environment's demonstrations, laid out like episodes
@@ -74,10 +74,12 @@ def sft_warm_start(run: trainer.Run, state: TrainState, records, encoder, *, ste
         else:
             batch = expert_rows([encoder(records[i], k) for i in idx], run.tokenizer, width, completion_width)
         sft_state, metrics = step_fn(sft_state, trainer.shard_batch(run, batch))
-        curve.append(float(metrics["sft/nll"]))
+        if nll:
+            nll[-1] = float(nll[-1])
+        nll.append(metrics["sft/nll"])
         if (k + 1) % max(steps // 10, 1) == 0 or k + 1 == steps:  # progress: ten lines per warm start
-            log.info("SFT warm start: step %d/%d, NLL %.4f", k + 1, steps, curve[-1])
-    return TrainState(sft_state.params, state.opt_state, state.step), curve
+            log.info("SFT warm start: step %d/%d, NLL %.4f", k + 1, steps, float(nll[-1]))
+    return TrainState(sft_state.params, state.opt_state, state.step), [float(x) for x in nll]
 
 
 def _save_adapters(run: trainer.Run, cfg: ExperimentConfig, adapters, out: Path) -> None:
