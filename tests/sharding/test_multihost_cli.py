@@ -52,7 +52,7 @@ BASE = [
 ]
 
 CASES = {
-    "grpo": ["algorithm.name=grpo", "train.steps=3"],
+    "grpo": ["algorithm.name=grpo", "train.steps=3", "logging.trackers=[mlflow]"],  # + a tracker: process 0's
     "dapo": ["algorithm.name=dapo", "algorithm.dapo.max_tries=2"],
     "gdpo": ["algorithm.name=gdpo"],
     "clipo": ["algorithm.name=clipo"],
@@ -179,6 +179,26 @@ def test_two_hosts_match_one_host(name, tmp_root):
     assert any(abs(x) > 1e-6 for x in losses), f"degenerate comparison: losses {losses}"
     if name == "dapo":
         assert any(r.get("dapo/resample_rounds", 0) > 0 for r in one), "DAPO never resampled"
+
+
+@pytest.mark.slow
+def test_only_process_zero_logs_to_the_tracker(tmp_root, monkeypatch):
+    """Trackers on several hosts (issue 31 item 1): the 2 x 2 run of CASES["grpo"] (`logging.trackers=[mlflow]`)
+    has one MLflow run, the one RUN/trackers.json names, holding every step's loss of metrics.jsonl."""
+    pytest.importorskip("mlflow")
+    from jaxrl.trackers import STATE_FILE, mlflow_key
+
+    two = run_case("grpo", 2, tmp_root)
+    ids = json.loads((tmp_root / "grpo-2" / STATE_FILE).read_text())["mlflow"]
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 asks for it to open a file store
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=ids["tracking_uri"])
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    assert [r.info.run_id for r in client.search_runs(experiments)] == [ids["run_id"]]
+    history = client.get_metric_history(ids["run_id"], mlflow_key("loss", file_store=True))
+    want = [(r["step"], float(r["loss"])) for r in two if "loss" in r]
+    assert len(want) == 3 and sorted((m.step, m.value) for m in history) == want
 
 
 @pytest.fixture(scope="module")
