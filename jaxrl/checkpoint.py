@@ -18,6 +18,8 @@ reported in one warning line (orbax's leftover asyncio tracebacks are silenced: 
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import logging
 import os
@@ -86,21 +88,42 @@ class Checkpointer:
             max_to_keep=keep, create=True, cleanup_tmp_directories=True, enable_async_checkpointing=async_save
         )
         self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
+        self._pending: int | None = None  # the step an asynchronous save may still be writing
+        quiet_disk_full_noise()
 
     def should_save(self, step: int) -> bool:
         return step > 0 and step % self.every == 0
 
     def save(self, step: int, params: Any, opt_state: Any, extra: dict[str, Any]) -> None:
         """Starts saving `step` (returns once the arrays are copied; call `wait` to block until written)."""
-        if step in self.manager.all_steps():
-            log.info("checkpoint step %d already exists in %s; not saving it again", step, self.directory)
-            return
+        with self._disk_full_is_one_line(self._pending):  # a failed asynchronous save surfaces here
+            self.manager.wait_until_finished()
+            if step in self.manager.all_steps():
+                log.info("checkpoint step %d already exists in %s; not saving it again", step, self.directory)
+                return
         args = ocp.args.Composite(
             params=ocp.args.StandardSave(params),
             opt_state=ocp.args.StandardSave(opt_state),
             extra=ocp.args.JsonSave({**extra, "step": step}),
         )
-        self.manager.save(step, args=args, force=True)
+        with self._disk_full_is_one_line(step):
+            self.manager.save(step, args=args, force=True)
+        self._pending = step
+
+    @contextlib.contextmanager
+    def _disk_full_is_one_line(self, step: int | None):
+        """A full disk (or quota) while writing `step`: one CheckpointError line saying what is intact."""
+        try:
+            yield
+        except Exception as e:  # noqa: BLE001 -- re-raised unless it is a full disk
+            if not disk_full(e):
+                raise
+            kept = [n for n in self.manager.all_steps() if n != step]
+            intact = f"step {max(kept)} is the newest intact checkpoint" if kept else "no earlier checkpoint"
+            raise CheckpointError(
+                f"no space left on the device of {self.directory} while writing checkpoint step {step}; "
+                f"{intact}: free space (or point --run-dir elsewhere) and run the same command to resume"
+            ) from None
 
     def write_model_config(self, model_config: dict[str, Any], tokenizer: Any = None) -> None:
         """Writes `model_config.json` (and the tokenizer) next to the steps; primary process only."""
@@ -191,11 +214,50 @@ class Checkpointer:
         return None
 
     def wait(self) -> None:
-        self.manager.wait_until_finished()
+        with self._disk_full_is_one_line(self._pending):
+            self.manager.wait_until_finished()
 
     def close(self) -> None:
-        self.manager.wait_until_finished()
+        with self._disk_full_is_one_line(self._pending):
+            self.manager.wait_until_finished()
         self.manager.close()
+
+
+_NO_SPACE = ("No space left on device", "Disk quota exceeded")
+
+
+def disk_full(exc: BaseException) -> bool:
+    """Whether `exc` (or an exception it was raised from) is a full disk or quota: an OSError with ENOSPC /
+    EDQUOT, or tensorstore's RESOURCE_EXHAUSTED error that orbax re-raises as a ValueError naming it."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if any(text in str(exc) for text in _NO_SPACE):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+class _DropDiskFullNoise(logging.Filter):
+    """Orbax's background save threads log each array that failed to write (with its traceback and tensorstore
+    spec, hundreds of lines); a full disk is reported once, by `Checkpointer`."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not any(text in record.getMessage() or (record.exc_info and disk_full(record.exc_info[1]))
+                       for text in _NO_SPACE)
+
+
+_disk_full_filters_installed = False
+
+
+def quiet_disk_full_noise() -> None:
+    global _disk_full_filters_installed
+    if not _disk_full_filters_installed:
+        _disk_full_filters_installed = True
+        for name in ("absl", "asyncio"):
+            logging.getLogger(name).addFilter(_DropDiskFullNoise())
 
 
 # asyncio's messages for an unretrieved exception of a plain future and of a task (orbax's per-array

@@ -22,6 +22,7 @@ import jax
 import numpy as np
 
 from jaxrl import trackers as trackers_lib
+from jaxrl.errors import CheckpointError
 
 METRICS_FILE = "metrics.jsonl"
 SAMPLES_FILE = "samples.jsonl"
@@ -40,15 +41,38 @@ def _scalar(value: Any) -> float | int | str | None:
     return item
 
 
+@contextlib.contextmanager
+def _naming(path: Path):
+    """A write error (a full disk) that names no file names `path` (the CLI's one line shows it)."""
+    try:
+        yield
+    except OSError as e:
+        if e.filename is not None:
+            raise
+        raise OSError(e.errno, e.strerror or str(e), str(path)) from None
+
+
+def _parsed_lines(path: Path) -> list[tuple[str, dict]]:
+    """(line, row) of each JSON line; a last line cut short (a full disk, a killed writer) is dropped with a
+    warning, any other line that is not JSON is a `CheckpointError` naming it."""
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    out = []
+    for i, line in enumerate(lines):
+        try:
+            out.append((line, json.loads(line)))
+        except json.JSONDecodeError as e:
+            if i < len(lines) - 1:
+                raise CheckpointError(f"{path} line {i + 1} is not JSON ({e}); fix or move the file") from None
+            log.warning("%s: dropped its last line, cut short by an interrupted write (%d characters)", path,
+                        len(line))
+    return out
+
+
 def _truncate_jsonl(path: Path, last_step: int) -> None:
     """Keeps only lines with step <= last_step (atomic rewrite)."""
     if not path.is_file():
         return
-    kept = [
-        line
-        for line in path.read_text().splitlines()
-        if line.strip() and json.loads(line).get("step", 0) <= last_step
-    ]
+    kept = [line for line, row in _parsed_lines(path) if row.get("step", 0) <= last_step]
     tmp = path.with_suffix(".tmp")
     tmp.write_text("".join(line + "\n" for line in kept))
     os.replace(tmp, path)
@@ -59,7 +83,7 @@ def read_metrics(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
     path = Path(run_dir) / METRICS_FILE
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [row for _, row in _parsed_lines(path)]
 
 
 PLAIN_KEYS = ("reward/mean", "loss", "kl", "entropy", "response_length/mean", "eval/accuracy", "time/step")
@@ -149,8 +173,9 @@ class MetricsWriter:
         if not self.primary:
             return
         row = {"step": int(step), **{k: _scalar(v) for k, v in metrics.items()}}
-        self._file.write(json.dumps(row) + "\n")
-        self._file.flush()
+        with _naming(self.run_dir / METRICS_FILE):
+            self._file.write(json.dumps(row) + "\n")
+            self._file.flush()
         numbers = {k: v for k, v in row.items()
                    if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)}
         for tracker in self._trackers:
@@ -177,15 +202,16 @@ class MetricsWriter:
             return
         rows = [{"step": int(step), "prompt": p, "completion": c, "reward": _scalar(r)}
                 for p, c, r in zip(prompts, completions, rewards, strict=True)]
-        with open(self.run_dir / SAMPLES_FILE, "a") as f:
+        with _naming(self.run_dir / SAMPLES_FILE), open(self.run_dir / SAMPLES_FILE, "a") as f:
             f.writelines(json.dumps(row) + "\n" for row in rows)
         for tracker in self._trackers:
             tracker.log_samples(int(step), rows)
 
     def close(self) -> None:
         if self._file is not None:
-            self._file.close()
-            self._file = None
+            file, self._file = self._file, None
+            with _naming(self.run_dir / METRICS_FILE):
+                file.close()
         trackers, self._trackers = self._trackers, []
         for tracker in trackers:
             tracker.close()
@@ -197,8 +223,12 @@ class MetricsWriter:
     def __enter__(self) -> "MetricsWriter":
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            self.close()
+        except OSError:
+            if exc is None:
+                raise  # else the error that stopped the run is the one to report (a full disk: both are)
 
 
 def interactive() -> bool:
