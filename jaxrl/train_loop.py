@@ -142,6 +142,9 @@ def _train(cfg: ExperimentConfig, run_dir: str | Path, checkpoint_dir: str | Non
     train_records, eval_records = make_splits(d.source, train_size=d.train_size, eval_size=d.eval_size,
                                               seed=d.seed, params=d.params, prompt_field=d.prompt_field,
                                               answer_field=d.answer_field, encoder=encoder, prompt_limit=limit)
+    if run.multi_agent is not None:  # its questions must be over its world: refused here, before compiling
+        for split, records in (("train", train_records), ("held-out", eval_records)):
+            run.multi_agent.check_records(records, split)
     # Each host reads and encodes its block of every global batch (the same global order on every host); the
     # step's prompt records are then exchanged (`hosts.gather_json`, a few KB), so N hosts take exactly the
     # steps of one host with all the devices. Tokens and completions stay on the hosts that own their rows.

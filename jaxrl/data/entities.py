@@ -284,3 +284,26 @@ def _questions(ent: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
             out.append(_q(f"In which city was the founder of {name} born?", ent[e["founder"]]["city"],
                           [name, e["founder"]]))
     return out
+
+
+WORLD_FIELDS = ("question", "chain", "answers")
+
+
+def check_world_records(records, world: World | None, *, who: str, split: str) -> None:
+    """Refuses (ConfigError, one line) records a world-reading system cannot use: a record without the fields
+    of this module's questions (`WORLD_FIELDS`), or, with `world`, one whose chain names a person the world
+    does not have (questions over another world: every one unanswerable)."""
+    from jaxrl.errors import ConfigError
+
+    for i, record in enumerate(records):
+        missing = [f for f in WORLD_FIELDS if f not in record]
+        if missing:
+            raise ConfigError(
+                f"data: {split} record {i} has fields {sorted(record)}; {who} reads questions over its world "
+                f"with fields {', '.join(WORLD_FIELDS)} (as data.source: entities makes them)")
+        unknown = [n for n in record["chain"] if world is not None and n not in world.entities]
+        if unknown:
+            raise ConfigError(
+                f"data: {split} record {i} asks about {unknown[0]!r}, who is not in {who}'s world "
+                f"(corpus_seed={world.seed}, corpus_size={world.size!r}): give the data and multi_agent.params "
+                "the same world")

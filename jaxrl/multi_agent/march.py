@@ -32,7 +32,7 @@ import jax
 import numpy as np
 
 from jaxrl import rewards as rewards_lib
-from jaxrl.data.entities import build_world
+from jaxrl.data.entities import build_world, check_world_records
 from jaxrl.envs.base import StepResult, prompt_ids
 from jaxrl.losses.research.march import answers_match, checker_votes, fact_check_reward
 from jaxrl.multi_agent import march_text as mt
@@ -182,6 +182,10 @@ class MarchSystem:
         self._draws: dict[str, int] = {}  # demo_roles="all": warm-start draws of each question so far
         # the rooms world's codes: made-up answers of wrong Solver demonstrations with no distractor passage
         self.codes = tuple(sorted({str(e["room"]) for e in self.world.entities.values() if "room" in e}))
+
+    def check_records(self, records: Sequence[Mapping[str, Any]], split: str) -> None:
+        """Setup: every record is a question over this system's world (`entities.check_world_records`)."""
+        check_world_records(records, self.world, who="MARCH", split=split)
 
     def group_sizes(self, group_size: int) -> dict[str, int]:
         """The group size of each trained role: G Solver answers of a prompt, their G trained Checker rows."""

@@ -36,7 +36,7 @@ from typing import Any, Mapping, Sequence
 import jax
 import numpy as np
 
-from jaxrl.data.entities import build_world
+from jaxrl.data.entities import build_world, check_world_records
 from jaxrl.envs.base import StepResult, encode_text, prompt_ids
 from jaxrl.envs.episodes import EpisodeSpec, Episodes, collect_episodes
 from jaxrl.envs.search import SearchEnv, ToolEnv, exact_match
@@ -407,6 +407,11 @@ class SspSystem:
     def load_state(self, data) -> None:
         if self.pool is not None:
             self.pool.load_state(data)
+
+    def check_records(self, records: Sequence[Mapping[str, Any]], split: str) -> None:
+        """Setup: every record is a question over this system's world (`entities.check_world_records`)."""
+        check_world_records(records, build_world(self.world["corpus_seed"], self.world["corpus_size"]),
+                            who="SSP", split=split)
 
     def group_sizes(self, group_size: int) -> dict[str, int]:
         """The group size of each trained role (the trainer checks the algorithm supports them)."""
