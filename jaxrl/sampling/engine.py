@@ -15,9 +15,9 @@ Notes:
 * Logprobs are log-softmax of the *raw* logits (temperature 1, no top-k/top-p) at the sampled token. At
   temperature 1 without filtering this is exactly the sampling distribution, i.e. the "old logprob" an
   on-policy trainer needs. At other temperatures or with filtering it is the log-probability under the
-  unmodified policy π_θ, *not* under the distribution the token was drawn from; a trainer that needs the
-  behaviour probability must then recompute it (the trainer's ratio π_θ/π_old at τ ≠ 1 then compares
-  unscaled policies, which is what TRL and verl do when they recompute old logprobs).
+  unmodified policy π_θ, *not* under the distribution the token was drawn from. jaxrl's trainer uses the same
+  definition (`LossSpec.temperature` = 1), so the ratio π_θ/π_old starts at 1 at any τ; TRL and verl instead
+  divide the logits by τ on both sides (the tempered policy; neither renormalises over top-k / top-p).
 * Prefill computes logits only for the last prompt column (`hidden[:, -1] @ unembedding`) instead of
   [P, L, V]; left padding makes that column the last real token of every row.
 * The final decode step runs one forward whose logits are never used (it keeps the loop body branch-free).
