@@ -91,7 +91,7 @@ def rl_step(run: trainer.Run, state: TrainState, records, step: int):
     algo, s = run.algorithm, run.settings
     clock = step_time.StageClock()
     with clock("weight_sync"):  # the full parameters (LoRA: base + adapters, merged once per step)
-        policy = step_time.synced(run.policy(state.params))
+        policy = step_time.synced(run.policy.sampling_params(state.params))
     collect_fn = functools.partial(collect, run, policy, records, step)  # round -> rollout
     ro = _collect_timed(clock, collect_fn, 0)
     metrics = dict(ro.metrics)
@@ -112,7 +112,7 @@ def rl_step(run: trainer.Run, state: TrainState, records, step: int):
                              ro.segment_N, ro.segment_sizes, run.segment_estimators)
     metrics.update(adv.metrics)
     phases = getattr(run.multi_agent, "update_phases", ())
-    if run.role_adapters and not phases and ro.segment_N is not None:  # per-role adapters: a phase per role
+    if run.policy.roles and not phases and ro.segment_N is not None:  # per-role adapters: a phase per role
         phases = tuple(int(x) for x in np.unique(ro.segment_N))
     group = 1
     if phases and ro.segment_N is not None and not actor_frozen:  # a sequential multi-agent schedule
@@ -132,8 +132,8 @@ def rl_step(run: trainer.Run, state: TrainState, records, step: int):
         group = batch.group
         if not actor_frozen:
             with clock("update"):
-                state, update_metrics = trainer.update(run, state, batch, step)
-                state = step_time.synced(state)
+                view, update_metrics = trainer.update(run, run.policy.train_view(state, None), batch, step)
+                state = step_time.synced(run.policy.with_train_view(state, None, view))
             metrics.update(update_metrics)
     if "kl/loss" in metrics:  # a KL that was not measured is absent, not a flat 0
         metrics.setdefault("kl", metrics["kl/loss"])
@@ -157,7 +157,7 @@ def phased_update(run: trainer.Run, state: TrainState, policy, ro: rollout_lib.R
     phases' mean (the non-finite flag: their max), the plain mismatch keys the first phase's (sampler vs
     trainer before any update). Each phase is one optimiser step per mini-batch and epoch.
 
-    With per-role adapters (`run.role_adapters`) a phase updates its role's adapters only, from that role's
+    With per-role adapters (`run.policy.roles`) a phase updates its role's adapters only, from that role's
     policy; no other role's weights change, so a later phase keeps its sampler's old log-probs.
     `clock` gets the phases' stage seconds."""
     from jaxrl.multi_agent.adapters import role_params
@@ -172,16 +172,16 @@ def phased_update(run: trainer.Run, state: TrainState, policy, ro: rollout_lib.R
             continue
         if done:
             with clock("weight_sync"):
-                policy = step_time.synced(run.policy(state.params))
+                policy = step_time.synced(run.policy.sampling_params(state.params))
         sub = adv._replace(adv_NT=adv.adv_NT[rows], clip_low_N=adv.clip_low_N[rows],
                            clip_high_N=adv.clip_high_N[rows])
         role = names[seg]
         batch, mismatch = trainer.assemble(run, role_params(policy, role), rollout_lib.take_rows(ro, rows), sub,
-                                           recompute_old=bool(done) and not run.role_adapters, pad=True,
+                                           recompute_old=bool(done) and not run.policy.roles, pad=True,
                                            clock=clock)
         with clock("update"):
-            state, update = trainer.update(run, state, batch, step, role=role if run.role_adapters else None)
-            state = step_time.synced(state)
+            view, update = trainer.update(run, run.policy.train_view(state, role), batch, step)
+            state = step_time.synced(run.policy.with_train_view(state, role, view))
         if not done:
             out.update(mismatch)
         out.update({f"role/{role}/{k}": v for k, v in {**mismatch, **update}.items()})

@@ -34,7 +34,6 @@ from jaxrl import agentic, checkpoint as ckpt_lib, distributed, rewards as rewar
 from jaxrl import trainer
 from jaxrl.algorithms import expert_rows
 from jaxrl.config import ExperimentConfig, config_dict
-from jaxrl.errors import CheckpointError
 from jaxrl.data.pipeline import Encoder, PromptLimit, make_splits, train_iterator
 from jaxrl.evaluate import evaluate
 from jaxrl.metrics import MetricsWriter
@@ -58,7 +57,7 @@ def sft_warm_start(run: trainer.Run, state: TrainState, records, encoder, *, ste
     spec = dataclasses.replace(spec, lora=run.loss.lora)  # LoRA: the warm start trains the adapters too
     jitted = jax.jit(functools.partial(train_step, graphdef=run.graphdef, spec=spec, tx=tx),
                      donate_argnums=0, compiler_options=update_compiler_options())
-    step_fn = lambda state, batch: jitted(state, batch, run.base)
+    step_fn = lambda state, batch: jitted(state, batch, run.policy.frozen)
     sft_state = TrainState(state.params, tx.init(state.params), jnp.zeros((), jnp.int32))
     rng = np.random.default_rng([run.seed, 7])
     completion_width = run.sampling.max_new_tokens
@@ -80,30 +79,6 @@ def sft_warm_start(run: trainer.Run, state: TrainState, records, encoder, *, ste
         if (k + 1) % max(steps // 10, 1) == 0 or k + 1 == steps:  # progress: ten lines per warm start
             log.info("SFT warm start: step %d/%d, NLL %.4f", k + 1, steps, float(nll[-1]))
     return TrainState(sft_state.params, state.opt_state, state.step), [float(x) for x in nll]
-
-
-def _save_adapters(run: trainer.Run, cfg: ExperimentConfig, adapters, out: Path) -> None:
-    """The latest adapters in the `jaxrl.lora_io` layout with their base's path and sha256, so that
-    `jaxrl export-hf --checkpoint RUN/adapters --merge | --peft` exports them (a preset base has no path:
-    pass --base). Per-role adapters: one such directory per role, `RUN/adapters/<role>`."""
-    from jaxrl import lora_io
-
-    base_path = cfg.model.hf_path or cfg.model.checkpoint or ""
-    ref = {"path": str(base_path), "sha256": run.base_sha256}
-    if run.role_adapters:
-        for role in run.role_adapters:
-            lora_io.save_adapters(out / role, adapters[role], cfg.model.lora, ref, overwrite=True)
-        return
-    lora_io.save_adapters(out, adapters, cfg.model.lora, ref, overwrite=True)
-
-
-def _warm_start_roles(run: trainer.Run, state: TrainState, warm_start) -> tuple[TrainState, list[float]]:
-    """The SFT warm start of a run with per-role adapters: one adapter set trained on every role's
-    demonstrations (the shared warm start), then copied into every role's adapters."""
-    from jaxrl.multi_agent import adapters as role_adapters
-
-    sub, curve = warm_start(role_adapters.role_state(state, run.role_adapters[0]))
-    return role_adapters.seed_roles(state, sub.params), curve
 
 
 def train(cfg: ExperimentConfig, run_dir: str | Path, checkpoint_dir: str | None = None,
@@ -156,7 +131,7 @@ def _train(cfg: ExperimentConfig, run_dir: str | Path, checkpoint_dir: str | Non
     sampled = dataclasses.replace(run.sampling, num_samples=k) if k > 1 else None
     collect = functools.partial(trainer.collect, run)
     # The trained parameters (LoRA: the adapters) -> the policy the sampler runs (LoRA: base + adapters).
-    evaluate_fn = lambda params: evaluate(collect, run.policy(params), eval_records, encoder,
+    evaluate_fn = lambda params: evaluate(collect, run.policy.sampling_params(params), eval_records, encoder,
                                           run.eval_sampling, batch_size=d.prompts_per_step, sampled=sampled,
                                           seed=run.seed)
 
@@ -179,10 +154,7 @@ def _train(cfg: ExperimentConfig, run_dir: str | Path, checkpoint_dir: str | Non
     restored = ckpt.restore_latest(state.params, state.opt_state) if cfg.checkpoint.resume else None
     if restored is not None:
         start = restored.step
-        saved_sha = restored.extra.get("lora_base_sha256")
-        if run.base_sha256 is not None and saved_sha not in (None, run.base_sha256):
-            raise CheckpointError(f"the LoRA adapters in {ckpt.directory} were trained on a different base model "
-                                  f"(sha256 {saved_sha[:12]}..., this run's base {run.base_sha256[:12]}...)")
+        run.policy.check_restore(restored.extra, ckpt.directory)
         state = TrainState(restored.params, restored.opt_state, jnp.asarray(start, jnp.int32))
         data_it.set_state(restored.extra["data_state"])
         nonfinite_run = int(restored.extra.get("nonfinite_run", 0))
@@ -193,20 +165,19 @@ def _train(cfg: ExperimentConfig, run_dir: str | Path, checkpoint_dir: str | Non
             elif shaper.state_json() is not None:
                 log.warning("checkpoint has no state of stage %r; it restarts from its initialisation",
                             shaper.name)
-        if run.ref_params is not None and w.steps > 0 and run.base is None:
+        if run.policy.reference_follows_warm_start and w.steps > 0:
             # The reference policy is the warm-started model, which is not checkpointed: replay the
             # (deterministic) warm start from the initial parameters to rebuild it exactly.
             with phases("warm_start"):
-                run.ref_params = warm_start(initial)[0].params
+                run.policy.set_reference(warm_start(initial)[0].params)
         log.info("resumed from step %d in %s", start, ckpt.directory)
     elif w.steps > 0:
         with phases("warm_start"):
-            roles = run.role_adapters
-            state, curve = _warm_start_roles(run, state, warm_start) if roles else warm_start(state)
+            state, curve = run.policy.warm_start(state, warm_start)
         log.info("SFT warm start: NLL %.3f -> %.3f over %d steps (%.1f s)", curve[0], curve[-1], len(curve),
                  phases.seconds["warm_start"])
-        if run.ref_params is not None and run.base is None:  # KL to the policy RL starts from (LoRA: the base)
-            run.ref_params = jax.tree.map(jnp.copy, state.params)
+        if run.policy.reference_follows_warm_start:  # KL to the policy RL starts from (LoRA: the base)
+            run.policy.set_reference(jax.tree.map(jnp.copy, state.params))
     del initial
     # Only now, with the checkpoint restored (or none to restore), does the run directory change: a resume
     # that fails leaves config.yaml and model_config.json as they were.
@@ -219,14 +190,14 @@ def _train(cfg: ExperimentConfig, run_dir: str | Path, checkpoint_dir: str | Non
         stages = {sh.name: sh.state_json() for sh in stateful if sh.state_json() is not None}
         return {"data_state": data_it.get_state(), "nonfinite_run": nonfinite_run,
                 "rng": ckpt_lib.key_to_json(jax.random.key(cfg.train.seed)), "stages": stages,
-                **({"lora_base_sha256": run.base_sha256} if run.base_sha256 else {})}
+                **run.policy.checkpoint_extra()}
 
     def save(step: int) -> float:
         t0 = time.perf_counter()
         with phases("checkpoint"):
             ckpt.save(step, state.params, state.opt_state, extra())
-            if cfg.model.lora is not None:  # export-ready adapters: export-hf --checkpoint RUN/adapters
-                _save_adapters(run, cfg, state.params, run_dir / "adapters")
+            # export-ready adapters (LoRA): export-hf --checkpoint RUN/adapters
+            run.policy.export(state.params, run_dir / "adapters")
         seconds = time.perf_counter() - t0
         log.info("checkpoint: step %d saved in %s (%.1f s%s)", step, ckpt.directory, seconds,
                  "; finishing in the background" if cfg.checkpoint.async_save else "")

@@ -33,6 +33,7 @@ from jaxrl.config import ExperimentConfig, KLWhere, dump_config
 from jaxrl.errors import ConfigError, UserError
 from jaxrl.models import lora
 from jaxrl.optim import build_optimizer
+from jaxrl.rl.policy import Dense, LoRA, PerRoleAdapters, Policy
 from jaxrl.sampling import SamplingSpec
 from jaxrl.sharding import rows as rows_lib
 from jaxrl.sharding import (RULES, batch_shardings, hosts, logical_to_spec, make_constrain, make_mesh,
@@ -97,15 +98,11 @@ class Run:
     state_sharding: Any
     step_fn: Any
     logprob_fn: Any  # (params, tokens_BL, mask_BL, T, group=1) -> logp_BT
-    ref_params: Any
+    policy: Policy  # trained params -> sampling params, reference, a role's train view (`jaxrl.rl.policy`)
     shapers: list[Shaper] = dataclasses.field(default_factory=list)
-    base: Any = None  # LoRA: the frozen (maybe quantised) base model under the trained adapters
-    base_sha256: str | None = None  # LoRA: fingerprint of the dense base (`jaxrl.lora_io.base_fingerprint`)
-    policy: Any = lambda params: params  # trained params -> the policy's full parameters (LoRA: merged)
     env_factory: Any = None  # `jaxrl.envs.EnvFactory` when the run collects multi-turn episodes
     episode_spec: Any = None  # `jaxrl.envs.EpisodeSpec` (turn and token budgets, cache policy)
     multi_agent: Any = None  # a `jaxrl.multi_agent` system when several roles share the policy
-    role_adapters: tuple[str, ...] = ()  # per-role LoRA adapters: the roles (params = {role: adapters})
     segment_estimators: tuple = ()  # per role segment: its own advantage estimator, None = the algorithm's
     share_prompts: str = "auto"  # train.share_prompts: "auto" | "always" | "never" (`prompt_groups`)
     flops_per_token: Any = None  # context -> the update's model FLOPs per token (`step_time`); None: no MFU
@@ -197,7 +194,7 @@ def setup(cfg: ExperimentConfig, run_dir: Path) -> tuple[Run, TrainState, Any]:
     param_sharding = state_shardings(params_state, mesh, rules)
     params = jax.device_put(_pure(params_state), _pure(param_sharding))
     spec = loss_spec(cfg, algorithm, settings)
-    lora_cfg, base, base_sha = cfg.model.lora, None, None
+    lora_cfg, base = cfg.model.lora, None
     if lora_cfg is not None:  # train adapters only; the frozen base is the KL reference (no second copy)
         base, params, train_sharding, base_sha = _lora_setup(cfg, params, mesh, rules)
         spec = dataclasses.replace(spec, lora=lora_cfg)
@@ -231,9 +228,17 @@ def setup(cfg: ExperimentConfig, run_dir: Path) -> tuple[Run, TrainState, Any]:
     def logprob_fn(params, tokens_BL, mask_BL, width, group=1):
         return jitted_logprobs[group > 1](params, tokens_BL, mask_BL, width, group)
     # beta = 0 keeps no reference model in memory; under LoRA the reference is the base itself.
-    ref_params = None
-    if cfg.algorithm.kl.beta > 0:
-        ref_params = base if lora_cfg is not None else jax.tree.map(jnp.copy, params)
+    kl = cfg.algorithm.kl.beta > 0
+    if lora_cfg is not None:
+        policy: Policy = LoRA(base, lora_cfg, base_sha, str(cfg.model.hf_path or cfg.model.checkpoint or ""),
+                              kl=kl)
+    else:
+        policy = Dense(jax.tree.map(jnp.copy, params) if kl else None)
+    if system is not None and cfg.multi_agent.adapters == "per_role":  # one adapter set per role
+        from jaxrl.multi_agent import adapters as role_adapters
+
+        state = role_adapters.per_role_state(state, system.adapter_roles)
+        policy = PerRoleAdapters(policy, tuple(system.adapter_roles), system.adapter_aliases)
     m = cfg.algorithm.mismatch
     run = Run(run_dir=run_dir, mesh=mesh, rules=rules, graphdef=graphdef, hidden_dim=model.cfg.hidden_size,
               tokenizer=tokenizer, tx=tx, loss=spec,
@@ -242,22 +247,12 @@ def setup(cfg: ExperimentConfig, run_dir: Path) -> tuple[Run, TrainState, Any]:
               algorithm=algorithm, settings=settings, seed=cfg.train.seed,
               logprobs_from_sampler=cfg.rollout.logprobs_from_sampler,
               mismatch=MismatchSpec.from_config(m), state_sharding=state_sharding,
-              step_fn=step_fn, logprob_fn=logprob_fn, ref_params=ref_params, base=base, base_sha256=base_sha,
+              step_fn=step_fn, logprob_fn=logprob_fn, policy=policy,
               share_prompts=cfg.train.share_prompts,
               flops_per_token=functools.partial(step_time.train_flops_per_token, model.cfg,
                                                 lora=lora_cfg is not None))
     if cfg.train.share_prompts == "always":
         _check_always_shared(cfg, run, algorithm)
-    if lora_cfg is not None:
-        merge = jax.jit(lambda b, a: lora.merge(b, a, lora_cfg))
-        run.policy = lambda adapters: merge(base, adapters)
-    if system is not None and cfg.multi_agent.adapters == "per_role":  # one adapter set per role
-        from jaxrl.multi_agent import adapters as role_adapters
-
-        state = role_adapters.per_role_state(state, system.adapter_roles)
-        run.role_adapters = tuple(system.adapter_roles)
-        merged = run.policy
-        run.policy = lambda params: role_adapters.RolePolicies(params, merged, system.adapter_aliases)
     if cfg.env is not None:
         from jaxrl.envs import EpisodeSpec, make_env
 
@@ -511,7 +506,7 @@ def assemble(run: Run, params, ro, adv, *, extra_rows: TrainBatch | None = None,
         metrics.update(mismatch_metrics)
     if run.loss.kl_beta > 0:
         with clock("ref_logprobs"):
-            ref_BT = step_time.synced(run.logprob_fn(run.ref_params, batch.tokens_BL, batch.mask_BL, t,
+            ref_BT = step_time.synced(run.logprob_fn(run.policy.reference, batch.tokens_BL, batch.mask_BL, t,
                                                      group))
         batch = batch.replace(ref_logp_BT=ref_BT)
     return batch, metrics
@@ -545,20 +540,10 @@ def _mismatch(run: Run, batch: TrainBatch, sampler_BT, n_rollout: int) -> tuple[
     return batch, metrics
 
 
-def update(run: Run, state: TrainState, batch: TrainBatch, step: int,
-           role: str | None = None) -> tuple[TrainState, dict[str, float]]:
+def update(run: Run, state: TrainState, batch: TrainBatch, step: int) -> tuple[TrainState, dict[str, float]]:
     """PPO epochs x mini-batches over one rollout batch (rows shuffled per epoch with a step-seeded RNG; a
     shared-prompt batch, `batch.group` > 1, shuffles whole groups, so each mini-batch holds whole groups).
-    `role`: with per-role adapters (`run.role_adapters`), the role whose adapters and optimiser state the
-    batch updates (the others are left as they are)."""
-    if run.role_adapters:
-        from jaxrl.multi_agent import adapters as role_adapters
-
-        if role not in run.role_adapters:
-            raise ValueError(f"per-role adapters: update of role {role!r}, roles {run.role_adapters}")
-        sub, metrics = update(dataclasses.replace(run, role_adapters=()),
-                              role_adapters.role_state(state, role), batch, step)
-        return role_adapters.with_role_state(state, role, sub), metrics
+    `state` is the policy's train view (`Policy.train_view`: with per-role adapters, one role's)."""
     u = run.update
     n, g = batch.tokens_BL.shape[0], batch.group
     if n % u.mini_batches:

@@ -26,7 +26,7 @@ class KLRewardPenalty:
 
     def __call__(self, params, ro, key) -> tuple[np.ndarray, dict[str, float]]:
         del params, key
-        ref_BT = self.run.logprob_fn(self.run.ref_params, ro.tokens_BL, ro.mask_BL,
+        ref_BT = self.run.logprob_fn(self.run.policy.reference, ro.tokens_BL, ro.mask_BL,
                                      ro.completion_mask_BT.shape[1])
         kl_BT = losses.kl_penalty(jnp.asarray(ro.old_logp_BT), ref_BT, self.kind)
         kl_N = hosts.to_host(jnp.sum(jnp.where(ro.completion_mask_BT, kl_BT, 0.0), axis=1))  # all hosts' rows

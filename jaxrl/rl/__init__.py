@@ -1,0 +1,9 @@
+"""The RL step's plug-ins, each resolved once at setup (`jaxrl.trainer.setup`); the step never asks which one
+it got:
+
+* `jaxrl.rl.policy`: how the trained parameters become the sampling parameters, the KL reference and the
+  train view of one role (`Dense`, `LoRA`, `PerRoleAdapters`).
+
+The package's `__init__` imports nothing: its modules import `jaxrl.trainer`'s neighbours, and `trainer`
+imports them.
+"""
