@@ -1,7 +1,7 @@
 """One RL step as a straight line of stages, each a call (the `Run` holds everything they need):
 
     collect -> resample (DAPO) -> shape rewards (CLIPO bonus, KL in reward) -> advantages
-            -> assemble (+ extra rows: SFT-aux) -> update
+            -> the update schedule: assemble (+ extra rows: SFT-aux) -> update, jointly or per role
 
 Which optional stages run is the algorithm record's business (`jaxrl.algorithms`); this function never names
 an algorithm. Each stage is timed between device syncs (`jaxrl.step_time`): the step's metrics hold
@@ -111,30 +111,10 @@ def rl_step(run: trainer.Run, state: TrainState, records, step: int):
     adv = segment_advantages(algo.advantages, ro.rewards_NK, ro.weights_K, ro.completion_mask_BT, s,
                              ro.segment_N, ro.segment_sizes, run.segment_estimators)
     metrics.update(adv.metrics)
-    phases = getattr(run.multi_agent, "update_phases", ())
-    if run.policy.roles and not phases and ro.segment_N is not None:  # per-role adapters: a phase per role
-        phases = tuple(int(x) for x in np.unique(ro.segment_N))
-    group = 1
-    if phases and ro.segment_N is not None and not actor_frozen:  # a sequential multi-agent schedule
-        state, update_metrics = phased_update(run, state, policy, ro, adv, step, phases, clock)
-        del policy
-        metrics.update(update_metrics)
-    else:
-        extra = None
-        if algo.extra_rows is not None:
-            extra = algo.extra_rows(records, run.tokenizer, ro.prompt_width, ro.completion_mask_BT.shape[1])
-        # a multi-agent rollout has the trained roles' rows, not prompts x G: pad them to the batch shards x
-        # mini-batches with rows that train on nothing (as a sequential update's phases are)
-        batch, mismatch_metrics = trainer.assemble(run, policy, ro, adv, extra_rows=extra,
-                                                   pad=ro.segment_N is not None, clock=clock)
-        del policy  # LoRA: the merged policy is not held during the update
-        metrics.update(mismatch_metrics)
-        group = batch.group
-        if not actor_frozen:
-            with clock("update"):
-                view, update_metrics = trainer.update(run, run.policy.train_view(state, None), batch, step)
-                state = step_time.synced(run.policy.with_train_view(state, None, view))
-            metrics.update(update_metrics)
+    # the schedule (`jaxrl.rl.update`): one joint update, or one per role segment in turn
+    state, update_metrics, group = run.schedule(run, state, policy, ro, adv, records, step, clock,
+                                                frozen=actor_frozen)
+    metrics.update(update_metrics)
     if "kl/loss" in metrics:  # a KL that was not measured is absent, not a flat 0
         metrics.setdefault("kl", metrics["kl/loss"])
     metrics.setdefault("entropy", metrics.get("entropy/mean", float("nan")))
@@ -146,47 +126,3 @@ def rl_step(run: trainer.Run, state: TrainState, records, step: int):
     metrics.update(_throughput(run, ro, clock, group, run.update.ppo_epochs))
     return state, metrics, ro
 
-
-def phased_update(run: trainer.Run, state: TrainState, policy, ro: rollout_lib.Rollout, adv, step: int,
-                  phases: tuple[int, ...], clock: step_time.StageClock | None = None
-                  ) -> tuple[TrainState, dict[str, float]]:
-    """The sequential schedule of a multi-agent update (spec/multi-agent.md §3.8; SSP updates its Proposer,
-    then its Solver): one assemble + update per role segment, in `phases` order. A later phase takes its old
-    log-probs at the policy the previous phase left (the reference's "per_phase" timing), so its PPO ratios
-    start at 1. Metrics: `role/<name>/<key>` per phase (update and mismatch); the plain update keys are the
-    phases' mean (the non-finite flag: their max), the plain mismatch keys the first phase's (sampler vs
-    trainer before any update). Each phase is one optimiser step per mini-batch and epoch.
-
-    With per-role adapters (`run.policy.roles`) a phase updates its role's adapters only, from that role's
-    policy; no other role's weights change, so a later phase keeps its sampler's old log-probs.
-    `clock` gets the phases' stage seconds."""
-    from jaxrl.multi_agent.adapters import role_params
-
-    clock = clock or step_time.StageClock()
-    names = {int(r["role_id"]): str(r["role"]) for r in ro.records}
-    out: dict[str, float] = {}
-    done: list[dict[str, float]] = []
-    for seg in phases:
-        rows = np.flatnonzero(ro.segment_N == seg)
-        if not rows.size:
-            continue
-        if done:
-            with clock("weight_sync"):
-                policy = step_time.synced(run.policy.sampling_params(state.params))
-        sub = adv._replace(adv_NT=adv.adv_NT[rows], clip_low_N=adv.clip_low_N[rows],
-                           clip_high_N=adv.clip_high_N[rows])
-        role = names[seg]
-        batch, mismatch = trainer.assemble(run, role_params(policy, role), rollout_lib.take_rows(ro, rows), sub,
-                                           recompute_old=bool(done) and not run.policy.roles, pad=True,
-                                           clock=clock)
-        with clock("update"):
-            view, update = trainer.update(run, run.policy.train_view(state, role), batch, step)
-            state = step_time.synced(run.policy.with_train_view(state, role, view))
-        if not done:
-            out.update(mismatch)
-        out.update({f"role/{role}/{k}": v for k, v in {**mismatch, **update}.items()})
-        done.append(update)
-    for key in done[0] if done else ():
-        values = [d[key] for d in done]
-        out[key] = float(max(values)) if key == "train/nonfinite" else float(np.mean(values))
-    return state, out

@@ -34,6 +34,7 @@ from jaxrl.errors import ConfigError, UserError
 from jaxrl.models import lora
 from jaxrl.optim import build_optimizer
 from jaxrl.rl.policy import Dense, LoRA, PerRoleAdapters, Policy
+from jaxrl.rl.update import Joint, Phased, Stages, UpdateSchedule
 from jaxrl.sampling import SamplingSpec
 from jaxrl.sharding import rows as rows_lib
 from jaxrl.sharding import (RULES, batch_shardings, hosts, logical_to_spec, make_constrain, make_mesh,
@@ -99,6 +100,7 @@ class Run:
     step_fn: Any
     logprob_fn: Any  # (params, tokens_BL, mask_BL, T, group=1) -> logp_BT
     policy: Policy  # trained params -> sampling params, reference, a role's train view (`jaxrl.rl.policy`)
+    schedule: UpdateSchedule  # joint, or phased by role segment (`jaxrl.rl.update`)
     shapers: list[Shaper] = dataclasses.field(default_factory=list)
     env_factory: Any = None  # `jaxrl.envs.EnvFactory` when the run collects multi-turn episodes
     episode_spec: Any = None  # `jaxrl.envs.EpisodeSpec` (turn and token budgets, cache policy)
@@ -247,7 +249,7 @@ def setup(cfg: ExperimentConfig, run_dir: Path) -> tuple[Run, TrainState, Any]:
               algorithm=algorithm, settings=settings, seed=cfg.train.seed,
               logprobs_from_sampler=cfg.rollout.logprobs_from_sampler,
               mismatch=MismatchSpec.from_config(m), state_sharding=state_sharding,
-              step_fn=step_fn, logprob_fn=logprob_fn, policy=policy,
+              step_fn=step_fn, logprob_fn=logprob_fn, policy=policy, schedule=_schedule(system, policy),
               share_prompts=cfg.train.share_prompts,
               flops_per_token=functools.partial(step_time.train_flops_per_token, model.cfg,
                                                 lora=lora_cfg is not None))
@@ -273,6 +275,18 @@ def setup(cfg: ExperimentConfig, run_dir: Path) -> tuple[Run, TrainState, Any]:
     return run, state, model
 
 
+def _schedule(system, policy: Policy) -> UpdateSchedule:
+    """A multi-agent system's sequential order (SSP: Proposer, then Solver), else one phase per role with
+    per-role adapters (each role's adapters in turn, keeping the sampler's old log-probs), else joint."""
+    stages = Stages(assemble, update)
+    order = system.update_phases if system is not None else ()
+    if order:
+        return Phased(stages, tuple(order), recompute_old=not policy.roles)
+    if policy.roles:
+        return Phased(stages, None, recompute_old=False)
+    return Joint(stages)
+
+
 def _multi_agent_system(cfg: ExperimentConfig, tokenizer, algorithm: Algorithm):
     """The configured multi-agent system (None without one): invalid params, or role group sizes the
     algorithm cannot handle, are config errors."""
@@ -287,7 +301,7 @@ def _multi_agent_system(cfg: ExperimentConfig, tokenizer, algorithm: Algorithm):
             raise ConfigError(f"multi_agent.estimators.{role}: not a trained role of {cfg.multi_agent.system} "
                               f"(trained roles: {', '.join(sizes)})")
     _check_role_groups(sizes, algorithm, cfg.multi_agent.system,
-                       sequential=bool(getattr(system, "update_phases", ())),
+                       sequential=bool(system.update_phases),
                        estimators={r: ALGORITHMS[n] for r, n in cfg.multi_agent.estimators.items()})
     if cfg.multi_agent.adapters == "per_role":  # each role's rows update its own adapters, one role at a time
         kl = cfg.algorithm.kl

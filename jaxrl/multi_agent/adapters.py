@@ -7,7 +7,7 @@ all roles: on the tiny MARCH world, GRPO on the Solver alone made the Proposer s
     θ_r = W_base + (α/r)·A_r·B_r,      params = {role: adapters_r},  opt_state = {role: AdamW state_r}
 
 and a role's rows update only its own adapters with its own optimiser state (one phase per trained role,
-`jaxrl.rl_step.phased_update`); a role that is not trained keeps the adapters the SFT warm start left. The
+`jaxrl.rl.update.Phased`); a role that is not trained keeps the adapters the SFT warm start left. The
 warm start trains one adapter set on every role's demonstrations, which then seeds every role's copy.
 
 Sampling: a system asks `role_params(params, role)` for the weights of the role it generates; under

@@ -151,6 +151,7 @@ class MarchSystem:
 
     adapter_roles = ROLES  # `multi_agent.adapters: per_role`: one adapter set per role
     adapter_aliases: dict[str, str] = {}
+    update_phases: tuple[int, ...] = ()  # one joint update of the trained roles (`jaxrl.rl.update.Joint`)
 
     def __init__(self, tokenizer, *, corpus_seed: int = 0, corpus_size: str = "tiny",
                  num_distractors: int = 1, train_roles: Sequence[str] = TRAINABLE, checker_samples: int = 3,

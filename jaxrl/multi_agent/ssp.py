@@ -328,7 +328,7 @@ class SspSystem:
       proposer_samples: n_p, questions proposed per answer record, the Proposer's group (reference: 1,
         A = R); the Solver's group is the run's `rollout.group_size`.
       update: "sequential" (reference: the Proposer's update, then the Solver's, whose old log-probs are
-        taken after the first; `jaxrl.rl_step.phased_update`) or "joint" (one update over both roles).
+        taken after the first; `jaxrl.rl.update.Phased`) or "joint" (one update over both roles).
       failed_slots: "reuse" (reference: a failed proposal's Solver slot takes an earlier problem from the
         pool, `jaxrl.multi_agent.ssp_pool`, else a dummy) or "dummy" (always the dummy problem).
       reuse_threshold, pool_clear_interval: the pool's eligibility (success rate <= threshold; reference
@@ -395,7 +395,7 @@ class SspSystem:
         self.min_words, self.min_searches = int(min_words), min_searches
         self.format_penalty, self.rag_check = float(format_penalty), bool(rag_check)
         self.rag_others, self.proposer_samples = int(rag_others), int(proposer_samples)
-        # role ids in update order (`jaxrl.rl_step.phased_update`); () = one joint update
+        # role ids in update order (`jaxrl.rl.update.Phased`); () = one joint update
         self.update_phases = (ROLE_IDS["proposer"], ROLE_IDS["solver"]) if update == "sequential" else ()
         offset = 1 if rules == "reference" else 0
         self.pool = ProblemPool(float(reuse_threshold), int(pool_clear_interval), clear_offset=offset,

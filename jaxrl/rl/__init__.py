@@ -2,7 +2,8 @@
 it got:
 
 * `jaxrl.rl.policy`: how the trained parameters become the sampling parameters, the KL reference and the
-  train view of one role (`Dense`, `LoRA`, `PerRoleAdapters`).
+  train view of one role (`Dense`, `LoRA`, `PerRoleAdapters`);
+* `jaxrl.rl.update`: how one rollout's advantages become optimiser steps (`Joint`, `Phased`).
 
 The package's `__init__` imports nothing: its modules import `jaxrl.trainer`'s neighbours, and `trainer`
 imports them.
