@@ -410,7 +410,7 @@ class SspSystem:
 
     def check_records(self, records: Sequence[Mapping[str, Any]], split: str) -> None:
         """Setup: every record is a question over this system's world (`entities.check_world_records`)."""
-        check_world_records(records, build_world(self.world["corpus_seed"], self.world["corpus_size"]),
+        check_world_records(records, cached_world(self.world["corpus_seed"], self.world["corpus_size"]),
                             who="SSP", split=split)
 
     def group_sizes(self, group_size: int) -> dict[str, int]:
