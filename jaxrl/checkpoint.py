@@ -245,8 +245,9 @@ class _DropDiskFullNoise(logging.Filter):
     spec, hundreds of lines); a full disk is reported once, by `Checkpointer`."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not any(text in record.getMessage() or (record.exc_info and disk_full(record.exc_info[1]))
-                       for text in _NO_SPACE)
+        message = record.getMessage()
+        full = any(text in message for text in _NO_SPACE)
+        return not (full or (record.exc_info is not None and disk_full(record.exc_info[1])))
 
 
 _disk_full_filters_installed = False
