@@ -164,7 +164,9 @@ def loss_spec(cfg: ExperimentConfig, algorithm: Algorithm, settings: AlgoSetting
     spec = LossSpec(agg=a.agg_mode, dual_clip=a.clip.dual,
                     kl_beta=a.kl.beta if a.kl.where is KLWhere.LOSS else 0.0, kl_kind=a.kl.kind,
                     entropy_coef=a.entropy_coef, grad_accum=a.grad_accum, objective=o.name.value,
-                    objective_kwargs=tuple(sorted(kwargs.items())))
+                    objective_kwargs=tuple(sorted(kwargs.items())),
+                    # the sampler's old log-probs are the tempered policy's (`filters.sampled_logprobs`)
+                    temperature=cfg.rollout.temperature or 1.0)
     return dataclasses.replace(spec, **algorithm.loss(settings))
 
 

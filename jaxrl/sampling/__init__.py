@@ -77,9 +77,9 @@ def generate_from_state(
 
     Token choice follows HF `generate`: logits / τ, then top-k, then top-p (nucleus, arXiv:1904.09751);
     τ = 0 is greedy. Rows r = p·G + g; row r at decode step t draws with fold_in(fold_in(key(seed), t), r),
-    so tokens do not depend on how rows are spread over devices. Returned logprobs are log-softmax of the
-    raw (τ = 1, unfiltered) logits at the chosen token; see `jaxrl.sampling.engine` for what that means at
-    τ ≠ 1.
+    so tokens do not depend on how rows are spread over devices. Returned logprobs are those of the tempered
+    policy over the whole vocabulary, log softmax(z/τ) at the chosen token (no top-k / top-p;
+    `jaxrl.sampling.filters.sampled_logprobs`), what the trainer recomputes.
 
     Args:
       graphdef, state: `nnx.split(model)` of a `jaxrl.models.Transformer`; state may already be sharded.

@@ -49,8 +49,8 @@ class Generation(NamedTuple):
     Attributes:
       tokens: [P*G, T] int32 completion tokens, `pad_id` after the end (T = max_new_tokens).
       lengths: [P*G] int32 number of completion tokens, counting the EOS token when there is one.
-      logprobs: [P*G, T] float32 log π(token | prefix) under the *unscaled, unfiltered* model distribution
-        (log-softmax of the raw logits), 0 after the end.
+      logprobs: [P*G, T] float32 log π_τ(token | prefix) under the tempered, unfiltered distribution
+        (log softmax(z/τ), τ = 1 when greedy; `filters.sampled_logprobs`), 0 after the end.
       finished: [P*G] bool, True when the row emitted an EOS token (False when it ran out of length).
       prompt_index: [P*G] int32 index p of the prompt the row continues.
     """

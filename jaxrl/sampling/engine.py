@@ -4,7 +4,7 @@
     cache, z_B = cache.repeat(G), repeat(z_P, G)           # B = P·G rows, rows of one prompt contiguous
     for t < max_new_tokens while some row is unfinished:   # lax.while_loop
         y_B  ~ filter(z_B / τ)   (argmax when τ = 0)
-        ℓ_B  = log_softmax(z_B)[y_B]                       # raw logits: see below
+        ℓ_B  = log_softmax(z_B / τ)[y_B]                   # tempered, unfiltered: see below
         z_B, cache = forward(y_B, position = len_B + t, cache)
 
 Everything above is one `jax.jit` of a pure function of `(graphdef, state, arrays)`; shapes are the static
@@ -12,12 +12,10 @@ bucketed widths, while temperature, top-p and max_new_tokens are traced values (
 recompiles).
 
 Notes:
-* Logprobs are log-softmax of the *raw* logits (temperature 1, no top-k/top-p) at the sampled token. At
-  temperature 1 without filtering this is exactly the sampling distribution, i.e. the "old logprob" an
-  on-policy trainer needs. At other temperatures or with filtering it is the log-probability under the
-  unmodified policy π_θ, *not* under the distribution the token was drawn from. jaxrl's trainer uses the same
-  definition (`LossSpec.temperature` = 1), so the ratio π_θ/π_old starts at 1 at any τ; TRL and verl instead
-  divide the logits by τ on both sides (the tempered policy; neither renormalises over top-k / top-p).
+* Logprobs are those of the tempered policy over the whole vocabulary, log softmax(z/τ) at the sampled
+  token (`filters.sampled_logprobs`, τ = 1 when greedy): top-k / top-p are not applied, as in TRL and verl.
+  The trainer recomputes the same (`LossSpec.temperature` = `rollout.temperature`), so the ratio π_θ/π_old
+  is exactly 1 before the first update at any τ, with or without filtering.
 * Prefill computes logits only for the last prompt column (`hidden[:, -1] @ unembedding`) instead of
   [P, L, V]; left padding makes that column the last real token of every row.
 * The final decode step runs one forward whose logits are never used (it keeps the loop body branch-free).
@@ -137,7 +135,7 @@ def _rollout(
         tok_B = filters.choose_tokens(
             logits_BV, keys_B, temperature, greedy=greedy, top_k=top_k, top_p=top_p_arg
         )
-        logp_B = jnp.take_along_axis(jax.nn.log_softmax(logits_BV, axis=-1), tok_B[:, None], axis=-1)[:, 0]
+        logp_B = filters.sampled_logprobs(logits_BV, tok_B, temperature, greedy=greedy)
         active_B = ~done_B
         tok_B = jnp.where(active_B, tok_B, pad_id)
         tokens_BT = jax.lax.dynamic_update_slice(tokens_BT, tok_B[:, None], (0, t))

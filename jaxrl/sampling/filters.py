@@ -124,3 +124,25 @@ def choose_tokens(
     z_BV = filtered_logits(logits_BV, temperature, top_k=top_k, top_p=top_p)
     draw = jax.vmap(lambda k, z: jax.random.categorical(k, z))
     return draw(keys_B, z_BV).astype(jnp.int32)
+
+
+def sampled_logprobs(logits_BV: jax.Array, tok_B: jax.Array, temperature: jax.Array, *,
+                     greedy: bool) -> jax.Array:
+    """The "old log-prob" of each chosen token: ℓ_b = log softmax(z_b / τ)[y_b], the *tempered* policy over the
+    whole vocabulary (τ = 1 when greedy).
+
+    This is what TRL (`_get_per_token_logps`: logits / temperature) and verl (`logits.div_(temperature)`) use on
+    both sides of the ratio, and what the trainer recomputes (`LossSpec.temperature` = `rollout.temperature`,
+    `jaxrl.trainer.loss_spec`), so π_θ/π_old is exactly 1 before the first update at any τ. Top-k / top-p are
+    NOT applied: the truncated, renormalised distribution the token was drawn from (vLLM's log-probs) has no
+    gradient through its support and makes the trainer's untruncated recomputation disagree, which biases the
+    ratio; no peer trains on it. At τ = 1 without filtering ℓ is exactly the sampling distribution's.
+
+    Args:
+      logits_BV: [B, V] raw logits. tok_B: [B] chosen tokens. temperature: scalar τ > 0 (ignored if greedy).
+    Returns:
+      [B] float32 log-probabilities.
+    """
+    chex.assert_rank([logits_BV, tok_B], [2, 1])
+    z_BV = logits_BV if greedy else logits_BV / temperature
+    return jnp.take_along_axis(jax.nn.log_softmax(z_BV, axis=-1), tok_B[:, None], axis=-1)[:, 0]

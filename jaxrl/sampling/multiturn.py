@@ -4,7 +4,7 @@ One `TurnDecoder.turn(contexts, max_new)` call decodes the next action of every 
 
     cache, z_N = forward(chunk_NW, cache)              # new context tokens of each row (left-padded to W)
     for t < gen_width while some row is live:          # lax.while_loop
-        y_N ~ filter(z_N / τ);  ℓ_N = log_softmax(z_N)[y_N]
+        y_N ~ filter(z_N / τ);  ℓ_N = log_softmax(z_N / τ)[y_N]
         live_N &= not (y_N ∈ eos  or  the last tokens spell a stop sequence  or  t + 1 = max_new_N)
         z_N, cache = forward(y_N, mask = live_N, cache) # a token that ends the turn is not fed here
 
@@ -36,7 +36,7 @@ Stop sequences are token-id sequences (`stop_token_sequences` turns strings into
 produces for them); a turn is ended when its last sampled tokens equal one of them. The stop tokens are
 kept in the action (they were sampled). Row r of turn k draws with fold_in(fold_in(fold_in(key(seed), k),
 t), rows[r]), so an episode's tokens do not depend on which other episodes share its batch. Log-probs are
-those of `jaxrl.sampling.engine`: log-softmax of the raw logits at the chosen token.
+those of `jaxrl.sampling.engine`: log softmax(z/τ) at the chosen token, no top-k / top-p.
 """
 
 from __future__ import annotations
@@ -145,7 +145,7 @@ def _turn(graphdef, state, cache, chunk_NW, chunk_mask_NW, key, rows_N, temperat
         keys_N = None if greedy else filters.row_keys(key, t, rows_N)
         tok_N = filters.choose_tokens(logits_NV, keys_N, temperature, greedy=greedy, top_k=top_k,
                                       top_p=top_p_arg)
-        logp_N = jnp.take_along_axis(jax.nn.log_softmax(logits_NV, axis=-1), tok_N[:, None], axis=-1)[:, 0]
+        logp_N = filters.sampled_logprobs(logits_NV, tok_N, temperature, greedy=greedy)
         live_N = ~done_N
         tok_N = jnp.where(live_N, tok_N, pad_id)
         tokens_NT = jax.lax.dynamic_update_slice(tokens_NT, tok_N[:, None], (0, t))

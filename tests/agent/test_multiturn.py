@@ -2,7 +2,6 @@
 bucket (not per turn), and its training rows are token-exact (teacher-forced log-probs = sampler's)."""
 
 import functools
-import inspect
 
 import jax.numpy as jnp
 import numpy as np
@@ -93,29 +92,35 @@ def test_greedy_batched_equals_per_episode_loop(split, stops, mode):
     assert stopped_early and ep.turns_N.max() >= 2
 
 
-def _teacher_forced(graphdef, state, ep):
+def _teacher_forced(graphdef, state, ep, temperature: float = 1.0):
     """`jaxrl.train_step.sequence_logprobs` of the rows, aligned with tokens_BL (0 where not computed)."""
     tokens, mask = jnp.asarray(ep.tokens_BL), jnp.asarray(ep.mask_BL)
-    if "width" in inspect.signature(sequence_logprobs).parameters:  # the completion-only form
-        width = ep.tokens_BL.shape[1] - ep.prompt_width
-        out = np.asarray(sequence_logprobs(state, graphdef, tokens, mask, width, chunk=8192))
-        return np.pad(out, ((0, 0), (ep.prompt_width, 0)))
-    return np.asarray(sequence_logprobs(state, graphdef, tokens, mask, chunk=8192))
+    width = ep.tokens_BL.shape[1] - ep.prompt_width
+    out = np.asarray(sequence_logprobs(state, graphdef, tokens, mask, width, chunk=8192, temperature=temperature))
+    return np.pad(out, ((0, 0), (ep.prompt_width, 0)))
 
 
-@pytest.mark.parametrize("mode", ["reprefill", "continue"])
-def test_rows_are_token_exact_under_sampling(split, stops, mode):
-    """Teacher-forced log-probs of each concatenated row equal the sampler's per-turn log-probs (1e-5)."""
+@pytest.mark.parametrize("mode, sampling_kw", [
+    ("reprefill", dict(temperature=1.0)),
+    ("continue", dict(temperature=1.0)),
+    ("continue", dict(temperature=0.7, top_k=40, top_p=0.9)),  # issue 33 item 5: the tempered policy
+])
+def test_rows_are_token_exact_under_sampling(split, stops, mode, sampling_kw):
+    """Teacher-forced log-probs of each concatenated row, at the rollout's temperature (what the trainer
+    recomputes, `LossSpec.temperature`), equal the sampler's per-turn log-probs (1e-5), with or without
+    top-k / top-p: the ratio starts at exactly 1."""
     graphdef, state = split
-    spec = EpisodeSpec(group_size=2, max_turns=3, max_new_tokens=10, max_total_tokens=120, temperature=1.0,
-                       cache=mode, cache_slots=SLOTS, **BUCKETS)
+    spec = EpisodeSpec(group_size=2, max_turns=3, max_new_tokens=10, max_total_tokens=120, cache=mode,
+                       cache_slots=SLOTS, **sampling_kw, **BUCKETS)
     factory = functools.partial(EchoEnv, stops=stops)
     ep = collect_episodes(graphdef, state, RECORDS, TOK, factory, spec, seed=5)
-    logp = _teacher_forced(graphdef, state, ep)
+    logp = _teacher_forced(graphdef, state, ep, spec.temperature)
     m = ep.loss_mask_BL
     assert m.sum() == ep.action_tokens_N.sum() > 0 and ep.obs_tokens_N.sum() > 0
     assert not m[:, : ep.prompt_width].any()
     np.testing.assert_allclose(ep.old_logp_BL[m], logp[m], atol=1e-5, rtol=0)
+    if spec.temperature != 1.0:  # power: the untempered policy is another distribution
+        assert np.abs(ep.old_logp_BL[m] - _teacher_forced(graphdef, state, ep)[m]).max() > 1e-2
     assert np.all(ep.old_logp_BL[~m] == 0)
     # observations are in the row (mask 1) but not trained (loss mask 0)
     prompt_N = ep.mask_BL[:, : ep.prompt_width].sum(1)

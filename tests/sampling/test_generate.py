@@ -43,6 +43,27 @@ def test_logprobs_equal_teacher_forced_forward(model):
     np.testing.assert_allclose(np.asarray(gen.logprobs), expected, atol=2e-5, rtol=0)
 
 
+@pytest.mark.parametrize("kwargs", [dict(temperature=0.7, top_k=20, top_p=0.9), dict(temperature=1.6)])
+def test_logprobs_are_the_tempered_policy_the_trainer_recomputes(model, kwargs):
+    """Issue 33 item 5: at τ != 1, with or without top-k / top-p, the sampler's log-probs are log softmax(z/τ)
+    over the whole vocabulary at the chosen token, which is what the trainer's forward computes at
+    `LossSpec.temperature` = τ: the PPO ratio is exactly 1 (1e-5 in log space) before the first update."""
+    from jaxrl.train_step import token_logprobs
+
+    gen = sampling.generate(model, PROMPTS, max_new_tokens=6, num_samples=2, seed=3, **kwargs)
+    tokens = np.asarray(gen.tokens)
+    prompts = [PROMPTS[p] for p in np.asarray(gen.prompt_index)]
+    width = max(map(len, PROMPTS))
+    rows, mask = np.zeros((len(prompts), width + 6), np.int32), np.zeros((len(prompts), width + 6), bool)
+    for b, (p, c) in enumerate(zip(prompts, tokens)):
+        rows[b, width - len(p):] = [*p, *c]
+        mask[b, width - len(p):] = True
+    trainer = lambda tau: np.asarray(token_logprobs(model, jnp.asarray(rows), jnp.asarray(mask), 6, chunk=8192,
+                                                    temperature=tau)[0])
+    np.testing.assert_allclose(np.asarray(gen.logprobs), trainer(kwargs["temperature"]), atol=1e-5, rtol=0)
+    assert np.abs(np.asarray(gen.logprobs) - trainer(1.0)).max() > 1e-2  # power: τ = 1 is another policy
+
+
 def test_greedy_tokens_are_teacher_forced_argmax(model):
     gen = sampling.generate(model, PROMPTS, max_new_tokens=5, temperature=0.0)
     tokens = np.asarray(gen.tokens)
