@@ -35,7 +35,7 @@ def evaluate(collect, params, records, encoder, spec: SamplingSpec, *, batch_siz
     with k samples per prompt.
 
     Args:
-      collect: `(params, records, spec, seed) -> Rollout` (`jaxrl.trainer.collect` bound to a run, or
+      collect: `(params, records, spec, seed) -> Rollout` (a run's `collector` with train=False, or
         `jaxrl.rollout.collect` bound to a model, tokenizer and rewards).
 
     Returns:

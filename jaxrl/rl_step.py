@@ -37,10 +37,10 @@ def total_reward(ro: rollout_lib.Rollout) -> np.ndarray:
 
 
 def collect(run: trainer.Run, params, records, step: int, round_: int = 0) -> rollout_lib.Rollout:
-    """Stage 1: G completions (or multi-turn episodes) per prompt, decoded and scored (round > 0: a
-    resampling round's fresh seed)."""
+    """Stage 1: the run's collector (`jaxrl.rl.collect`): G completions, episodes or role rows per prompt,
+    decoded and scored (round > 0: a resampling round's fresh seed)."""
     stream = 0 if round_ == 0 else 100 + round_
-    return trainer.collect(run, params, records, run.sampling, step_key(run.seed, step, stream))
+    return run.collector(params, records, run.sampling, step_key(run.seed, step, stream), train=True)
 
 
 def _collect_timed(clock: step_time.StageClock, collect_fn, round_: int) -> rollout_lib.Rollout:

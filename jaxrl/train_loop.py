@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxrl import agentic, checkpoint as ckpt_lib, distributed, rewards as rewards_lib, run_summary, step_time
+from jaxrl import checkpoint as ckpt_lib, distributed, rewards as rewards_lib, run_summary, step_time
 from jaxrl import trainer
 from jaxrl.algorithms import expert_rows
 from jaxrl.config import ExperimentConfig, config_dict
@@ -64,12 +64,12 @@ def sft_warm_start(run: trainer.Run, state: TrainState, records, encoder, *, ste
     longest = max(len(encoder(r)["prompt_ids"]) for r in records[:256])
     width = bucket(longest, run.sampling.prompt_buckets, "prompt")
     nll = []  # step k's NLL is read after step k + 1 is dispatched: one step in flight while a batch is built
+    demonstrations = run.collector.demonstrations()  # None: the records' reference targets
     for k in range(steps):
         idx = rng.choice(len(records), size=batch_size, replace=False)
-        if run.env_factory is not None:  # the environment's demonstrations, laid out like episodes
-            batch = agentic.demonstration_rows([records[i] for i in idx], run.tokenizer, run.env_factory,
-                                               run.episode_spec,
-                                               row_sharding=row_sharding(run.mesh, run.rules, batch_size))
+        if demonstrations is not None:  # an environment's or a system's, laid out like the rows it samples
+            batch = demonstrations([records[i] for i in idx],
+                                   row_sharding=row_sharding(run.mesh, run.rules, batch_size))
         else:
             batch = expert_rows([encoder(records[i], k) for i in idx], run.tokenizer, width, completion_width)
         sft_state, metrics = step_fn(sft_state, trainer.shard_batch(run, batch))
@@ -117,9 +117,9 @@ def _train(cfg: ExperimentConfig, run_dir: str | Path, checkpoint_dir: str | Non
     train_records, eval_records = make_splits(d.source, train_size=d.train_size, eval_size=d.eval_size,
                                               seed=d.seed, params=d.params, prompt_field=d.prompt_field,
                                               answer_field=d.answer_field, encoder=encoder, prompt_limit=limit)
-    if run.multi_agent is not None:  # its questions must be over its world: refused here, before compiling
-        for split, records in (("train", train_records), ("held-out", eval_records)):
-            run.multi_agent.check_records(records, split)
+    # a multi-agent system's questions must be over its world: refused here, before compiling
+    for split, records in (("train", train_records), ("held-out", eval_records)):
+        run.collector.check_records(records, split)
     # Each host reads and encodes its block of every global batch (the same global order on every host); the
     # step's prompt records are then exchanged (`hosts.gather_json`, a few KB), so N hosts take exactly the
     # steps of one host with all the devices. Tokens and completions stay on the hosts that own their rows.
@@ -129,7 +129,8 @@ def _train(cfg: ExperimentConfig, run_dir: str | Path, checkpoint_dir: str | Non
                                    lr=w.lr, batch_size=w.batch_size)
     k = cfg.train.eval_samples
     sampled = dataclasses.replace(run.sampling, num_samples=k) if k > 1 else None
-    collect = functools.partial(trainer.collect, run)
+    # held-out rows (a multi-agent system: the rows it evaluates, e.g. MARCH's Solver answers)
+    collect = lambda params, records, spec, seed: run.collector(params, records, spec, seed, train=False)
     # The trained parameters (LoRA: the adapters) -> the policy the sampler runs (LoRA: base + adapters).
     evaluate_fn = lambda params: evaluate(collect, run.policy.sampling_params(params), eval_records, encoder,
                                           run.eval_sampling, batch_size=d.prompts_per_step, sampled=sampled,
@@ -149,8 +150,9 @@ def _train(cfg: ExperimentConfig, run_dir: str | Path, checkpoint_dir: str | Non
                                  keep=cfg.checkpoint.keep, async_save=cfg.checkpoint.async_save)
     start, nonfinite_run = 0, 0
     initial = state
-    # stages whose host-side state goes into checkpoints: CLIPO's head, a multi-agent system's (SSP's pool)
-    stateful = [*run.shapers, *([run.multi_agent] if hasattr(run.multi_agent, "state_json") else [])]
+    # stages whose host-side state goes into checkpoints (`extra["stages"][name]`): CLIPO's head, the
+    # collector's (SSP's pool, under "ssp" as before the collector plug-in; the others carry none)
+    stateful = [*run.shapers, run.collector]
     restored = ckpt.restore_latest(state.params, state.opt_state) if cfg.checkpoint.resume else None
     if restored is not None:
         start = restored.step

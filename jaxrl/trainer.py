@@ -1,7 +1,7 @@
 """Setup and the RL step's stages: the config is read once, here, into a `Run` of resolved specs.
 
     run, state = setup(cfg, run_dir)          # the only function below the CLI that reads ExperimentConfig
-    ro    = collect(run, params, records)      # jitted sampler + host-side rewards       (jaxrl.rollout)
+    ro    = run.collector(params, records)     # completions, episodes or roles' rows    (jaxrl.rl.collect)
     ro    = resample / shape(ro)               # the algorithm record's optional stages  (jaxrl.algorithms)
     adv   = run.algorithm.advantages(...)      # per-token advantages, clip bounds
     batch = assemble(run, params, ro, adv)     # completion-space TrainBatch, old / reference log-probs
@@ -26,13 +26,14 @@ import numpy as np
 import optax
 from flax import nnx
 
-from jaxrl import agentic, build, checkpoint as ckpt_lib, losses, model_io, rewards as rewards_lib
+from jaxrl import build, checkpoint as ckpt_lib, losses, model_io, rewards as rewards_lib
 from jaxrl import rollout as rollout_lib, step_time
 from jaxrl.algorithms import ALGORITHMS, AlgoSettings, Algorithm, KLRewardPenalty, Shaper
 from jaxrl.config import ExperimentConfig, KLWhere, dump_config
 from jaxrl.errors import ConfigError, UserError
 from jaxrl.models import lora
 from jaxrl.optim import build_optimizer
+from jaxrl.rl.collect import Collector, EnvEpisodes, SingleTurn, System, SystemRows
 from jaxrl.rl.policy import Dense, LoRA, PerRoleAdapters, Policy
 from jaxrl.rl.update import Joint, Phased, Stages, UpdateSchedule
 from jaxrl.sampling import SamplingSpec
@@ -99,33 +100,18 @@ class Run:
     state_sharding: Any
     step_fn: Any
     logprob_fn: Any  # (params, tokens_BL, mask_BL, T, group=1) -> logp_BT
+    collector: Collector  # single-turn, environment episodes or a multi-agent system (`jaxrl.rl.collect`)
     policy: Policy  # trained params -> sampling params, reference, a role's train view (`jaxrl.rl.policy`)
     schedule: UpdateSchedule  # joint, or phased by role segment (`jaxrl.rl.update`)
     shapers: list[Shaper] = dataclasses.field(default_factory=list)
-    env_factory: Any = None  # `jaxrl.envs.EnvFactory` when the run collects multi-turn episodes
-    episode_spec: Any = None  # `jaxrl.envs.EpisodeSpec` (turn and token budgets, cache policy)
-    multi_agent: Any = None  # a `jaxrl.multi_agent` system when several roles share the policy
     segment_estimators: tuple = ()  # per role segment: its own advantage estimator, None = the algorithm's
     share_prompts: str = "auto"  # train.share_prompts: "auto" | "always" | "never" (`prompt_groups`)
     flops_per_token: Any = None  # context -> the update's model FLOPs per token (`step_time`); None: no MFU
 
 
-def collect(run: Run, params, records, spec: SamplingSpec, key) -> rollout_lib.Rollout:
-    """The collect stage: single-turn completions (`jaxrl.rollout`), multi-turn episodes (`jaxrl.agentic`) or
-    a multi-agent system's joint rows (`jaxrl.multi_agent`; its trained roles under the run's own sampling
-    spec, the evaluation rows under any other spec)."""
-    if run.multi_agent is not None:
-        return run.multi_agent.collect(run.graphdef, params, records, run.rewards, spec, key,
-                                       train=spec is run.sampling)
-    if run.env_factory is not None:
-        return agentic.collect_env(run.graphdef, params, records, run.tokenizer, run.rewards, run.env_factory,
-                                   run.episode_spec, spec, key,
-                                   row_layout=functools.partial(row_sharding, run.mesh, run.rules))
-    return rollout_lib.collect(run.graphdef, params, records, run.tokenizer, run.rewards, spec, seed=key)
-
-
-def _pure(params) -> dict:
-    return params.to_pure_dict() if hasattr(params, "to_pure_dict") else params
+def _pure(state) -> dict:
+    """An `nnx.State` (the model's parameters, or their shardings) as a plain nested dict."""
+    return state.to_pure_dict()
 
 
 def sampling_spec(cfg: ExperimentConfig, *, greedy: bool = False) -> SamplingSpec:
@@ -251,25 +237,14 @@ def setup(cfg: ExperimentConfig, run_dir: Path) -> tuple[Run, TrainState, Any]:
               algorithm=algorithm, settings=settings, seed=cfg.train.seed,
               logprobs_from_sampler=cfg.rollout.logprobs_from_sampler,
               mismatch=MismatchSpec.from_config(m), state_sharding=state_sharding,
-              step_fn=step_fn, logprob_fn=logprob_fn, policy=policy, schedule=_schedule(system, policy),
+              step_fn=step_fn, logprob_fn=logprob_fn,
+              collector=_collector(cfg, system, graphdef, tokenizer, rewards, mesh, rules), policy=policy,
+              schedule=_schedule(system, policy), segment_estimators=_segment_estimators(cfg, system),
               share_prompts=cfg.train.share_prompts,
               flops_per_token=functools.partial(step_time.train_flops_per_token, model.cfg,
                                                 lora=lora_cfg is not None))
     if cfg.train.share_prompts == "always":
         _check_always_shared(cfg, run, algorithm)
-    if cfg.env is not None:
-        from jaxrl.envs import EpisodeSpec, make_env
-
-        e, r = cfg.env, cfg.rollout
-        run.env_factory = make_env(e.name, e.params, tokenizer)  # invalid params fail here, before any step
-        buckets = {k: tuple(v) for k, v in (("gen_buckets", r.gen_buckets), ("chunk_buckets", r.prompt_buckets))
-                   if v}
-        run.episode_spec = EpisodeSpec(group_size=r.group_size, max_turns=e.max_turns,
-                                       max_new_tokens=r.max_new_tokens, max_total_tokens=e.max_total_tokens,
-                                       cache=e.cache, on_error=e.on_error, step_timeout_s=e.step_timeout_s,
-                                       **buckets)
-    if system is not None:
-        _multi_agent_setup(run, cfg, system)
     if algorithm.shaper is not None:
         run.shapers.append(algorithm.shaper(run, settings))
     if cfg.algorithm.kl.beta > 0 and cfg.algorithm.kl.where is KLWhere.REWARD:
@@ -287,6 +262,15 @@ def _schedule(system, policy: Policy) -> UpdateSchedule:
     if policy.roles:
         return Phased(stages, None, recompute_old=False)
     return Joint(stages)
+
+
+def _segment_estimators(cfg: ExperimentConfig, system: System | None) -> tuple:
+    """Per role segment (segment id = the role's index in the system's roles): the advantage estimator of
+    `multi_agent.estimators`, None = the algorithm's; () without any."""
+    own = cfg.multi_agent.estimators if system is not None else {}
+    if not own:
+        return ()
+    return tuple(ALGORITHMS[own[role]].advantages if role in own else None for role in system.adapter_roles)
 
 
 def _multi_agent_system(cfg: ExperimentConfig, tokenizer, algorithm: Algorithm):
@@ -316,24 +300,25 @@ def _multi_agent_system(cfg: ExperimentConfig, tokenizer, algorithm: Algorithm):
     return system
 
 
-def _multi_agent_setup(run: Run, cfg: ExperimentConfig, system) -> None:
-    """The system joins the run; its role-format demonstrations are the SFT warm start's environment (one
-    episode per record, laid out like the rows it samples; the system's `max_turns` and `max_total_tokens`
-    when it has them, else one turn)."""
-    from jaxrl.envs import EpisodeSpec
+def _collector(cfg: ExperimentConfig, system: System | None, graphdef, tokenizer,
+               rewards: rewards_lib.Rewards, mesh, rules) -> Collector:
+    """The run's collector: the multi-agent system's, the environment's (invalid params fail here, before
+    any step), or single-turn completions."""
+    if system is not None:
+        return SystemRows(system, graphdef, tokenizer, rewards, sampling_spec(cfg))
+    if cfg.env is not None:
+        from jaxrl.envs import EpisodeSpec, make_env
 
-    r = cfg.rollout
-    run.multi_agent = system
-    own = cfg.multi_agent.estimators  # segment id = the role's index in the system's roles
-    if own:
-        run.segment_estimators = tuple(ALGORITHMS[own[role]].advantages if role in own else None
-                                       for role in system.adapter_roles)
-    run.env_factory = system.demonstration_env
-    total = getattr(system, "max_total_tokens", max(r.prompt_buckets or [1024]) + r.max_new_tokens)
-    rows = tuple(sorted({*r.prompt_buckets, *r.gen_buckets, total}))
-    buckets = {"row_buckets": rows} if r.prompt_buckets else {}
-    run.episode_spec = EpisodeSpec(group_size=1, max_turns=getattr(system, "max_turns", 1),
-                                   max_new_tokens=r.max_new_tokens, max_total_tokens=total, **buckets)
+        e, r = cfg.env, cfg.rollout
+        env_factory = make_env(e.name, e.params, tokenizer)
+        buckets = {k: tuple(v) for k, v in (("gen_buckets", r.gen_buckets), ("chunk_buckets", r.prompt_buckets))
+                   if v}
+        spec = EpisodeSpec(group_size=r.group_size, max_turns=e.max_turns, max_new_tokens=r.max_new_tokens,
+                           max_total_tokens=e.max_total_tokens, cache=e.cache, on_error=e.on_error,
+                           step_timeout_s=e.step_timeout_s, **buckets)
+        return EnvEpisodes(graphdef, tokenizer, rewards, env_factory, spec,
+                           functools.partial(row_sharding, mesh, rules))
+    return SingleTurn(graphdef, tokenizer, rewards)
 
 
 def _check_role_groups(sizes: dict[str, int], algorithm: Algorithm, system: str, *,
@@ -475,7 +460,7 @@ def _check_always_shared(cfg: ExperimentConfig, run: Run, algorithm: Algorithm) 
     why = ""
     if cfg.rollout.group_size == 1:
         why = "rollout.group_size is 1"
-    elif cfg.multi_agent is not None:
+    elif run.collector.segments:
         why = "multi-agent role segments update unshared"
     elif algorithm.extra_rows is not None:
         why = f"algorithm.name={algorithm.name!r} appends extra rows"

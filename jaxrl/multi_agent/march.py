@@ -149,6 +149,9 @@ class MarchSystem:
         written across lines) or "v1" (one line; configs/march_tiny.yaml, whose results were measured so).
     """
 
+    name = "march"  # the key of its state in checkpoints (it has none: `state_json` is None)
+    max_turns = 1  # its warm-start demonstrations are one turn per role (`jaxrl.rl.collect`)
+    max_total_tokens: int | None = None  # None: the rollout's longest prompt bucket + its completion
     adapter_roles = ROLES  # `multi_agent.adapters: per_role`: one adapter set per role
     adapter_aliases: dict[str, str] = {}
     update_phases: tuple[int, ...] = ()  # one joint update of the trained roles (`jaxrl.rl.update.Joint`)
@@ -187,6 +190,13 @@ class MarchSystem:
     def check_records(self, records: Sequence[Mapping[str, Any]], split: str) -> None:
         """Setup: every record is a question over this system's world (`entities.check_world_records`)."""
         check_world_records(records, self.world, who="MARCH", split=split)
+
+    def state_json(self) -> None:
+        """Nothing to checkpoint: MARCH keeps no state between steps."""
+        return None
+
+    def load_state(self, data) -> None:
+        del data
 
     def group_sizes(self, group_size: int) -> dict[str, int]:
         """The group size of each trained role: G Solver answers of a prompt, their G trained Checker rows."""

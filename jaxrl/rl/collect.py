@@ -1,0 +1,181 @@
+"""The `Collector` plug-in: how the rows of a step are produced.
+
+    SingleTurn    G completions per prompt, scored                          (`jaxrl.rollout.collect`)
+    EnvEpisodes   G multi-turn episodes per record in an environment         (`jaxrl.agentic.collect_env`)
+    SystemRows    a multi-agent system's trained roles' rows, role segments  (`jaxrl.multi_agent`)
+
+Setup (`jaxrl.trainer.setup`) builds one; the step, the SFT warm start and the evaluation call it without
+asking which one they got. Besides the rows, a collector owns
+
+* what the SFT warm start imitates (`demonstrations`: rows laid out like the ones it samples; None = the
+  records' reference targets, `jaxrl.algorithms.expert_rows`),
+* the check that the records suit it (`check_records`, at setup: a system's questions must be over its world),
+* its host-side state that checkpoints carry (`state_json` / `load_state`, under `extra["stages"][name]`:
+  SSP's problem pool under "ssp"; None = nothing to carry).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Protocol, Sequence
+
+from jaxrl import agentic, rewards as rewards_lib, rollout as rollout_lib
+from jaxrl.envs import EpisodeSpec
+from jaxrl.sampling import SamplingSpec
+from jaxrl.train_step import TrainBatch
+
+Records = Sequence[Mapping[str, Any]]
+# (records, row_sharding=None) -> expert rows laid out like the rows the collector samples, SFT weight 1
+Demonstrations = Callable[..., TrainBatch]
+RowLayout = Callable[[int], Any]  # rows -> the rows' sharding (`jaxrl.sharding.row_sharding` of the mesh)
+
+
+class Collector(Protocol):
+    """Produces a step's rollout; owns its demonstrations, its record check and its checkpointed state."""
+
+    name: str  # the key of its state in checkpoints (`extra["stages"]`)
+    segments: bool  # its rows carry role segments (`Rollout.segment_N`): they update unshared
+
+    def __call__(self, params, records: Records, spec: SamplingSpec, key, *,
+                 train: bool) -> rollout_lib.Rollout: ...
+
+    def demonstrations(self) -> Demonstrations | None: ...
+
+    def check_records(self, records: Records, split: str) -> None: ...
+
+    def state_json(self) -> Any: ...
+
+    def load_state(self, data) -> None: ...
+
+
+class System(Protocol):
+    """What a multi-agent system (`jaxrl.multi_agent.SYSTEMS`) declares; setup and `SystemRows` read it."""
+
+    name: str  # the key of its state in checkpoints
+    max_turns: int  # its warm-start demonstration episodes' turns (`demonstration_spec`)
+    max_total_tokens: int | None  # their token budget; None: the rollout's longest prompt bucket + completion
+    adapter_roles: Sequence[str]  # its roles in id order (role segment = index; per-role adapters)
+    adapter_aliases: Mapping[str, str]  # a role played with another's adapters
+    update_phases: tuple[int, ...]  # role ids in update order (`jaxrl.rl.update.Phased`); () = joint
+
+    def collect(self, graphdef, params, records: Records, rewards, spec: SamplingSpec, key, *,
+                train: bool) -> rollout_lib.Rollout: ...
+
+    def group_sizes(self, group_size: int) -> dict[str, int]: ...
+
+    def check_records(self, records: Records, split: str) -> None: ...
+
+    def demonstration_env(self, tokenizer) -> Any: ...
+
+    def state_json(self) -> Any: ...
+
+    def load_state(self, data) -> None: ...
+
+
+class _Stateless:
+    """Defaults: no role segments, the records' reference targets as demonstrations, any records, nothing to
+    checkpoint."""
+
+    segments = False
+
+    def demonstrations(self) -> Demonstrations | None:
+        return None
+
+    def check_records(self, records: Records, split: str) -> None:
+        del records, split
+
+    def state_json(self) -> Any:
+        return None
+
+    def load_state(self, data) -> None:
+        del data
+
+
+def _episode_demonstrations(tokenizer, env_factory, spec: EpisodeSpec) -> Demonstrations:
+    """An environment's `demonstration(record)` episodes as expert rows (`agentic.demonstration_rows`)."""
+
+    def rows(records: Records, row_sharding=None) -> TrainBatch:
+        return agentic.demonstration_rows(records, tokenizer, env_factory, spec, row_sharding=row_sharding)
+
+    return rows
+
+
+class SingleTurn(_Stateless):
+    """G completions per prompt on the jitted sampler, decoded and scored (`spec.num_samples` = G)."""
+
+    name = "single_turn"
+
+    def __init__(self, graphdef, tokenizer, rewards: rewards_lib.Rewards):
+        self.graphdef, self.tokenizer, self.rewards = graphdef, tokenizer, rewards
+
+    def __call__(self, params, records: Records, spec: SamplingSpec, key, *,
+                 train: bool) -> rollout_lib.Rollout:
+        del train  # training and evaluation rows are collected alike
+        return rollout_lib.collect(self.graphdef, params, records, self.tokenizer, self.rewards, spec,
+                                   seed=key)
+
+
+class EnvEpisodes(_Stateless):
+    """G episodes per record in a multi-turn environment (`jaxrl.envs`), each host driving the episodes of
+    the rows it holds (`row_layout`); the environment's `demonstration(record)` episodes are the warm
+    start's."""
+
+    name = "env_episodes"
+
+    def __init__(self, graphdef, tokenizer, rewards: rewards_lib.Rewards, env_factory,
+                 episode_spec: EpisodeSpec, row_layout: RowLayout | None):
+        self.graphdef, self.tokenizer, self.rewards = graphdef, tokenizer, rewards
+        self.env_factory, self.episode_spec, self.row_layout = env_factory, episode_spec, row_layout
+
+    def __call__(self, params, records: Records, spec: SamplingSpec, key, *,
+                 train: bool) -> rollout_lib.Rollout:
+        del train
+        return agentic.collect_env(self.graphdef, params, records, self.tokenizer, self.rewards,
+                                   self.env_factory, self.episode_spec, spec, key, row_layout=self.row_layout)
+
+    def demonstrations(self) -> Demonstrations:
+        return _episode_demonstrations(self.tokenizer, self.env_factory, self.episode_spec)
+
+
+class SystemRows:
+    """A multi-agent system (`System`): its `collect` gives the trained roles' rows, one role segment each,
+    under the run's sampling spec (`train`), and its evaluation rows under any other. Its role-format
+    demonstrations (`system.demonstration_env`, one episode per record, `demonstration_spec`) are the warm
+    start's; its records must be over its world; its state (SSP's pool) is checkpointed under
+    `system.name`."""
+
+    segments = True
+
+    def __init__(self, system: System, graphdef, tokenizer, rewards: rewards_lib.Rewards,
+                 sampling: SamplingSpec):
+        self.system, self.name = system, system.name
+        self.graphdef, self.tokenizer, self.rewards = graphdef, tokenizer, rewards
+        self.demo_spec = demonstration_spec(system, sampling)
+
+    def __call__(self, params, records: Records, spec: SamplingSpec, key, *,
+                 train: bool) -> rollout_lib.Rollout:
+        return self.system.collect(self.graphdef, params, records, self.rewards, spec, key, train=train)
+
+    def demonstrations(self) -> Demonstrations:
+        return _episode_demonstrations(self.tokenizer, self.system.demonstration_env, self.demo_spec)
+
+    def check_records(self, records: Records, split: str) -> None:
+        self.system.check_records(records, split)
+
+    def state_json(self) -> Any:
+        return self.system.state_json()
+
+    def load_state(self, data) -> None:
+        self.system.load_state(data)
+
+
+def demonstration_spec(system: System, sampling: SamplingSpec) -> EpisodeSpec:
+    """The episodes of a system's role-format demonstrations: one per record, laid out like the rows it
+    samples under `sampling` (the run's), with the system's `max_turns` and `max_total_tokens` (None: the
+    longest prompt bucket + the completion)."""
+    prompts, gens = sampling.prompt_buckets or (), sampling.gen_buckets or ()
+    total = system.max_total_tokens
+    if total is None:
+        total = max(prompts or (1024,)) + sampling.max_new_tokens
+    buckets = {"row_buckets": tuple(sorted({*prompts, *gens, total}))} if prompts else {}
+    return EpisodeSpec(group_size=1, max_turns=system.max_turns, max_new_tokens=sampling.max_new_tokens,
+                       max_total_tokens=total, **buckets)
