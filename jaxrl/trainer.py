@@ -273,6 +273,17 @@ def _segment_estimators(cfg: ExperimentConfig, system: System | None) -> tuple:
     return tuple(ALGORITHMS[own[role]].advantages if role in own else None for role in system.adapter_roles)
 
 
+def eval_collector(cfg: ExperimentConfig, graphdef, tokenizer, rewards: rewards_lib.Rewards) -> Collector:
+    """The collector a run of `cfg` evaluates with, around a loaded model (`jaxrl eval`): single-turn
+    completions, the run's environment episodes or its multi-agent system's held-out rows, built exactly as
+    `setup` builds the run's, so a checkpoint's scores are its training-time `eval/*` numbers."""
+    if cfg.multi_agent is not None and cfg.multi_agent.adapters == "per_role":
+        raise UserError("multi_agent.adapters='per_role': jaxrl eval runs one policy, and this run has one "
+                        "adapter set per role; its training-time eval/* rows are in RUN/metrics.jsonl")
+    system = _multi_agent_system(cfg, tokenizer, ALGORITHMS[cfg.algorithm.name])
+    return _collector(cfg, system, graphdef, tokenizer, rewards, make_mesh(cfg.mesh), RULES[cfg.mesh.rules])
+
+
 def _multi_agent_system(cfg: ExperimentConfig, tokenizer, algorithm: Algorithm):
     """The configured multi-agent system (None without one): invalid params, or role group sizes the
     algorithm cannot handle, are config errors."""

@@ -62,3 +62,19 @@ def train_cli():
         return read_metrics(run_dir)
 
     return run
+
+
+@pytest.fixture
+def eval_cli():
+    """`eval_cli(run_dir, *args)`: runs `jaxrl eval --checkpoint RUN_DIR ARGS` as `train_cli` runs `jaxrl
+    train`; returns the printed JSON object."""
+    def run(run_dir: Path, *args: str, timeout: float = 600) -> dict:
+        env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAXRL_CACHE")}
+        env.update(JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+        argv = [sys.executable, "-m", "jaxrl.cli", "eval", "--checkpoint", str(run_dir), *args]
+        proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout,
+                              check=False)
+        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+        return json.loads(proc.stdout)
+
+    return run

@@ -7,7 +7,9 @@ The rewards, prompt format (system prompt, chat template) and sampling settings 
 `--checkpoint` is a training run directory, from its `config.yaml` (the embedded default otherwise); `--set`
 overrides them as in `jaxrl train`. The dataset is the config's held-out split unless `--data` names another
 source (a .jsonl/.parquet file, a built-in generator, or `reasoning_gym:<task>`), of which the first `--limit`
-records are scored. Prints one JSON object (also written to `--out` when given). A LoRA run's adapters are
+records are scored. Evaluation runs the run's own collector (single-turn completions, its environment's
+episodes, its multi-agent system's held-out rows) in batches of `data.prompts_per_step`, so a run's checkpoint
+reproduces the training-time `eval/*` numbers of its step. Prints one JSON object (also written to `--out` when given). A LoRA run's adapters are
 merged into their base on the fly (`jaxrl.lora_io.merged_model`).
 """
 
@@ -27,7 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", default=None, help="dataset source (default: the config's held-out split)")
     parser.add_argument("--limit", type=int, default=None, help="score the first N records of --data")
     parser.add_argument("--k", type=int, default=1, help="samples per prompt for avg@k / pass@k (1: greedy only)")
-    parser.add_argument("--batch-size", type=int, default=16, help="prompts per generation call")
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help="prompts per generation call (default: data.prompts_per_step, as in training)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
     parser.add_argument("--out", default=None, help="also write the JSON result to this file")
 
@@ -73,21 +76,23 @@ def run(args: argparse.Namespace) -> int:
     if not records:
         raise UserError(f"--data {args.data or d.source}: no records to evaluate")
     from jaxrl import lora_io
+    from jaxrl.trainer import eval_collector
 
     adapters = lora_io.find_adapters(checkpoint)  # a LoRA run: its adapters merged into the base on the fly
     model, tokenizer = lora_io.merged_model(adapters) if adapters is not None else load_model(checkpoint)
     if tokenizer is None:
         raise UserError(f"--checkpoint {checkpoint}: no tokenizer saved with the model")
     graphdef, params = nnx.split(model)
+    # the run's own collector: single-turn completions, its environment's episodes or its multi-agent system
+    collector = eval_collector(cfg, graphdef, tokenizer, rewards)
+    if args.data is None:  # a system's questions must be over its world (as `jaxrl train` checks them)
+        collector.check_records(records, "held-out")
     greedy = sampling_spec(cfg, greedy=True)
     sampled = dataclasses.replace(sampling_spec(cfg), num_samples=args.k) if args.k > 1 else None
     encoder = Encoder(tokenizer, d.system_prompt, d.target_format, tuple(d.target_formats))
-    from jaxrl import rollout as rollout_lib
-
-    collect = lambda params, batch, spec, seed: rollout_lib.collect(graphdef, params, batch, tokenizer, rewards,
-                                                                    spec, seed=seed)
-    out = evaluate(collect, params, records, encoder, greedy, batch_size=args.batch_size, sampled=sampled,
-                   seed=cfg.train.seed)
+    collect = lambda params, batch, spec, seed: collector(params, batch, spec, seed, train=False)
+    out = evaluate(collect, params, records, encoder, greedy, batch_size=args.batch_size or d.prompts_per_step,
+                   sampled=sampled, seed=cfg.train.seed)
     out = {"checkpoint": str(checkpoint), "num_prompts": len(records), "k": args.k, **out}
     text = json.dumps(out, indent=1)
     print(text)

@@ -4,7 +4,8 @@ One CPU device in a subprocess (as tests/train), a few SFT warm-start steps on t
 RL steps. The assertions are on the wiring, not on learning (too short for that; docs/multi_agent.md has the
 full run): every RL step logs the three roles' metrics, the Solver's mean reward is its answer reward plus
 the fact-check reward (R = r_RM + r_fc, the reference's sum), rates are rates, and greedy evaluation reports
-the answer, fact-check and hallucination columns (accuracy = the answer reward's mean).
+the answer, fact-check and hallucination columns (accuracy = the answer reward's mean), which `jaxrl eval`
+of the run's checkpoint reproduces exactly.
 """
 
 from __future__ import annotations
@@ -67,6 +68,14 @@ def test_march_tiny_trains_from_config(tmp_path):
         assert r["eval/accuracy"] == pytest.approx(r["eval/reward/answer/mean"])
         assert -1.0 <= r["eval/reward/fact_check/mean"] <= 0.0
         assert 0.0 <= r["eval/reward/hallucination/mean"] <= 1.0
+    # `jaxrl eval` of the final checkpoint runs the run's own collector (MARCH's held-out Solver rows, fact
+    # check and hallucination columns, k = 4 samples as the config's eval_samples) and reproduces the
+    # training-time numbers of step 2 exactly (issue 30 item 4)
+    proc = subprocess.run([sys.executable, "-m", "jaxrl.cli", "eval", "--checkpoint", str(tmp_path / "march"),
+                           "--k", "4"], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out, last = json.loads(proc.stdout), {k: v for k, v in evals[2].items() if k.startswith("eval/")}
+    assert "eval/avg@4" in last and {k: out.get(k) for k in last} == last, (out, last)
 
 
 SSP_SHORT = ("sft_warmup.steps=4", "sft_warmup.batch_size=6", "train.steps=2", "train.eval_every=2",
