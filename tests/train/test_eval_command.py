@@ -33,3 +33,17 @@ def test_eval_reports_avg_and_pass_at_k(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "jaxrl.cli", "eval", "--checkpoint", str(run), "--k", "0"],
                          cwd=ROOT, env=env(), capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "--k=0: must be >= 1" in bad.stderr
+
+
+def test_a_per_role_adapter_run_is_refused_in_one_line():
+    """`jaxrl eval` plays one policy; a run with one adapter set per role is refused before any model work."""
+    import pytest
+
+    from jaxrl.config import load_config
+    from jaxrl.errors import UserError
+    from jaxrl.trainer import eval_collector
+
+    cfg = load_config(ROOT / "configs" / "march_tiny.yaml", ["model.lora={rank: 4, alpha: 8}",
+                                                             "multi_agent.adapters=per_role"])
+    with pytest.raises(UserError, match=r"^multi_agent.adapters='per_role': jaxrl eval runs one policy"):
+        eval_collector(cfg, None, None, None)
