@@ -27,7 +27,7 @@ import optax
 from flax import nnx
 
 from jaxrl import build, checkpoint as ckpt_lib, losses, model_io, rewards as rewards_lib
-from jaxrl import rollout as rollout_lib, step_time
+from jaxrl import step_time
 from jaxrl.algorithms import ALGORITHMS, AlgoSettings, Algorithm, KLRewardPenalty, Shaper
 from jaxrl.config import ExperimentConfig, KLWhere, dump_config
 from jaxrl.errors import ConfigError, UserError

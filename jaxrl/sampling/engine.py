@@ -37,7 +37,6 @@ Notes:
 
 from __future__ import annotations
 
-import functools
 
 import chex
 import jax

@@ -5,7 +5,6 @@ with explicit in/out shardings from `state_shardings` and donated state, as the 
 """
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest

@@ -15,7 +15,6 @@ import json
 import re
 import struct
 import subprocess
-import sys
 
 import pytest
 
