@@ -499,11 +499,12 @@ class ExperimentConfig:
         names = [r.name for r in self.rewards]
         dup = sorted({n for n in names if names.count(n) > 1})
         _check(not dup, "rewards", dup, "reward names must be unique")
-        from jaxrl.algorithms import ALGORITHMS  # the registry; algorithms never import this module
+        from jaxrl.algorithms import ALGORITHMS, resolve  # the registry; algorithms never import this module
 
-        algo = ALGORITHMS.get(self.algorithm.name)
+        algo = resolve(self.algorithm.name)  # a user's record ("module:attr") is registered here
         _check(algo is not None, "algorithm.name", self.algorithm.name,
-               f"allowed values are {', '.join(map(repr, ALGORITHMS))}")
+               f"allowed values are {', '.join(map(repr, ALGORITHMS))}, or an Algorithm record of your own "
+               "('package.module:attr')")
         if self.multi_agent is not None and self.multi_agent.estimators:
             self._check_role_estimators(algo)
         if algo.per_reward and self.algorithm.kl.beta > 0:

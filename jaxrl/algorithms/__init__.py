@@ -5,9 +5,12 @@ stage), then register a record:
 
     ALGORITHMS["my_method"] = Algorithm("my_method", advantages=my_advantages)
 
-Nothing else changes: the RL step (`jaxrl.rl_step`) runs the record's stages in a fixed order.
+Nothing else changes: the RL step (`jaxrl.rl_step`) runs the record's stages in a fixed order. From a file of
+your own, without editing the library: `algorithm.name: my_package.my_module:MY_METHOD` (or
+`path/to/file.py:MY_METHOD`) names the record, and `resolve` registers it under that name at config load.
 """
 
+from jaxrl._imports import import_attr, is_reference
 from jaxrl.algorithms import estimators
 from jaxrl.algorithms.base import (
     AdvantageFn,
@@ -41,6 +44,18 @@ ALGORITHMS: dict[str, Algorithm] = {
                          loss=lambda s: {"sft_lambda": s.section.sft.lam}),
 }
 
+
+
+def resolve(name: str) -> Algorithm | None:
+    """The record `algorithm.name` names: a registry key, or user code "module:attr" / "file.py:attr" holding
+    an `Algorithm` record (imported once and registered under `name`, so every later lookup finds it); None
+    for an unknown key. A reference that does not import or is not a record is a ConfigError."""
+    if name not in ALGORITHMS and is_reference(name):
+        ALGORITHMS[name] = import_attr(name, "algorithm.name", kind="Algorithm record",
+                                       accept=lambda obj: isinstance(obj, Algorithm))
+    return ALGORITHMS.get(name)
+
+
 # Algorithms that are an advantage estimator and nothing else (no resampling, reward shaping or extra rows):
 # the ones a multi-agent role may use instead of the run's (`multi_agent.estimators`).
 ESTIMATOR_ONLY = tuple(name for name, a in ALGORITHMS.items()
@@ -48,6 +63,7 @@ ESTIMATOR_ONLY = tuple(name for name, a in ALGORITHMS.items()
 
 __all__ = [
     "ALGORITHMS",
+    "resolve",
     "ESTIMATOR_ONLY",
     "AdvantageFn",
     "Advantages",

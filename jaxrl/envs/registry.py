@@ -9,13 +9,11 @@ tokenizer, builds one instance so that bad values fail at setup (ConfigError, on
 from __future__ import annotations
 
 import difflib
-import importlib
-import importlib.util
 import inspect
-from pathlib import Path
 from typing import Any, Mapping
 
 from jaxrl._checks import check_init_params
+from jaxrl._imports import import_attr
 from jaxrl.envs.base import Env
 from jaxrl.envs.search import SearchEnv, ToolEnv
 from jaxrl.envs.tools import ToolError
@@ -40,26 +38,7 @@ class EnvFactory:
 
 
 def _import_class(ref: str) -> type:
-    module_name, _, attr = ref.rpartition(":")
-    try:
-        if module_name.endswith(".py"):
-            path = Path(module_name)
-            if not path.is_file():
-                raise ConfigError(f"env.name={ref!r}: no file {str(path)!r}")
-            spec = importlib.util.spec_from_file_location(f"jaxrl_user_env_{path.stem}", path)
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(module_name)
-    except ConfigError:
-        raise
-    except Exception as e:  # noqa: BLE001 -- user module: ImportError, SyntaxError or its own top-level error
-        raise ConfigError(
-            f"env.name={ref!r}: cannot import {module_name!r} ({type(e).__name__}: {e})") from None
-    cls = getattr(module, attr, None)
-    if not isinstance(cls, type):
-        raise ConfigError(f"env.name={ref!r}: {module_name!r} has no class {attr!r}")
-    return cls
+    return import_attr(ref, "env.name", kind="class", accept=lambda obj: isinstance(obj, type))
 
 
 def make_env(name: str, params: Mapping[str, Any] | None = None, tokenizer=None) -> EnvFactory:

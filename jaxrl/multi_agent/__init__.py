@@ -15,6 +15,7 @@ import difflib
 from typing import Any, Mapping
 
 from jaxrl._checks import check_init_params
+from jaxrl._imports import import_attr, is_reference
 from jaxrl.errors import ConfigError
 from jaxrl.multi_agent.march import MarchSystem
 from jaxrl.multi_agent.ssp import SspSystem
@@ -24,13 +25,16 @@ SYSTEMS = {"march": MarchSystem, "ssp": SspSystem}
 
 
 def make_system(name: str, params: Mapping[str, Any] | None, tokenizer):
-    """The system `name` built with `params` (unknown or invalid keys raise ConfigError naming the key)."""
-    if name not in SYSTEMS:
+    """The system `name` (a key of SYSTEMS, or a user class "module:Class") built with `params` (unknown or invalid keys raise ConfigError naming the key)."""
+    if is_reference(name):  # a user's system class, "package.module:Class" or "path/file.py:Class"
+        cls = import_attr(name, "multi_agent.system", kind="class", accept=lambda obj: isinstance(obj, type))
+    elif name not in SYSTEMS:
         close = difflib.get_close_matches(str(name), list(SYSTEMS), n=1, cutoff=0.6)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         raise ConfigError(f"multi_agent.system={name!r}: unknown system{hint} "
-                          f"(built-in: {', '.join(SYSTEMS)})")
-    cls = SYSTEMS[name]
+                          f"(built-in: {', '.join(SYSTEMS)}; or a class, 'package.module:Class')")
+    else:
+        cls = SYSTEMS[name]
     check_init_params(cls, params or {}, "multi_agent.params", repr(name))
     try:
         return cls(tokenizer, **dict(params or {}))

@@ -1,17 +1,19 @@
 """A new RL method is one `Algorithm` record: this file alone defines one and trains two steps with it.
 
 The toy method ("sign advantages") gives each sample +1 / -1 by whether its reward beats its group's mean
-(0 for ties) and reports the share of positive samples. It is registered from this file, selected by
-`algorithm.name: toy_sign`, and trained through the real `jaxrl train` code path in a subprocess; nothing in
-the library names it.
+(0 for ties) and reports the share of positive samples. Its record is `TOY_SIGN` in this file, selected by
+`algorithm.name: path/to/test_toy_algorithm.py:TOY_SIGN` and trained through the real `jaxrl train` in a
+subprocess: one file, no edit of the library, nothing in the library names it (issue 26 item 4).
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
+import pytest
 
 from _common import BASE, ROOT, env, metrics
 
@@ -24,20 +26,21 @@ def toy_sign_advantages(rewards_NK, weights_K, mask_NT, s):
     return sequence_advantages(adv_N, mask_NT, s, {"toy/positive_frac": float(np.mean(adv_N > 0))})
 
 
-def _main(run_dir: str, *overrides: str) -> None:
-    """Registers the toy record, then runs the CLI's train path in this process."""
-    from jaxrl.algorithms import ALGORITHMS, Algorithm
-    from jaxrl.cli import main
+from jaxrl.algorithms import Algorithm  # noqa: E402 -- after the function the record holds
 
-    ALGORITHMS["toy_sign"] = Algorithm("toy_sign", toy_sign_advantages)
-    args = [a for o in (*BASE, "algorithm.name=toy_sign", *overrides) for a in ("--set", o)]
-    sys.argv = ["jaxrl", "train", *args, "--run-dir", run_dir]
-    raise SystemExit(main())
+TOY_SIGN = Algorithm("toy_sign", toy_sign_advantages)  # `algorithm.name: <this file>:TOY_SIGN`
+
+
+def _train(run_dir, name: str) -> subprocess.CompletedProcess:
+    args = [a for o in (*BASE, f"algorithm.name={name}") for a in ("--set", o)]
+    return subprocess.run([sys.executable, "-m", "jaxrl.cli", "train", *args, "--run-dir", str(run_dir)],
+                          cwd=ROOT, env=env(), capture_output=True, text=True, timeout=600)
 
 
 def test_a_toy_algorithm_defined_here_trains_two_steps(tmp_path):
-    proc = subprocess.run([sys.executable, __file__, str(tmp_path / "run")], cwd=ROOT, env=env(),
-                          capture_output=True, text=True, timeout=600)
+    """Named by reference (`path/file.py:ATTR`; `package.module:ATTR` alike) through the real CLI: the
+    library registers the record at config load (`jaxrl.algorithms.resolve`)."""
+    proc = _train(tmp_path / "run", f"{Path(__file__).resolve()}:TOY_SIGN")
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = metrics(tmp_path / "run")
     assert [r["step"] for r in rows] == [1, 2]
@@ -45,12 +48,16 @@ def test_a_toy_algorithm_defined_here_trains_two_steps(tmp_path):
         # the record's advantage function ran: its metric is logged, and it is a fraction
         assert 0.0 <= r["toy/positive_frac"] <= 1.0
         assert r["train/grad_norm"] > 0 and np.isfinite(r["loss"])
-    # an unregistered name is refused at load, naming the registry's entries
-    bad = subprocess.run([sys.executable, "-m", "jaxrl.cli", "train", "--set", "algorithm.name=toy_sign",
-                          "--run-dir", str(tmp_path / "bad")], cwd=ROOT, env=env(), capture_output=True,
-                         text=True, timeout=120)
-    assert bad.returncode == 2 and "algorithm.name='toy_sign': allowed values are 'grpo'" in bad.stderr
 
 
-if __name__ == "__main__":
-    _main(*sys.argv[1:])
+def test_unknown_names_and_non_records_are_refused_at_load(tmp_path):
+    from jaxrl.config import load_config
+    from jaxrl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"algorithm.name='toy_sign': allowed values are 'grpo'"):
+        load_config(None, ["algorithm.name=toy_sign"])  # an unregistered name, naming the registry's entries
+    with pytest.raises(ConfigError, match=r"algorithm.name='test_toy_algorithm:toy_sign_advantages': module "
+                                          r"'test_toy_algorithm' has no Algorithm record 'toy_sign_advantages'"):
+        load_config(None, ["algorithm.name=test_toy_algorithm:toy_sign_advantages"])  # a function, not a record
+    with pytest.raises(ConfigError, match=r"algorithm.name='no_such_algo_mod:X': cannot import module"):
+        load_config(None, ["algorithm.name=no_such_algo_mod:X"])
