@@ -27,6 +27,7 @@ def test_sampler_and_trainer_old_logprobs_train_alike_at_temperature_with_top_k_
     assert [r["step"] for r in rows["true"]] == [1, 2] == [r["step"] for r in rows["false"]]
     for got, want in zip(rows["true"], rows["false"]):
         for key in ("loss", "clip_frac", "entropy", "reward/mean", "train/grad_norm"):
-            np.testing.assert_allclose(got[key], want[key], rtol=1e-5, atol=1e-6, err_msg=f"{key} {got['step']}")
+            np.testing.assert_allclose(got[key], want[key], rtol=1e-5, atol=1e-6,
+                                       err_msg=f"{key} {got['step']}")
     assert rows["true"][0]["clip_frac"] == 0.0  # step 1, one mini-batch: ratio exactly 1 before the update
     assert rows["true"][1]["loss"] != rows["true"][0]["loss"]  # the steps did train on different rollouts

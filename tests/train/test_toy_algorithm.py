@@ -56,8 +56,9 @@ def test_unknown_names_and_non_records_are_refused_at_load(tmp_path):
 
     with pytest.raises(ConfigError, match=r"algorithm.name='toy_sign': allowed values are 'grpo'"):
         load_config(None, ["algorithm.name=toy_sign"])  # an unregistered name, naming the registry's entries
-    with pytest.raises(ConfigError, match=r"algorithm.name='test_toy_algorithm:toy_sign_advantages': module "
-                                          r"'test_toy_algorithm' has no Algorithm record 'toy_sign_advantages'"):
-        load_config(None, ["algorithm.name=test_toy_algorithm:toy_sign_advantages"])  # a function, not a record
+    not_a_record = "test_toy_algorithm:toy_sign_advantages"  # a function, not a record
+    with pytest.raises(ConfigError, match=rf"algorithm.name='{not_a_record}': module 'test_toy_algorithm' has "
+                                          r"no Algorithm record 'toy_sign_advantages'"):
+        load_config(None, [f"algorithm.name={not_a_record}"])
     with pytest.raises(ConfigError, match=r"algorithm.name='no_such_algo_mod:X': cannot import module"):
         load_config(None, ["algorithm.name=no_such_algo_mod:X"])
