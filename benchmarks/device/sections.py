@@ -324,8 +324,8 @@ def train_cli(s: Settings, shape: str | None) -> dict:
 
 
 # metrics.jsonl keys kept per step: the step's timings and throughputs (`time/*` in this tree, `timing/*_s`
-# and `tokens_per_s` in earlier ones).
-_STEP_KEYS = ("time/", "timing/", "throughput/", "tokens_per_s")
+# and `tokens_per_s` in earlier ones) and the bf16 sampler/trainer mismatch (`mismatch/*`).
+_STEP_KEYS = ("time/", "timing/", "throughput/", "tokens_per_s", "mismatch/")
 
 
 SECTIONS = {"device": device, "decode_jaxrl": decode_jaxrl, "decode_hf": decode_hf,

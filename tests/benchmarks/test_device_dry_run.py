@@ -99,6 +99,7 @@ def test_cpu_dry_run_measures_every_section(tmp_path):
     assert [st["step"] for st in steps] == [1, 2]
     for st in steps:
         assert any(k.startswith(("time/", "timing/")) and _positive(v) for k, v in st.items()), st
+        assert st["mismatch/abs_logp_diff_max"] >= 0, st  # the trainer recomputed the old log-probs
 
     assert [m["what"] for m in res["memory"]] == ["update:qwen3_tiny", "train_cli"]
     assert all(_positive(m["plan_peak_bytes"]) and _positive(m["measured_peak_bytes"]) for m in res["memory"])
