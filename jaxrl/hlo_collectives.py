@@ -4,15 +4,15 @@ For `jaxrl plan --compile` (issue 32 item 1): at pod scale a step that all-gathe
 or that is mostly collectives, must show before the pod is rented. This reads the *compiled* (post-SPMD
 partitioning) module text (`jax.jit(f).lower(...).compile().as_text()`), one instruction per line:
 
-    %all-gather.3 = f32[8,128]{1,0} all-gather(f32[1,128]{1,0} %p), channel_id=1, replica_groups=[1,8]<=[8], ...
+    %all-gather.3 = f32[8,128]{1,0} all-gather(f32[1,128]{1,0} %p), channel_id=1, dimensions={0}, ...
 
-Per kind (all-gather, all-reduce, reduce-scatter, all-to-all, collective-permute) it counts the instructions and
-sums the bytes of their *results on one device* (the buffer each device ends up holding: the gathered array
-for an all-gather, the reduced array for an all-reduce, the scattered shard for a reduce-scatter). That is a
-size, not link traffic: a ring all-reduce of B bytes over n devices sends 2·B·(n-1)/n per device, an all-gather
-of a B-byte result B·(n-1)/n. Asynchronous pairs (`all-gather-start` / `-done`) count once, at the start, by
-their last tuple element (the output). Instructions inside a loop body (a `while` over layers) are counted
-once, as written: the caller multiplies by the trip count where it knows it.
+Per kind (all-gather, all-reduce, reduce-scatter, all-to-all, collective-permute) it counts the instructions
+and sums the bytes of their *results on one device* (the buffer each device ends up holding: the gathered
+array for an all-gather, the reduced array for an all-reduce, the scattered shard for a reduce-scatter). That
+is a size, not link traffic: a ring all-reduce of B bytes over n devices sends 2·B·(n-1)/n per device, an
+all-gather of a B-byte result B·(n-1)/n. Asynchronous pairs (`all-gather-start` / `-done`) count once, at the
+start, by their last tuple element (the output). Instructions inside a loop body (a `while` over layers) are
+counted once, as written: the caller multiplies by the trip count where it knows it.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ KINDS = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective
 _BYTES = {"pred": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2,
           "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
 _ARRAY = re.compile(r"([a-z][a-z0-9]*)\[([0-9,]*)\]")
-_OP = re.compile(r"=\s*(\(.*?\)|[a-z][a-z0-9]*\[[0-9,]*\](?:\{[^}]*\})?)\s+(" + "|".join(KINDS) + r")(-start)?\(")
+_RESULT = r"(\(.*?\)|[a-z][a-z0-9]*\[[0-9,]*\](?:\{[^}]*\})?)"  # a tuple of types, or one type with layout
+_OP = re.compile(r"=\s*" + _RESULT + r"\s+(" + "|".join(KINDS) + r")(-start)?\(")
 
 
 def array_bytes(text: str) -> list[int]:

@@ -167,6 +167,24 @@ def _check_whole_groups_per_host(cfg: ExperimentConfig, processes: int) -> None:
                           "completions of one prompt must sit on one host)")
 
 
+def jitted_train_step(graphdef, spec: LossSpec, tx, state_sharding, *, shared_prompts: bool):
+    """The jitted update `(state, batch, base) -> (state, metrics)` the run executes (and `jaxrl plan
+    --compile` lowers from abstract inputs): the state donated and kept in `state_sharding`."""
+    return jax.jit(functools.partial(train_step, graphdef=graphdef, spec=spec, tx=tx),
+                   in_shardings=(state_sharding, None, None), out_shardings=(state_sharding, None),
+                   donate_argnums=0, compiler_options=update_compiler_options(shared_prompts=shared_prompts))
+
+
+def jitted_logprob_pass(graphdef, spec: LossSpec, *, shared_prompts: bool):
+    """The jitted old/reference log-prob pass `(params, tokens_BL, mask_BL, width, group) -> logp_BT`."""
+    def logprobs(params, tokens_BL, mask_BL, width, group):
+        return sequence_logprobs(params, graphdef, tokens_BL, mask_BL, width, chunk=spec.logprob_chunk,
+                                 temperature=spec.temperature, group=group)
+
+    options = update_compiler_options(shared_prompts=True) if shared_prompts else None
+    return jax.jit(logprobs, static_argnums=(3, 4), compiler_options=options)
+
+
 def setup(cfg: ExperimentConfig, run_dir: Path) -> tuple[Run, TrainState, Any]:
     """Builds mesh, model, tokenizer, rewards, optimiser and jitted functions; returns (run, state, model)."""
     rewards = rewards_lib.resolve(cfg.rewards)  # validated before any model is built
@@ -201,20 +219,12 @@ def setup(cfg: ExperimentConfig, run_dir: Path) -> tuple[Run, TrainState, Any]:
     state_sharding = TrainState(params=train_sharding, opt_state=opt_sharding, step=rep)
     state = jax.device_put(TrainState(params=params, opt_state=opt_state, step=jnp.zeros((), jnp.int32)),
                            state_sharding)
-    jit_step = lambda shared: jax.jit(  # shared-prompt batches compile with their own options
-        functools.partial(train_step, graphdef=graphdef, spec=spec, tx=tx),
-        in_shardings=(state_sharding, None, None), out_shardings=(state_sharding, None), donate_argnums=0,
-        compiler_options=update_compiler_options(shared_prompts=shared))
-    jitted = {False: jit_step(False), True: jit_step(True)}
+    jitted = {shared: jitted_train_step(graphdef, spec, tx, state_sharding, shared_prompts=shared)
+              for shared in (False, True)}  # shared-prompt batches compile with their own options
     step_fn = lambda state, batch: jitted[batch.group > 1](state, batch, base)
+    jitted_logprobs = {shared: jitted_logprob_pass(graphdef, spec, shared_prompts=shared)
+                       for shared in (False, True)}
 
-    def logprobs(params, tokens_BL, mask_BL, width, group):
-        return sequence_logprobs(params, graphdef, tokens_BL, mask_BL, width, chunk=spec.logprob_chunk,
-                                 temperature=spec.temperature, group=group)
-
-    jitted_logprobs = {False: jax.jit(logprobs, static_argnums=(3, 4)),
-                       True: jax.jit(logprobs, static_argnums=(3, 4),
-                                     compiler_options=update_compiler_options(shared_prompts=True))}
     def logprob_fn(params, tokens_BL, mask_BL, width, group=1):
         return jitted_logprobs[group > 1](params, tokens_BL, mask_BL, width, group)
     # beta = 0 keeps no reference model in memory; under LoRA the reference is the base itself.

@@ -16,6 +16,11 @@ Only the model's shapes are needed, never its weights: with `model.hf_path` the 
 alone is read; `--hf-config FILE` takes them from a `config.json` anywhere instead (a model not downloaded
 yet), and `--set model.hf_path=null --set model.preset=NAME` from a built-in preset.
 
+`--compile` also lowers and compiles the run's train step and log-prob pass at these shapes on `--devices`
+fake CPU devices from abstract weights and prints XLA's per-device memory, FLOPs and collectives per program
+(`jaxrl.plan_compile`), with the analytic peak beside; a compiled program over the HBM, or XLA's "Involuntary
+full rematerialization" (a tensor replicated because it could not be resharded), exits 2 with one line.
+
 Exit code 0 when the peak fits the accelerator's HBM, 1 when it does not.
 """
 
@@ -46,6 +51,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rollout-len", type=int, help="override the KV-cache capacity")
     parser.add_argument("--logits-chunk", type=int, default=8192,
                         help="vocabulary columns the log-prob computation materialises at once (0: all)")
+    parser.add_argument("--compile", action="store_true",
+                        help="also lower and compile the train step and log-prob pass at these shapes on "
+                             "--devices fake CPU devices (abstract weights) and print XLA's per-device "
+                             "memory, "
+                             "FLOPs and collectives (jaxrl.plan_compile)")
 
 
 def model_config(model, hf_config: str | None = None):
@@ -152,6 +162,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.devices < 1:
         raise ConfigError(f"--devices={args.devices}: must be >= 1")
+    if args.compile:  # before any JAX backend exists: N fake CPU devices
+        _fake_devices(args.devices)
     cfg = load_config(args.config, args.set)
     rollout_batch = cfg.data.prompts_per_step * cfg.rollout.group_size
     gen = max(cfg.rollout.gen_buckets) if cfg.rollout.gen_buckets else cfg.rollout.max_new_tokens
@@ -181,7 +193,50 @@ def run(args: argparse.Namespace) -> int:
     print(_host_plan(cfg, plan, parts["adapters"] if lora_cfg is not None else plan.params, model_cfg,
                      min(args.chips_per_host, args.devices), rollout_rows=args.rollout_batch or rollout_batch,
                      completion_len=gen).table())
+    if args.compile:
+        _compile(cfg, model_cfg, plan, args.devices)
     return 0 if plan.fits else 1
+
+
+_REMAT_WARNING = "Involuntary full rematerialization"
+
+
+def _fake_devices(n: int) -> None:
+    """Asks for `n` fake CPU devices; refused if this process already started JAX with another count."""
+    import os
+    import re
+
+    flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "", os.environ.get("XLA_FLAGS", ""))
+    os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={n}".strip()
+    os.environ["JAX_PLATFORMS"] = "cpu"
+
+
+def _compile(cfg, model_cfg, plan, devices: int) -> None:
+    """Compiles the run's programs (`jaxrl.plan_compile`) and prints their table; a program over the HBM, or
+    a compile that replicated a tensor it could not reshard, is a ConfigError (exit 2)."""
+    import jax
+
+    from jaxrl import plan_compile
+    from jaxrl.plan import GIB
+    from jaxrl.sharding import RULES, make_mesh
+
+    if len(jax.devices()) != devices:
+        raise ConfigError(f"--compile --devices={devices}: this process already runs JAX on "
+                          f"{len(jax.devices())} devices; run jaxrl plan in a fresh process")
+    if cfg.model.lora is not None:
+        raise ConfigError("--compile: LoRA runs are not compiled yet (the analytic plan above covers them); "
+                          "drop --compile or model.lora")
+    with plan_compile.captured_stderr() as log:
+        reports = plan_compile.compile_programs(cfg, model_cfg, make_mesh(cfg.mesh), RULES[cfg.mesh.rules])
+    print(plan_compile.table(reports, plan.peak))
+    remat = [line for line in log() if _REMAT_WARNING in line]
+    if remat:
+        raise ConfigError(f"--compile: XLA replicated a tensor it could not reshard ({len(remat)} x "
+                          f"'{_REMAT_WARNING}'; first: {remat[0].strip()[:300]})")
+    over = [r for r in reports if r.total > plan.hbm]
+    if over:
+        raise ConfigError(f"--compile: {over[0].name} needs {over[0].total / GIB:.2f} GiB per device, over "
+                          f"the {plan.hbm / GIB:.0f} GiB of HBM of {plan.accelerator}")
 
 
 def _host_plan(cfg, plan, checkpointed_params: int, model_cfg, chips_per_host: int, *, rollout_rows: int,

@@ -1,0 +1,167 @@
+"""`jaxrl plan --compile`: the run's real jitted programs lowered and compiled at the config's real shapes.
+
+From abstract parameters (`Transformer.abstract`: shapes, dtypes and shardings, no weight read or allocated)
+on the config's mesh over N devices, the same functions the trainer jits (`jaxrl.trainer.jitted_train_step`,
+`jitted_logprob_pass`) are lowered and compiled by XLA, and for each program this reports
+
+    per-device memory   XLA's `memory_analysis()`: arguments, outputs, temporaries, aliased (donated) bytes;
+                        total = arguments + outputs + temporaries - aliased
+    FLOPs               XLA's `cost_analysis()["flops"]` of the per-device program
+    collectives         `jaxrl.hlo_collectives` of the compiled module: count and result bytes per kind
+
+On fake CPU devices (`--xla_force_host_platform_device_count`) the program is XLA:CPU's: the SPMD
+partitioning, hence the collectives and the sharded argument/output sizes, are the ones a TPU or GPU compile
+of the same mesh gets; temporaries, fusion and layouts are the CPU compiler's (a TPU fuses more and pads to
+its tiles), so the temporaries are an indication, not a measurement. Programs covered: the train step (mini-
+batch, remat, sharding, shared-prompt groups as the run uses them) and the log-prob pass; the sampler's
+prefill/decode are not lowered yet (issue 32 item 1), and LoRA runs are refused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import sys
+import tempfile
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxrl.hlo_collectives import KINDS, collectives
+
+GIB = 1024 ** 3
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgramReport:
+    """One compiled program, per device."""
+
+    name: str
+    arguments: int
+    outputs: int
+    temporaries: int
+    aliased: int
+    flops: float
+    collectives: dict[str, dict[str, int]]
+    compile_s: float
+
+    @property
+    def total(self) -> int:
+        return self.arguments + self.outputs + self.temporaries - self.aliased
+
+
+def report(name: str, compiled, compile_s: float) -> ProgramReport:
+    """The `ProgramReport` of a `jax.stages.Compiled`."""
+    mem = compiled.memory_analysis()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost  # one dict per device program in older jax
+    return ProgramReport(name, int(mem.argument_size_in_bytes), int(mem.output_size_in_bytes),
+                         int(mem.temp_size_in_bytes), int(mem.alias_size_in_bytes),
+                         float((cost or {}).get("flops", float("nan"))), collectives(compiled.as_text()),
+                         compile_s)
+
+
+@contextlib.contextmanager
+def captured_stderr():
+    """Captures this process's file descriptor 2 (where XLA's C++ logging writes) for the block, then writes
+    it back to stderr unchanged; yields a function returning the captured lines."""
+    sys.stderr.flush()
+    saved, tmp = os.dup(2), tempfile.TemporaryFile(mode="w+b")
+    lines: list[str] = []
+    os.dup2(tmp.fileno(), 2)
+    try:
+        yield lambda: lines
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        tmp.seek(0)
+        text = tmp.read().decode(errors="replace")
+        tmp.close()
+        sys.stderr.write(text)
+        lines.extend(text.splitlines())
+
+
+def _abstract(tree, shardings):
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
+
+
+def abstract_inputs(cfg, model_cfg, mesh, rules):
+    """(graphdef, abstract TrainState with shardings, state shardings, LossSpec, optimizer) of `cfg`."""
+    from jaxrl import trainer
+    from jaxrl.algorithms import ALGORITHMS
+    from jaxrl.models import Transformer
+    from jaxrl.optim import build_optimizer
+    from jaxrl.sharding import make_constrain, state_shardings
+    from jaxrl.train_step import TrainState
+
+    model = Transformer.abstract(model_cfg, constrain=make_constrain(mesh, rules))
+    graphdef, params_state = nnx.split(model)
+    param_sharding = state_shardings(params_state, mesh, rules).to_pure_dict()
+    params = _abstract(params_state.to_pure_dict(), param_sharding)
+    tx = build_optimizer(cfg.optimizer, cfg.train.steps)
+    opt_state = jax.eval_shape(tx.init, params)
+    opt_sharding = state_shardings(opt_state, mesh, rules, params=params_state)
+    rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    state_sharding = TrainState(params=param_sharding, opt_state=opt_sharding, step=rep)
+    state = TrainState(params=params, opt_state=_abstract(opt_state, opt_sharding),
+                       step=jax.ShapeDtypeStruct((), jnp.int32, sharding=rep))
+    spec = trainer.loss_spec(cfg, ALGORITHMS[cfg.algorithm.name], trainer.algo_settings(cfg))
+    return graphdef, state, state_sharding, spec, tx
+
+
+def abstract_batch(cfg, mesh, rules, *, group: int):
+    """A mini-batch of the run's shape as ShapeDtypeStructs sharded like the trainer's batches: rows =
+    prompts_per_step · group_size / mini_batches, width = the longest prompt bucket + the generation width."""
+    from jaxrl.sharding import batch_shardings
+    from jaxrl.train_step import TrainBatch
+
+    r, a = cfg.rollout, cfg.algorithm
+    rows = cfg.data.prompts_per_step * r.group_size // a.mini_batches
+    w, t = max(r.prompt_buckets), max(r.gen_buckets) if r.gen_buckets else r.max_new_tokens
+    s = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype)  # noqa: E731
+    f32, bt, b = jnp.float32, (rows, t), (rows,)
+    batch = TrainBatch(s((rows, w + t), jnp.int32), s((rows, w + t), jnp.bool_), s(bt, jnp.bool_), s(bt, f32),
+                       s(bt, f32), s(bt, f32), s(b, f32), s(b, f32), s(b, f32), group=group)
+    return _abstract(batch, batch_shardings(batch, mesh, rules)), w, t
+
+
+def compile_programs(cfg, model_cfg, mesh, rules) -> list[ProgramReport]:
+    """Lowers and compiles the train step and the log-prob pass of `cfg` on `mesh` (abstract inputs)."""
+    import time
+
+    from jaxrl.trainer import jitted_logprob_pass, jitted_train_step
+
+    graphdef, state, state_sharding, spec, tx = abstract_inputs(cfg, model_cfg, mesh, rules)
+    group = cfg.rollout.group_size if cfg.train.share_prompts != "never" and cfg.rollout.group_size > 1 else 1
+    batch, w, t = abstract_batch(cfg, mesh, rules, group=group)
+    out = []
+    t0 = time.perf_counter()
+    step = jitted_train_step(graphdef, spec, tx, state_sharding, shared_prompts=group > 1)
+    compiled = step.lower(state, batch, None).compile()
+    out.append(report(f"train step ({batch.tokens_BL.shape[0]} x {w + t} tokens)", compiled,
+                      time.perf_counter() - t0))
+    t0 = time.perf_counter()
+    logprobs = jitted_logprob_pass(graphdef, spec, shared_prompts=group > 1)
+    compiled = logprobs.lower(state.params, batch.tokens_BL, batch.mask_BL, t, group).compile()
+    out.append(report("log-prob pass", compiled, time.perf_counter() - t0))
+    return out
+
+
+def table(reports: list[ProgramReport], analytic_peak: int) -> str:
+    """The per-program table (GiB per device, GFLOP, collective MiB) and the analytic plan's peak beside."""
+    head = (f"{'program':<34}" + "".join(f"{c:>8}" for c in ("args", "out", "temp", "alias", "total"))
+            + f"{'GFLOP':>10}  collectives")
+    lines = ["compiled programs, per device (GiB; collectives: count x MiB of results)", head]
+    for r in reports:
+        coll = ", ".join(f"{k} {r.collectives[k]['count']} x {r.collectives[k]['bytes'] / 2 ** 20:.1f}"
+                         for k in KINDS if r.collectives[k]["count"])
+        lines.append(f"{r.name:<34}" + "".join(f"{v / GIB:>8.3f}" for v in (
+            r.arguments, r.outputs, r.temporaries, r.aliased, r.total)) + f"{r.flops / 1e9:>10.1f}  "
+            + (coll or "none") + f"  [compiled in {r.compile_s:.1f} s]")
+    peak = max(r.total for r in reports)
+    lines.append(f"compiled peak {peak / GIB:.3f} GiB vs analytic plan {analytic_peak / GIB:.3f} GiB "
+                 f"(ratio {peak / max(analytic_peak, 1):.2f})")
+    return "\n".join(lines)

@@ -1,0 +1,88 @@
+"""`jaxrl plan --compile` (`jaxrl.plan_compile`): the run's train step and log-prob pass compiled from
+abstract weights on the 8 fake CPU devices of tests/conftest.py, at a small model's shapes (issue 32 item 1).
+
+Checked against what is known without XLA: the train step's per-device arguments are exactly the bytes of
+the state's and the batch's shards (their shardings give them), the donated state is aliased, an FSDP mesh
+all-gathers weights where a data-parallel one (fsdp = 1) all-gathers none, and both reduce gradients. A
+program over the accelerator's HBM is one line and exit 2. (Measured on the way: with 2 rows a device and GRPO
+groups of 4, the data-parallel step all-gathers 33 times, 1.7 MiB: a shared-prompt group split over devices
+gathers its rows; with whole groups per device, as here, none.)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import numpy as np
+import pytest
+
+from jaxrl.config import load_config
+from jaxrl.errors import ConfigError
+
+SMALL = ["model.overrides={hidden_size: 64, num_layers: 2, num_heads: 4, num_kv_heads: 2, head_dim: 16, "
+         "mlp_dim: 128}", "data.prompts_per_step=8", "rollout.group_size=4"]  # 4 rows (one group) a device
+
+
+def _shard_bytes(tree) -> int:
+    return sum(math.prod(x.sharding.shard_shape(x.shape)) * np.dtype(x.dtype).itemsize
+               for x in jax.tree.leaves(tree))
+
+
+_compiled: dict = {}
+
+
+def _compile(mesh_sets):
+    key = tuple(mesh_sets)
+    if key not in _compiled:
+        _compiled[key] = _compile_now(mesh_sets)
+    return _compiled[key]
+
+
+def _compile_now(mesh_sets):
+    from jaxrl import plan_compile
+    from jaxrl.commands.plan import model_config
+    from jaxrl.sharding import RULES, make_mesh
+
+    cfg = load_config(None, SMALL + mesh_sets)
+    mesh, rules = make_mesh(cfg.mesh), RULES[cfg.mesh.rules]
+    _, state, _, _, _ = plan_compile.abstract_inputs(cfg, model_config(cfg.model), mesh, rules)
+    batch, _, _ = plan_compile.abstract_batch(cfg, mesh, rules, group=cfg.rollout.group_size)
+    return plan_compile.compile_programs(cfg, model_config(cfg.model), mesh, rules), state, batch
+
+
+@pytest.mark.parametrize("mesh_sets, gathers", [(["mesh.data=2", "mesh.fsdp=4"], True),
+                                                (["mesh.data=8", "mesh.fsdp=1"], False)])
+def test_programs_compile_with_the_sizes_their_shardings_give(mesh_sets, gathers):
+    (step, logprobs), state, batch = _compile(mesh_sets)
+    assert step.name.startswith("train step (32 x ") and logprobs.name == "log-prob pass"
+    # jit drops arguments the program never reads: the reference log-probs, with no KL term
+    unread = _shard_bytes(batch.ref_logp_BT)
+    assert step.arguments == _shard_bytes(state) + _shard_bytes(batch) - unread
+    assert step.aliased == _shard_bytes(state)  # the donated state is updated in place
+    assert step.flops > logprobs.flops > 0 and step.temporaries > 0
+    reduced = step.collectives["all-reduce"]["count"] + step.collectives["reduce-scatter"]["count"]
+    assert reduced > 0  # gradients are reduced over the data (and fsdp) axes
+    assert (step.collectives["all-gather"]["count"] > 0) == gathers, step.collectives
+    assert (logprobs.collectives["all-gather"]["count"] > 0) == gathers, logprobs.collectives
+
+
+def test_a_program_over_the_hbm_is_one_line(capsys, monkeypatch):
+    from jaxrl import plan_compile
+    from jaxrl.commands import plan as plan_cmd
+    from jaxrl.commands.plan import model_config
+    from jaxrl.plan import plan_memory
+
+    cfg = load_config(None, SMALL + ["mesh.data=2", "mesh.fsdp=4"])
+    model_cfg = model_config(cfg.model)
+    plan = plan_memory(model_cfg, cfg.mesh, 8, batch=32, seq_len=56, rollout_batch=32, rollout_len=56,
+                       accelerator="v5e")
+    reports = _compile(["mesh.data=2", "mesh.fsdp=4"])[0]  # compiled once for the module
+    monkeypatch.setattr(plan_compile, "compile_programs", lambda *a: reports)
+    with pytest.raises(ConfigError, match=r"^--compile: train step \(32 x 56 tokens\) needs 0\.\d\d GiB per "
+                                          r"device, over the 0 GiB of HBM of v5e$"):
+        plan_cmd._compile(cfg, model_cfg, dataclasses.replace(plan, hbm=1024), 8)
+    assert "compiled peak" in capsys.readouterr().out  # the table is printed before the verdict
+    with pytest.raises(ConfigError, match=r"this process already runs JAX on 8 devices"):
+        plan_cmd._compile(cfg, model_cfg, plan, 32)
