@@ -1,7 +1,7 @@
 """`jaxrl plan --compile`: the run's real jitted programs lowered and compiled at the config's real shapes.
 
 From abstract parameters (`Transformer.abstract`: shapes, dtypes and shardings, no weight read or allocated)
-on the config's mesh over N devices, the same functions the trainer jits (`jaxrl.trainer.jitted_train_step`,
+on the config's mesh over N devices, the same functions the trainer jits (`jaxrl.train_step.jitted_train_step`,
 `jitted_logprob_pass`) are lowered and compiled by XLA, and for each program this reports
 
     per-device memory   XLA's `memory_analysis()`: arguments, outputs, temporaries, aliased (donated) bytes;
@@ -132,7 +132,7 @@ def compile_programs(cfg, model_cfg, mesh, rules) -> list[ProgramReport]:
     """Lowers and compiles the train step and the log-prob pass of `cfg` on `mesh` (abstract inputs)."""
     import time
 
-    from jaxrl.trainer import jitted_logprob_pass, jitted_train_step
+    from jaxrl.train_step import jitted_logprob_pass, jitted_train_step
 
     graphdef, state, state_sharding, spec, tx = abstract_inputs(cfg, model_cfg, mesh, rules)
     group = cfg.rollout.group_size if cfg.train.share_prompts != "never" and cfg.rollout.group_size > 1 else 1

@@ -27,6 +27,7 @@ G = 8 (TRL and verl recompute the prompt G times; benchmarks/RESULTS.md).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import chex
@@ -299,3 +300,21 @@ def dequantized(params):
 
     is_q = lambda x: isinstance(x, quant.QuantizedKernel)
     return jax.tree.map(lambda x: quant.dequantize(x) if is_q(x) else x, params, is_leaf=is_q)
+
+
+def jitted_train_step(graphdef, spec: LossSpec, tx, state_sharding, *, shared_prompts: bool):
+    """The jitted update `(state, batch, base) -> (state, metrics)` the run executes (and `jaxrl plan
+    --compile` lowers from abstract inputs): the state donated and kept in `state_sharding`."""
+    return jax.jit(functools.partial(train_step, graphdef=graphdef, spec=spec, tx=tx),
+                   in_shardings=(state_sharding, None, None), out_shardings=(state_sharding, None),
+                   donate_argnums=0, compiler_options=update_compiler_options(shared_prompts=shared_prompts))
+
+
+def jitted_logprob_pass(graphdef, spec: LossSpec, *, shared_prompts: bool):
+    """The jitted old/reference log-prob pass `(params, tokens_BL, mask_BL, width, group) -> logp_BT`."""
+    def logprobs(params, tokens_BL, mask_BL, width, group):
+        return sequence_logprobs(params, graphdef, tokens_BL, mask_BL, width, chunk=spec.logprob_chunk,
+                                 temperature=spec.temperature, group=group)
+
+    options = update_compiler_options(shared_prompts=True) if shared_prompts else None
+    return jax.jit(logprobs, static_argnums=(3, 4), compiler_options=options)

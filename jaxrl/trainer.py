@@ -40,8 +40,7 @@ from jaxrl.sampling import SamplingSpec
 from jaxrl.sharding import rows as rows_lib
 from jaxrl.sharding import (RULES, batch_shardings, hosts, logical_to_spec, make_constrain, make_mesh,
                             row_sharding, state_shardings)
-from jaxrl.train_step import (LossSpec, TrainBatch, TrainState, sequence_logprobs, train_step,
-                              update_compiler_options)
+from jaxrl.train_step import LossSpec, TrainBatch, TrainState, jitted_logprob_pass, jitted_train_step
 
 # Reward types that shape by length; DAPO's keep filter and CLIPO's correctness read the other columns.
 LENGTH_SHAPING_TYPES = ("length", "overlong")
@@ -165,24 +164,6 @@ def _check_whole_groups_per_host(cfg: ExperimentConfig, processes: int) -> None:
         raise ConfigError(f"data.prompts_per_step={cfg.data.prompts_per_step}: must be divisible by the "
                           f"{processes} processes with the pairwise reward {pairwise[0]!r} (the "
                           "completions of one prompt must sit on one host)")
-
-
-def jitted_train_step(graphdef, spec: LossSpec, tx, state_sharding, *, shared_prompts: bool):
-    """The jitted update `(state, batch, base) -> (state, metrics)` the run executes (and `jaxrl plan
-    --compile` lowers from abstract inputs): the state donated and kept in `state_sharding`."""
-    return jax.jit(functools.partial(train_step, graphdef=graphdef, spec=spec, tx=tx),
-                   in_shardings=(state_sharding, None, None), out_shardings=(state_sharding, None),
-                   donate_argnums=0, compiler_options=update_compiler_options(shared_prompts=shared_prompts))
-
-
-def jitted_logprob_pass(graphdef, spec: LossSpec, *, shared_prompts: bool):
-    """The jitted old/reference log-prob pass `(params, tokens_BL, mask_BL, width, group) -> logp_BT`."""
-    def logprobs(params, tokens_BL, mask_BL, width, group):
-        return sequence_logprobs(params, graphdef, tokens_BL, mask_BL, width, chunk=spec.logprob_chunk,
-                                 temperature=spec.temperature, group=group)
-
-    options = update_compiler_options(shared_prompts=True) if shared_prompts else None
-    return jax.jit(logprobs, static_argnums=(3, 4), compiler_options=options)
 
 
 def setup(cfg: ExperimentConfig, run_dir: Path) -> tuple[Run, TrainState, Any]:
