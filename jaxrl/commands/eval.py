@@ -9,8 +9,8 @@ overrides them as in `jaxrl train`. The dataset is the config's held-out split u
 source (a .jsonl/.parquet file, a built-in generator, or `reasoning_gym:<task>`), of which the first `--limit`
 records are scored. Evaluation runs the run's own collector (single-turn completions, its environment's
 episodes, its multi-agent system's held-out rows) in batches of `data.prompts_per_step`, so a run's checkpoint
-reproduces the training-time `eval/*` numbers of its step. Prints one JSON object (also written to `--out` when given). A LoRA run's adapters are
-merged into their base on the fly (`jaxrl.lora_io.merged_model`).
+reproduces the training-time `eval/*` numbers of its step. Prints one JSON object (also written to `--out`
+when given). A LoRA run's adapters are merged into their base on the fly (`jaxrl.lora_io.merged_model`).
 """
 
 from __future__ import annotations
