@@ -91,8 +91,9 @@ def run(args: argparse.Namespace) -> int:
     sampled = dataclasses.replace(sampling_spec(cfg), num_samples=args.k) if args.k > 1 else None
     encoder = Encoder(tokenizer, d.system_prompt, d.target_format, tuple(d.target_formats))
     collect = lambda params, batch, spec, seed: collector(params, batch, spec, seed, train=False)
-    out = evaluate(collect, params, records, encoder, greedy, batch_size=args.batch_size or d.prompts_per_step,
-                   sampled=sampled, seed=cfg.train.seed)
+    batch_size = args.batch_size or d.prompts_per_step  # the training evaluation's batches by default
+    out = evaluate(collect, params, records, encoder, greedy, batch_size=batch_size, sampled=sampled,
+                   seed=cfg.train.seed)
     out = {"checkpoint": str(checkpoint), "num_prompts": len(records), "k": args.k, **out}
     text = json.dumps(out, indent=1)
     print(text)
