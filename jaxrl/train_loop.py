@@ -58,7 +58,12 @@ def sft_warm_start(run: trainer.Run, state: TrainState, records, encoder, *, ste
     jitted = jax.jit(functools.partial(train_step, graphdef=run.graphdef, spec=spec, tx=tx),
                      donate_argnums=0, compiler_options=update_compiler_options())
     step_fn = lambda state, batch: jitted(state, batch, run.policy.frozen)
+    # the scalars (Adam's count, the step) replicated on the mesh as the step returns them: otherwise the
+    # second step sees other input shardings and compiles the program a second time
     sft_state = TrainState(state.params, tx.init(state.params), jnp.zeros((), jnp.int32))
+    rep = jax.sharding.NamedSharding(run.mesh, jax.sharding.PartitionSpec())
+    sft_state = jax.device_put(sft_state, jax.tree.map(
+        lambda x: x.sharding if isinstance(x.sharding, jax.sharding.NamedSharding) else rep, sft_state))
     rng = np.random.default_rng([run.seed, 7])
     completion_width = run.sampling.max_new_tokens
     longest = max(len(encoder(r)["prompt_ids"]) for r in records[:256])

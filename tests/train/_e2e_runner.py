@@ -4,7 +4,8 @@ test_e2e.py in a subprocess.
 usage: python _e2e_runner.py OUT.json BASE_DIR CASE [CASE...]   (CASE names come from `CASES`)
 
 For each case it writes {metrics rows, max |Δparam| between the initial model and the last checkpoint, the
-XLA compilations seen after the first metrics row, error}. Nothing is asserted here.
+XLA compilations seen after the first metrics row, those after the SFT warm start's first step, error}.
+Nothing is asserted here.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ CASES: dict[str, tuple[str, ...]] = {
     # Only the length reward: a group whose 4 completions all hit max_new_tokens is degenerate and resampled.
     "dapo": ("algorithm.name=dapo", "algorithm.clip.high=0.28", "algorithm.dapo.max_tries=3",
              "rewards=[{name: short, type: function, function: '_train_rewards:short'}]", "train.steps=3"),
-    "rloo": ("algorithm.name=rloo",),
+    "rloo": ("algorithm.name=rloo", "sft_warmup.steps=3", "sft_warmup.batch_size=4"),  # + a warm start
     "gdpo": ("algorithm.name=gdpo",),
     "gd2po": ("algorithm.name=gd2po",),
     "etr": ("algorithm.name=etr", "algorithm.etr.alpha=0.5", "algorithm.etr.beta=0.5"),
@@ -44,19 +45,26 @@ CASES: dict[str, tuple[str, ...]] = {
 
 
 class _CompileLog(logging.Handler):
-    """Records 'Finished XLA compilation of <fn>' messages with the number of metrics rows written so far."""
+    """Records 'Finished XLA compilation of <fn>' messages with the number of metrics rows written so far (-1:
+    between the SFT warm start's first step and its end, which jaxrl.train_loop logs as 'SFT warm start:
+    step 1/N' and 'SFT warm start: NLL a -> b')."""
 
     def __init__(self):
         super().__init__()
         self.run_dir: Path | None = None
         self.events: list[tuple[int, str]] = []
+        self.warming = self.warm_started = False
 
     def emit(self, record):
         msg = record.getMessage()
+        if msg.startswith("SFT warm start: step 1/"):
+            self.warming = self.warm_started = True
+        elif msg.startswith("SFT warm start: NLL"):
+            self.warming = False
         if "Finished XLA compilation" in msg and self.run_dir is not None:
             f = self.run_dir / "metrics.jsonl"
             rows = len(f.read_text().splitlines()) if f.exists() else 0
-            self.events.append((rows, msg.split(" in ")[0]))
+            self.events.append((-1 if self.warming else rows, msg.split(" in ")[0]))
 
 
 def _max_param_change(cfg, run_dir: Path) -> float:
@@ -78,17 +86,20 @@ def main(out: str, base_dir: str, names: list[str]) -> None:
     handler = _CompileLog()
     logging.getLogger("jax").addHandler(handler)
     logging.getLogger("jax").setLevel(logging.WARNING)
+    logging.getLogger("jaxrl.train_loop").addHandler(handler)
+    logging.getLogger("jaxrl.train_loop").setLevel(logging.INFO)
     results = {}
     for name in names:
         run_dir = Path(base_dir) / name
-        handler.run_dir, handler.events = run_dir, []
+        handler.run_dir, handler.events, handler.warm_started = run_dir, [], False
         try:
             cfg = load_config(None, [*BASE, *CASES[name]])
             train(cfg, run_dir)
             late = [m for rows, m in handler.events if rows >= 1]
             handler.run_dir = None
             rows = metrics(run_dir, drop_timing=False)
-            results[name] = {"rows": rows, "late_compiles": late, "error": None,
+            warm = [m for rows, m in handler.events if rows == -1] if handler.warm_started else None
+            results[name] = {"rows": rows, "late_compiles": late, "warm_start_compiles": warm, "error": None,
                              "param_change": _max_param_change(cfg, run_dir)}
         except Exception:  # noqa: BLE001 -- reported to the test, which fails with the traceback
             results[name] = {"error": traceback.format_exc()}
