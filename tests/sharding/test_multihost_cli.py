@@ -51,13 +51,13 @@ BASE = [
     "checkpoint.every=1", "mesh.data=1", "mesh.fsdp=-1",
 ]
 
+# One comparison asserts several things: grpo also checks the KL term (its reference is checkpointed, so the
+# kill -9 test below resumes it) and process 0's tracker; gdpo starts from an SFT warm start on 2 hosts.
 CASES = {
-    "grpo": ["algorithm.name=grpo", "train.steps=3", "logging.trackers=[mlflow]"],  # + a tracker: process 0's
+    "grpo": ["algorithm.name=grpo", "train.steps=3", "algorithm.kl.beta=0.05", "logging.trackers=[mlflow]"],
     "dapo": ["algorithm.name=dapo", "algorithm.dapo.max_tries=2"],
-    "gdpo": ["algorithm.name=gdpo"],
+    "gdpo": ["algorithm.name=gdpo", "sft_warmup.steps=4", "sft_warmup.batch_size=8"],
     "clipo": ["algorithm.name=clipo"],
-    "kl": ["algorithm.name=grpo", "algorithm.kl.beta=0.05"],
-    "sft": ["algorithm.name=grpo", "sft_warmup.steps=4", "sft_warmup.batch_size=8", "train.steps=1"],
     "lora": ["algorithm.name=grpo", "model.lora={rank: 4, alpha: 8}", "model.quantize=int8",
              "algorithm.kl.beta=0.05", "optimizer.lr=5e-2"],
 }
@@ -177,11 +177,13 @@ def test_peer_verdict_names_the_lost_process():
 def test_two_hosts_match_one_host(name, tmp_root):
     one = run_case(name, 1, tmp_root)
     two = run_case(name, 2, tmp_root)
-    assert_same_metrics(two, one)
+    assert_same_metrics(two, one, keys=COMPARED + ("kl",))  # kl: grpo's (absent elsewhere)
     losses = [r["loss"] for r in one if "loss" in r]
     assert any(abs(x) > 1e-6 for x in losses), f"degenerate comparison: losses {losses}"
     if name == "dapo":
         assert any(r.get("dapo/resample_rounds", 0) > 0 for r in one), "DAPO never resampled"
+    if name == "grpo":  # the KL term is on and compared: the policy moved away from its reference
+        assert any(r.get("kl", 0) > 0 for r in one), f"KL never positive: {[r.get('kl') for r in one]}"
 
 
 @pytest.mark.slow
@@ -205,17 +207,24 @@ def test_only_process_zero_logs_to_the_tracker(tmp_root, monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def reward_model_dir(tmp_root) -> Path:
-    """A reward model trained for two steps by `jaxrl train-rm` (one process): its scores vary with the
-    text."""
-    run_dir = tmp_root / "rm"
-    argv = [sys.executable, "-m", "jaxrl.cli", "train-rm", "--run-dir", str(run_dir)]
-    for o in ("train.steps=2", "train.eval_every=0", "data.train_size=32", "data.eval_size=8",
-              "data.batch_size=8", "checkpoint.every=2"):
-        argv += ["--set", o]
-    done = subprocess.run(argv, env=_env(1), capture_output=True, text=True, timeout=TIMEOUT_S)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    return run_dir
+def rm_runs(tmp_root) -> dict[int, tuple[Path, list[dict]]]:
+    """`jaxrl train-rm` on 1 x 4 and on 2 x 2 devices, side by side: {processes: (run dir, metrics rows)}.
+    DIR with `debias.warmup_steps=1`: step 1 is the plain Bradley-Terry step (gamma = 0), steps 2-4 add the
+    debiasing term, so one pair of runs compares both objectives."""
+    dirs = {n: tmp_root / f"rm-{n}" for n in (1, 2)}
+    procs = {n: _launch_rm(d, n, 4 // n, ["debias.enabled=true", "debias.warmup_steps=1"])
+             for n, d in dirs.items()}
+    out = {}
+    for n, group in procs.items():
+        wait_all(group)
+        out[n] = (dirs[n], _rm_metrics(dirs[n]))
+    return out
+
+
+@pytest.fixture(scope="module")
+def reward_model_dir(rm_runs) -> Path:
+    """The one-process reward model of `rm_runs` (4 steps): its scores vary with the text."""
+    return rm_runs[1][0]
 
 
 @pytest.mark.slow
@@ -248,17 +257,17 @@ def test_model_and_pairwise_rewards_two_hosts_match_one_host(reward_model_dir, t
 @pytest.mark.slow
 def test_sft_aux_expert_rows_fit_any_mesh(tmp_root):
     """AFRL's expert rows (one per prompt) next to the P·G rollout rows: 2 x 2 + 2 = 6 rows do not split over
-    4 devices, so the trainer pads them with rows that train on nothing. The run on 4 devices (one process and
-    two) follows the unpadded one-device run step by step: the padding changes no loss and no normaliser."""
+    4 devices, so the trainer pads them with rows that train on nothing. The run on 2 processes x 2 devices
+    follows the unpadded one-device run step by step: the padding (and the second host) changes no loss and no
+    normaliser."""
     overrides = ["algorithm.name=sft_aux", "algorithm.sft.lam=0.5", "data.prompts_per_step=2"]
-    dirs = {(p, d): tmp_root / f"sft-aux-{p}x{d}" for p, d in ((1, 1), (1, 4), (2, 2))}  # side by side
+    dirs = {(p, d): tmp_root / f"sft-aux-{p}x{d}" for p, d in ((1, 1), (2, 2))}  # side by side
     procs = {key: launch(d, overrides, processes=key[0], devices=key[1]) for key, d in dirs.items()}
     runs = {}
     for key, group in procs.items():
         wait_all(group)
         runs[key] = metrics(dirs[key])
     keys = COMPARED + ("sft/nll",)
-    assert_same_metrics(runs[1, 4], runs[1, 1], keys=keys)
     assert_same_metrics(runs[2, 2], runs[1, 1], keys=keys)
     assert all(r["sft/nll"] > 0 for r in runs[1, 1] if "loss" in r)
 
@@ -417,7 +426,7 @@ RM_ARGS = ["train.steps=4", "train.eval_every=2", "logging.every=1", "checkpoint
            "data.eval_size=64", "data.batch_size=8"]
 
 
-def _train_rm(run_dir: Path, processes: int, devices: int, extra: list[str]) -> list[dict]:
+def _launch_rm(run_dir: Path, processes: int, devices: int, extra: list[str]) -> list[subprocess.Popen]:
     argv = [sys.executable, "-m", "jaxrl.cli", "train-rm", "--run-dir", str(run_dir)]
     argv += [a for o in RM_ARGS + extra for a in ("--set", o)]
     if processes > 1:
@@ -430,7 +439,10 @@ def _train_rm(run_dir: Path, processes: int, devices: int, extra: list[str]) -> 
                              stdout=log, stderr=subprocess.STDOUT)
         p.log_path = Path(log.name)  # type: ignore[attr-defined]
         procs.append(p)
-    wait_all(procs)
+    return procs
+
+
+def _rm_metrics(run_dir: Path) -> list[dict]:
     merged: dict[int, dict] = {}  # the final eval row shares the last step's number
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
         row = json.loads(line)
@@ -439,19 +451,15 @@ def _train_rm(run_dir: Path, processes: int, devices: int, extra: list[str]) -> 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("debias", [False, True])
-def test_train_rm_two_hosts_match_one_host(debias, tmp_path):
+def test_train_rm_two_hosts_match_one_host(rm_runs):
     """`jaxrl train-rm` as two processes (data-parallel over 2 x 2 devices) follows the one-process run step by
-    step (BT and DIR), and only process 0 writes the run's files."""
-    extra = ["debias.enabled=true", "debias.warmup_steps=1"] if debias else []
-    one = _train_rm(tmp_path / "one", 1, 4, extra)
-    two = _train_rm(tmp_path / "two", 2, 2, extra)
-    keys = ("rm/loss", "rm/acc", "eval/accuracy") + (("dir/club_mi",) if debias else ())
-    assert_same_metrics(two, one, keys=keys)
+    step (BT at step 1, DIR after it), and only process 0 writes the run's files."""
+    (one_dir, one), (two_dir, two) = rm_runs[1], rm_runs[2]
+    assert_same_metrics(two, one, keys=("rm/loss", "rm/acc", "eval/accuracy", "dir/club_mi"))
     assert sum(1 for r in one if "eval/accuracy" in r) == 2
-    assert json.loads((tmp_path / "two" / "eval_rm.json").read_text())["accuracy"] == pytest.approx(
-        json.loads((tmp_path / "one" / "eval_rm.json").read_text())["accuracy"], rel=1e-5)
-    steps = sorted(p.name for p in (tmp_path / "two" / "checkpoints").iterdir() if p.name.isdigit())
+    assert json.loads((two_dir / "eval_rm.json").read_text())["accuracy"] == pytest.approx(
+        json.loads((one_dir / "eval_rm.json").read_text())["accuracy"], rel=1e-5)
+    steps = sorted(p.name for p in (two_dir / "checkpoints").iterdir() if p.name.isdigit())
     assert steps == ["4"]  # checkpoint.keep=1 of the embedded config
 
 
