@@ -1,6 +1,7 @@
 """Adapter checkpoints (exact round trip, base hash check) and HF exports: merged model and PEFT adapter
 loaded by transformers / peft give our logits within 1e-4; a PEFT adapter imports back exactly."""
 
+import functools
 import json
 
 import jax
@@ -21,6 +22,7 @@ TOKENS = np.random.default_rng(1).integers(3, 64, (2, 9))
 LCFG = lora.LoraConfig(rank=4, alpha=8.0, targets=("q_proj", "v_proj", "o_proj", "gate_proj", "down_proj"))
 
 
+@functools.partial(jax.jit, static_argnums=(1, 2))
 def _random_adapters(params, cfg, seed=0):
     adapters = lora.init_adapters(params, cfg, jax.random.key(seed))
     keys = iter(jax.random.split(jax.random.key(seed + 1), 64))
@@ -37,8 +39,13 @@ def tiny(tmp_path_factory):
     return path, torch_model, params, model.cfg, _random_adapters(params, LCFG)
 
 
+@functools.partial(jax.jit, static_argnums=0)
+def _logits(cfg, params):
+    return Transformer.from_params(cfg, params)(jnp.asarray(TOKENS, jnp.int32))
+
+
 def _ours(cfg, params):
-    return np.asarray(Transformer.from_params(cfg, params)(jnp.asarray(TOKENS, jnp.int32)))
+    return np.asarray(_logits(cfg, params))
 
 
 def test_adapter_checkpoint_roundtrip_is_exact_and_checks_the_base(tiny, tmp_path):

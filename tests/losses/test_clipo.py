@@ -134,8 +134,8 @@ def test_infonce_picks_a_positive_and_matches_reference(level):
 def test_infonce_mean_over_keys_approaches_supcon_out():
     z, y = _random_case(3)
     keys = jax.random.split(jax.random.key(0), 400)
-    per_k = jax.vmap(
-        lambda k: clipo.contrastive_loss(jnp.asarray(z), jnp.asarray(y), 4, tau=0.5, key=k)[1])(keys)
+    per_k = jax.jit(jax.vmap(
+        lambda k: clipo.contrastive_loss(jnp.asarray(z), jnp.asarray(y), 4, tau=0.5, key=k)[1]))(keys)
     _, per_out, _ = clipo.contrastive_loss(jnp.asarray(z), jnp.asarray(y), 4, tau=0.5, kind="supcon_out")
     np.testing.assert_allclose(per_k.mean(0), per_out, atol=0.05)
     assert float(per_k.std(0).max()) > 0.0  # some anchor has several positives
@@ -169,10 +169,11 @@ def test_head_grad_zero_without_anchor_and_finite_with(kind):
     params = clipo.init_contrastive_head(cfg, jax.random.key(0))
     h = jax.random.normal(jax.random.key(1), (8, 6))
     loss_fn = lambda p, y: clipo.clipo_head_loss(p, h, y, 4, key=jax.random.key(2))[0]
-    g_none = jax.grad(loss_fn)(params, jnp.array([1, 0, 0, 0, 0, 0, 0, 0]))
+    grad_fn = jax.jit(jax.grad(loss_fn))
+    g_none = grad_fn(params, jnp.array([1, 0, 0, 0, 0, 0, 0, 0]))
     for leaf in jax.tree.leaves(g_none):
         np.testing.assert_array_equal(leaf, 0.0)
-    g_some = jax.grad(loss_fn)(params, jnp.array([1, 1, 0, 0, 1, 0, 1, 1]))
+    g_some = grad_fn(params, jnp.array([1, 1, 0, 0, 1, 0, 1, 1]))
     assert all(bool(jnp.isfinite(leaf).all()) for leaf in jax.tree.leaves(g_some))
     assert any(float(jnp.abs(leaf).max()) > 0 for leaf in jax.tree.leaves(g_some))
     z = clipo.apply_contrastive_head(params, jnp.zeros((2, 6)))
@@ -186,12 +187,17 @@ def test_head_training_step_lowers_loss():
     y = jnp.array([1, 1, 0, 0, 1, 1, 1, 0])
     opt = optax.adamw(1e-2, weight_decay=0.01)
     state = opt.init(params)
-    loss_fn = lambda p: clipo.clipo_head_loss(p, h, y, 4, kind="supcon_out", tau=0.5)[0]
-    before = loss_fn(params)
-    for _ in range(20):
+    loss_fn = jax.jit(lambda p: clipo.clipo_head_loss(p, h, y, 4, kind="supcon_out", tau=0.5)[0])
+
+    @jax.jit
+    def step(params, state):
         grads = jax.grad(loss_fn)(params)
         updates, state = opt.update(grads, state, params)
-        params = optax.apply_updates(params, updates)
+        return optax.apply_updates(params, updates), state
+
+    before = loss_fn(params)
+    for _ in range(20):
+        params, state = step(params, state)
     assert float(loss_fn(params)) < float(before)
 
 

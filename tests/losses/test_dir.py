@@ -95,11 +95,11 @@ def test_gradients_wrt_representations_are_finite_and_checked():
     params = dir_lib.init_club_classifier(jax.random.key(0), 3, hidden=5)
     a = jnp.array([1, 0, 1, 1])
     x = jax.random.normal(jax.random.key(1), (4, 3))
-    f = lambda x: dir_lib.club_mi(dir_lib.apply_club_classifier(params, x), a)
+    f = jax.jit(lambda x: dir_lib.club_mi(dir_lib.apply_club_classifier(params, x), a))
     g = jax.grad(f)(x)
     assert bool(jnp.isfinite(g).all()) and float(jnp.abs(g).max()) > 0
     jax.test_util.check_grads(f, (x,), order=1, modes=["rev"], atol=1e-2, rtol=1e-2)
-    bt = lambda r: dir_lib.bradley_terry_loss(r[:2], r[2:])
+    bt = jax.jit(lambda r: dir_lib.bradley_terry_loss(r[:2], r[2:]))
     jax.test_util.check_grads(bt, (jnp.array([0.3, -1.0, 0.5, 2.0]),), order=1, modes=["rev"], atol=1e-2,
                               rtol=1e-2)
 
@@ -116,15 +116,20 @@ def test_classifier_inner_steps_reduce_nll_and_match_python_loop():
     np.testing.assert_allclose(nll0, dir_lib.club_classifier_nll(dir_lib.apply_club_classifier(params, x), a))
     assert float(nll_after) < float(nll0)
     p, s = params, state
-    for _ in range(5):
+
+    @jax.jit
+    def python_step(p, s):
         grads = jax.grad(lambda p: dir_lib.club_classifier_nll(dir_lib.apply_club_classifier(p, x), a))(p)
         updates, s = opt.update(grads, s, p)
-        p = optax.apply_updates(p, updates)
+        return optax.apply_updates(p, updates), s
+
+    for _ in range(5):
+        p, s = python_step(p, s)
     for got, want in zip(jax.tree.leaves(new_params), jax.tree.leaves(p)):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     # x is detached: the inner steps give no gradient to the representation
-    gx = jax.grad(lambda x: jax.tree.leaves(dir_lib.classifier_inner_steps(params, state, x, a, opt, 2)[0])[0]
-                  .sum())(x)
+    first_leaf = lambda x: jax.tree.leaves(dir_lib.classifier_inner_steps(params, state, x, a, opt, 2)[0])[0]
+    gx = jax.jit(jax.grad(lambda x: first_leaf(x).sum()))(x)
     np.testing.assert_array_equal(gx, 0.0)
 
 
@@ -160,29 +165,31 @@ def test_classifier_micro_steps_match_sequential_loop_and_club_mi_micro():
     params = dir_lib.init_club_classifier(jax.random.key(3), 4, hidden=8)
     opt = optax.adamw(1e-2, weight_decay=0.01)
     state = opt.init(params)
-    stacked, final, _, nll_M = dir_lib.classifier_micro_steps(params, state, x, a, opt, 3, 3)
+    inner = jax.jit(dir_lib.classifier_inner_steps, static_argnums=(4, 5))
+    micro = jax.jit(dir_lib.classifier_micro_steps, static_argnums=(4, 5, 6))
+    mi_micro = jax.jit(dir_lib.club_mi_micro)
+    club = jax.jit(lambda p, x, a: dir_lib.club_mi(dir_lib.apply_club_classifier(p, x), a))
+    stacked, final, _, nll_M = micro(params, state, x, a, opt, 3, 3)
     p, s, ps, nlls = params, state, [], []
     for m in range(3):  # reference order: micro-batch m trains psi, then its CLUB uses that psi
-        p, s, nll = dir_lib.classifier_inner_steps(p, s, x[4 * m:4 * m + 4], a[4 * m:4 * m + 4], opt, 3)
+        p, s, nll = inner(p, s, x[4 * m:4 * m + 4], a[4 * m:4 * m + 4], opt, 3)
         ps.append(p)
         nlls.append(nll)
     for got, want in zip(jax.tree.leaves(final), jax.tree.leaves(p)):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(nll_M, nlls, rtol=1e-6)
-    mi = dir_lib.club_mi_micro(stacked, x, a)
+    mi = mi_micro(stacked, x, a)
     rows = [slice(4 * m, 4 * m + 4) for m in range(3)]
-    want_mi = np.mean([dir_lib.club_mi(dir_lib.apply_club_classifier(ps[m], x[r]), a[r])
-                       for m, r in enumerate(rows)])
+    want_mi = np.mean([club(ps[m], x[r], a[r]) for m, r in enumerate(rows)])
     np.testing.assert_allclose(mi, want_mi, rtol=1e-6)
     # one micro-batch is exactly the plain schedule
-    one, fin1, _, _ = dir_lib.classifier_micro_steps(params, state, x, a, opt, 3, 1)
-    plain, _, _ = dir_lib.classifier_inner_steps(params, state, x, a, opt, 3)
+    one, fin1, _, _ = micro(params, state, x, a, opt, 3, 1)
+    plain, _, _ = inner(params, state, x, a, opt, 3)
     for got, want in zip(jax.tree.leaves(fin1), jax.tree.leaves(plain)):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
-    np.testing.assert_allclose(dir_lib.club_mi_micro(one, x, a),
-                               dir_lib.club_mi(dir_lib.apply_club_classifier(plain, x), a), rtol=1e-6)
+    np.testing.assert_allclose(mi_micro(one, x, a), club(plain, x, a), rtol=1e-6)
     # gradients reach x through the CLUB term only; psi is held fixed
-    g_x, g_p = jax.grad(lambda xx, st: dir_lib.club_mi_micro(st, xx, a), argnums=(0, 1))(x, stacked)
+    g_x, g_p = jax.jit(jax.grad(lambda xx, st: dir_lib.club_mi_micro(st, xx, a), argnums=(0, 1)))(x, stacked)
     assert float(jnp.abs(g_x).max()) > 0 and all(float(jnp.abs(v).max()) == 0 for v in jax.tree.leaves(g_p))
     with pytest.raises(ValueError, match="do not split into micro_batches=5"):
         dir_lib.classifier_micro_steps(params, state, x, a, opt, 3, 5)

@@ -58,13 +58,17 @@ def _random_inputs(seed, b=6, t=5, huge=True):
     return f32(logp), f32(old), f32(adv), jnp.asarray(mask)
 
 
+# compiled once for all SPEC_CASES: the advantage is an argument
+_spec_loss = jax.jit(lambda lp, a: policy_loss(lp, jnp.zeros((1, 1)), a, jnp.ones((1, 1)),
+                                               clip_low=0.2, clip_high=0.28, dual_clip=3.0)[0])
+_spec_grad = jax.jit(jax.grad(_spec_loss))
+
+
 @pytest.mark.parametrize("adv,rho,expected,zero_grad", SPEC_CASES)
 def test_spec_clipping_examples(adv, rho, expected, zero_grad):
-    fn = lambda lp: policy_loss(lp, jnp.zeros((1, 1)), jnp.array([adv]), jnp.ones((1, 1)),
-                                clip_low=0.2, clip_high=0.28, dual_clip=3.0)[0]
     logp = jnp.log(jnp.full((1, 1), rho))
-    np.testing.assert_allclose(fn(logp), expected, rtol=1e-6)
-    grad = jax.grad(fn)(logp)[0, 0]
+    np.testing.assert_allclose(_spec_loss(logp, jnp.array([adv])), expected, rtol=1e-6)
+    grad = _spec_grad(logp, jnp.array([adv]))[0, 0]
     assert (grad == 0.0) == zero_grad
     if not zero_grad:
         np.testing.assert_allclose(grad, -adv * rho, rtol=1e-6)  # d(-A rho)/d logp = -A rho
@@ -121,8 +125,9 @@ def test_extra_padding_leaves_loss_and_grad_unchanged():
     logp, old, adv, mask = _random_inputs(4)
     fn = lambda lp, o, m: policy_loss(lp, o, adv, m, clip_high=0.28, dual_clip=3.0)[0]
     pad = lambda x, v: jnp.pad(x, ((0, 0), (0, 3)), constant_values=v)
-    loss, g = jax.value_and_grad(fn)(logp, old, mask)
-    loss2, g2 = jax.value_and_grad(fn)(pad(logp, jnp.nan), pad(old, 3.0), pad(mask, False))
+    value_and_grad = jax.jit(jax.value_and_grad(fn))
+    loss, g = value_and_grad(logp, old, mask)
+    loss2, g2 = value_and_grad(pad(logp, jnp.nan), pad(old, 3.0), pad(mask, False))
     np.testing.assert_allclose(loss2, loss, rtol=1e-6)
     np.testing.assert_allclose(g2[:, :5], g, rtol=1e-6)
     assert np.all(np.asarray(g2)[:, 5:] == 0.0)
@@ -133,11 +138,12 @@ def test_micro_batch_accumulation_equals_full_batch(agg):
     logp, old, adv, mask = _random_inputs(5, b=8, huge=False)
     logp = jnp.where(mask, logp, 0.0)
     fn = lambda lp, o, a, m, z=None: policy_loss(lp, o, a, m, agg=agg, normalizer=z)[0]
-    full, g_full = jax.value_and_grad(fn)(logp, old, adv, mask)
+    value_and_grad = jax.jit(jax.value_and_grad(fn))
+    full, g_full = value_and_grad(logp, old, adv, mask)
     z = aggregation_normalizer(mask, agg)
     acc, g_acc = 0.0, []
     for i in range(0, 8, 4):
-        v, g = jax.value_and_grad(fn)(logp[i:i + 4], old[i:i + 4], adv[i:i + 4], mask[i:i + 4], z)
+        v, g = value_and_grad(logp[i:i + 4], old[i:i + 4], adv[i:i + 4], mask[i:i + 4], z)
         acc, g_acc = acc + v, g_acc + [g]
     np.testing.assert_allclose(acc, full, rtol=1e-5)
     np.testing.assert_allclose(jnp.concatenate(g_acc), g_full, rtol=1e-5, atol=1e-7)
@@ -147,18 +153,18 @@ def test_gradients_finite_with_fully_masked_rows_and_check_grads():
     logp, old, adv, mask = _random_inputs(6, huge=False)
     logp = jnp.where(mask, logp, old)  # finite everywhere so check_grads can perturb
     # Wide clip bounds keep every ratio in the smooth (unclipped) region for the finite-difference check.
-    fn = lambda lp: policy_loss(lp, old, adv, mask, clip_low=0.5, clip_high=0.5)[0]
-    g = jax.grad(fn)(logp)
+    fn = jax.jit(lambda lp: policy_loss(lp, old, adv, mask, clip_low=0.5, clip_high=0.5)[0])
+    g = jax.jit(jax.grad(fn))(logp)
     assert np.all(np.isfinite(g)) and np.all(np.asarray(g)[4] == 0.0)
     jax.test_util.check_grads(fn, (logp,), order=1, modes=["rev"], eps=1e-3, atol=1e-2, rtol=1e-2)
-    all_masked = jax.grad(lambda lp: policy_loss(lp, old, adv, jnp.zeros_like(mask))[0])(logp)
+    all_masked = jax.jit(jax.grad(lambda lp: policy_loss(lp, old, adv, jnp.zeros_like(mask))[0]))(logp)
     assert np.all(np.asarray(all_masked) == 0.0)
 
 
 def test_old_logp_and_advantages_get_no_gradient():
     logp, old, adv, mask = _random_inputs(7, huge=False)
     logp = jnp.where(mask, logp, 0.0)
-    g_old, g_adv = jax.grad(lambda o, a: policy_loss(logp, o, a, mask)[0], argnums=(0, 1))(old, adv)
+    g_old, g_adv = jax.jit(jax.grad(lambda o, a: policy_loss(logp, o, a, mask)[0], argnums=(0, 1)))(old, adv)
     assert np.all(np.asarray(g_old) == 0.0) and np.all(np.asarray(g_adv) == 0.0)
 
 

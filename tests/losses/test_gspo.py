@@ -58,14 +58,14 @@ def test_spec_worked_example_value_and_gradient():
     with jax.enable_x64(True):
         logp, old, adv, mask = (jnp.asarray(x) for x in _spec_case())
         fn = lambda lp: gspo_loss(lp, old, adv, mask, clip_low=EPS[0], clip_high=EPS[1])[0]
-        loss, grad = jax.value_and_grad(fn)(logp)
+        loss, grad = jax.jit(jax.value_and_grad(fn))(logp)
         np.testing.assert_allclose(loss, (-1.0004 + np.exp(0.001)) / 2, rtol=1e-12)
         np.testing.assert_allclose(loss, 0.00030025, atol=1e-9)
         assert np.all(np.asarray(grad)[0] == 0.0)  # response 0 clipped (s = 1.0005 > 1.0004, A > 0)
         np.testing.assert_allclose(grad[1, :2], [np.exp(0.001) / 4] * 2, rtol=1e-12)  # 0.25025 each
         assert grad[1, 2] == 0.0
-        g_tok = jax.grad(lambda lp: gspo_loss(lp, old, adv, mask, clip_low=EPS[0], clip_high=EPS[1],
-                                              token_level=True)[0])(logp)
+        g_tok = jax.jit(jax.grad(lambda lp: gspo_loss(lp, old, adv, mask, clip_low=EPS[0], clip_high=EPS[1],
+                                                      token_level=True)[0]))(logp)
         np.testing.assert_allclose(g_tok, grad, rtol=1e-12, atol=1e-15)
 
 
@@ -90,7 +90,7 @@ def test_matches_float64_reference(token_level, seed):
     logp, old, adv, mask = _random_inputs(seed)
     f32 = lambda x: jnp.asarray(x, jnp.float32)
     fn = lambda lp: gspo_loss(lp, f32(old), f32(adv), jnp.asarray(mask), token_level=token_level)[0]
-    loss, grad = jax.value_and_grad(fn)(f32(logp))
+    loss, grad = jax.jit(jax.value_and_grad(fn))(f32(logp))
     ref_loss, ref_grad = _np_gspo(logp, old, adv, mask, *EPS, token_level)
     # float32 log-ratios of ~1e-3 computed from log-probs of ~-2 carry ~1e-7 absolute error.
     np.testing.assert_allclose(loss, ref_loss, atol=2e-6)
@@ -101,8 +101,8 @@ def test_gspo_token_with_per_token_advantages_matches_reference_and_differs_from
     logp, old, adv, mask = _random_inputs(3, scale=1e-5, per_token_adv=True)  # tiny ratios: nothing clipped
     with jax.enable_x64(True):
         a = [jnp.asarray(x) for x in (logp, old, adv, mask)]
-        g_tok = jax.grad(lambda lp: gspo_loss(lp, *a[1:], token_level=True)[0])(a[0])
-        g_seq = jax.grad(lambda lp: gspo_loss(lp, *a[1:])[0])(a[0])
+        g_tok = jax.jit(jax.grad(lambda lp: gspo_loss(lp, *a[1:], token_level=True)[0]))(a[0])
+        g_seq = jax.jit(jax.grad(lambda lp: gspo_loss(lp, *a[1:])[0]))(a[0])
     np.testing.assert_allclose(g_tok, _np_gspo(logp, old, adv, mask, *EPS, True)[1], rtol=1e-10, atol=1e-14)
     np.testing.assert_allclose(g_seq, _np_gspo(logp, old, adv, mask, *EPS, False)[1], rtol=1e-10, atol=1e-14)
     assert np.max(np.abs(np.asarray(g_tok) - np.asarray(g_seq))) > 1e-2
@@ -113,11 +113,12 @@ def test_padding_garbage_and_extra_padding_do_not_leak():
     logp = np.where(mask, logp, np.nan)
     for token_level in (False, True):
         fn = lambda lp, o, a, m: gspo_loss(lp, o, a, m, token_level=token_level)[0]
+        value_and_grad = jax.jit(jax.value_and_grad(fn))
         args = [jnp.asarray(x, jnp.float32) for x in (logp, old, adv)] + [jnp.asarray(mask)]
-        loss, g = jax.value_and_grad(fn)(*args)
+        loss, g = value_and_grad(*args)
         pad = lambda x, v: jnp.pad(x, ((0, 0), (0, 2)), constant_values=v)
-        loss2, g2 = jax.value_and_grad(fn)(pad(args[0], jnp.inf), pad(args[1], 1.0), pad(args[2], 5.0),
-                                           pad(args[3], False))
+        loss2, g2 = value_and_grad(pad(args[0], jnp.inf), pad(args[1], 1.0), pad(args[2], 5.0),
+                                   pad(args[3], False))
         assert np.isfinite(loss) and np.all(np.isfinite(g))
         np.testing.assert_allclose(loss2, loss, rtol=1e-6)
         np.testing.assert_allclose(g2[:, :5], g, rtol=1e-6)
@@ -128,11 +129,11 @@ def test_check_grads_and_fully_masked_batch():
     logp, old, adv, mask = (jnp.asarray(x, jnp.float32) for x in _random_inputs(5, scale=0.1))
     for token_level in (False, True):
         # Wide clip bounds keep every ratio in the smooth region for the finite-difference check.
-        fn = lambda lp: gspo_loss(lp, old, adv, mask, clip_low=0.9, clip_high=10.0,
-                                  token_level=token_level)[0]
+        fn = jax.jit(lambda lp: gspo_loss(lp, old, adv, mask, clip_low=0.9, clip_high=10.0,
+                                          token_level=token_level)[0])
         jax.test_util.check_grads(fn, (logp,), order=1, modes=["rev"], eps=1e-3, atol=1e-2, rtol=1e-2)
         empty = jnp.zeros_like(mask)
-        g0 = jax.grad(lambda lp: gspo_loss(lp, old, adv, empty, token_level=token_level)[0])(logp)
+        g0 = jax.jit(jax.grad(lambda lp: gspo_loss(lp, old, adv, empty, token_level=token_level)[0]))(logp)
         assert np.all(np.asarray(g0) == 0.0)
 
 
@@ -145,7 +146,7 @@ def test_log_ratio_clamped_at_max_log_ratio():
 
 def test_micro_batch_accumulation_equals_full_batch():
     logp, old, adv, mask = (jnp.asarray(x, jnp.float32) for x in _random_inputs(6, b=8))
-    fn = lambda lp, o, a, m, z=None: gspo_loss(lp, o, a, m, normalizer=z)[0]
+    fn = jax.jit(lambda lp, o, a, m, z=None: gspo_loss(lp, o, a, m, normalizer=z)[0])
     full = fn(logp, old, adv, mask)
     z = aggregation_normalizer(mask, "seq-mean-token-mean")
     acc = sum(fn(logp[i:i + 4], old[i:i + 4], adv[i:i + 4], mask[i:i + 4], z) for i in (0, 4))
@@ -176,7 +177,8 @@ def test_agrees_with_trl_sequence_level_grpo(per_token_adv, seed):
                                                               epsilon_high=EPS[1])
     with jax.enable_x64(True):
         a = [jnp.asarray(x) for x in (logp, old, adv, mask)]
-        (loss, metrics), grad = jax.value_and_grad(lambda lp: gspo_loss(lp, *a[1:]), has_aux=True)(a[0])
+        value_and_grad = jax.jit(jax.value_and_grad(lambda lp: gspo_loss(lp, *a[1:]), has_aux=True))
+        (loss, metrics), grad = value_and_grad(a[0])
     np.testing.assert_allclose(loss, trl_loss, rtol=1e-12, atol=1e-15)
     np.testing.assert_allclose(grad, trl_grad, rtol=1e-10, atol=1e-15)
     if not per_token_adv:  # TRL's clip metrics are per sequence at sequence level

@@ -67,16 +67,16 @@ def test_gradients_equal_naive_gradients(chunk):
     rng = np.random.default_rng(4)
     c1, c2 = (jnp.asarray(rng.normal(size=y.shape), jnp.float32) for _ in range(2))
     obj = lambda fn: lambda a, b: jnp.sum(c1 * fn(a, b)[0] + c2 * fn(a, b)[1])
-    got = jax.grad(obj(lambda a, b: token_logprobs_and_entropy(a, b, y, chunk_size=chunk, temperature=0.8)),
-                   argnums=(0, 1))(h, w)
-    ref = jax.grad(obj(lambda a, b: _naive(a, b, y, 0.8)), argnums=(0, 1))(h, w)
+    chunked = lambda a, b: token_logprobs_and_entropy(a, b, y, chunk_size=chunk, temperature=0.8)
+    got = jax.jit(jax.grad(obj(chunked), argnums=(0, 1)))(h, w)
+    ref = jax.jit(jax.grad(obj(lambda a, b: _naive(a, b, y, 0.8)), argnums=(0, 1)))(h, w)
     for g, r in zip(got, ref):
         np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5)
 
 
 def test_check_grads_small():
     h, w, y = _inputs(5, b=1, t=2, d=3, v=7)
-    fn = lambda a, b: token_logprobs_and_entropy(a, b, y, chunk_size=3)
+    fn = jax.jit(lambda a, b: token_logprobs_and_entropy(a, b, y, chunk_size=3))
     jax.test_util.check_grads(fn, (h, w), order=1, modes=["rev"], eps=1e-2, atol=2e-2, rtol=2e-2)
 
 
@@ -190,5 +190,5 @@ def test_jit_grad_of_one_output_and_check_grads():
     ref_dh, ref_dw = _np_vjp_reference(h, w, y, 0.7, np.ones(y.shape), np.zeros(y.shape))
     np.testing.assert_allclose(dh, ref_dh, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(dw, ref_dw, rtol=1e-5, atol=1e-5)
-    fn = lambda a, b: token_logprobs_and_entropy(a, b, y, chunk_size=6, temperature=0.7)
+    fn = jax.jit(lambda a, b: token_logprobs_and_entropy(a, b, y, chunk_size=6, temperature=0.7))
     jax.test_util.check_grads(fn, (h, w), order=1, modes=["rev"], eps=1e-2, atol=2e-2, rtol=2e-2)

@@ -50,14 +50,21 @@ def _value_and_grads(fn, q, k, v, visible, weights):
     return jax.value_and_grad(scalar, argnums=(0, 1, 2))(q, k, v)
 
 
+# Compiled once per attention function (static) and shape: op-by-op (eager) execution compiles every block's
+# primitives separately, which cost most of this file's time.
+_jit_value_and_grads = jax.jit(_value_and_grads, static_argnums=0)
+_jit_apply = jax.jit(lambda fn, q, k, v, visible: fn(q, k, v, visible), static_argnums=0)
+
+
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("block_q", [1, 4, 13, 256])
 def test_output_and_gradients_equal_the_dense_path(block_q, causal):
     q, k, v, visible, weights = _inputs()
     fn = functools.partial(attend, block_q=block_q, causal=causal)
-    np.testing.assert_allclose(fn(q, k, v, visible), _dense(q, k, v, visible), rtol=1e-6, atol=1e-6)
-    val, grads = jax.jit(_value_and_grads, static_argnums=0)(fn, q, k, v, visible, weights)
-    ref_val, ref_grads = jax.jit(_value_and_grads, static_argnums=0)(_dense, q, k, v, visible, weights)
+    np.testing.assert_allclose(_jit_apply(fn, q, k, v, visible), _jit_apply(_dense, q, k, v, visible),
+                               rtol=1e-6, atol=1e-6)
+    val, grads = _jit_value_and_grads(fn, q, k, v, visible, weights)
+    ref_val, ref_grads = _jit_value_and_grads(_dense, q, k, v, visible, weights)
     np.testing.assert_allclose(val, ref_val, rtol=1e-6)
     for name, got, want in zip("qkv", grads, ref_grads):
         assert np.max(np.abs(want)) > 1e-2, name  # the comparison is not between zeros
@@ -71,11 +78,11 @@ def test_padding_queries_match_dense_and_stay_finite(causal):
     NaN anywhere."""
     q, k, v, visible, weights = _inputs(seed=1)
     fn = functools.partial(attend, block_q=4, causal=causal)
-    out = fn(q, k, v, visible)
+    out = _jit_apply(fn, q, k, v, visible)
     mean_v = jnp.broadcast_to(jnp.mean(v, axis=2)[:, None, :, None], out.shape)
     np.testing.assert_allclose(out[3], mean_v[3], rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(out[1, :4], mean_v[1, :4], rtol=1e-6, atol=1e-6)
-    _, (dq, dk, dv) = _value_and_grads(fn, q, k, v, visible, weights)
+    _, (dq, dk, dv) = _jit_value_and_grads(fn, q, k, v, visible, weights)
     assert all(bool(jnp.all(jnp.isfinite(g))) for g in (dq, dk, dv))
     np.testing.assert_array_equal(dq[3], 0.0)
     np.testing.assert_array_equal(dq[1, :4], 0.0)
@@ -87,12 +94,12 @@ def test_bfloat16_follows_the_dense_casts():
     bf16 rounding of differently-ordered sums, so the bound is bf16's (2^-8 relative), for this test only."""
     q, k, v, visible, weights = _inputs(seed=2, dtype=jnp.bfloat16)
     fn = functools.partial(attend, block_q=4, causal=True)
-    out = fn(q, k, v, visible)
+    out = _jit_apply(fn, q, k, v, visible)
     assert out.dtype == jnp.bfloat16
-    np.testing.assert_allclose(out.astype(np.float32), _dense(q, k, v, visible).astype(np.float32),
-                               rtol=1e-2, atol=1e-2)
-    _, grads = _value_and_grads(fn, q, k, v, visible, weights)
-    _, ref_grads = _value_and_grads(_dense, q, k, v, visible, weights)
+    ref = _jit_apply(_dense, q, k, v, visible)
+    np.testing.assert_allclose(out.astype(np.float32), ref.astype(np.float32), rtol=1e-2, atol=1e-2)
+    _, grads = _jit_value_and_grads(fn, q, k, v, visible, weights)
+    _, ref_grads = _jit_value_and_grads(_dense, q, k, v, visible, weights)
     for name, got, want in zip("qkv", grads, ref_grads):
         assert got.dtype == jnp.bfloat16, name
         scale = float(jnp.max(jnp.abs(want.astype(jnp.float32))))

@@ -20,15 +20,18 @@ L = 24
 
 
 def _residuals(remat: str, scan_layers: bool, **changes) -> list[tuple[tuple[int, ...], np.dtype]]:
-    """(shape, dtype) of the arrays the backward pass of a forward + loss keeps (the VJP closure's leaves)."""
+    """(shape, dtype) of the arrays the backward pass of a forward + loss keeps (the VJP closure's leaves).
+
+    Traced only (`jax.eval_shape` on abstract parameters), as under jit: which residuals the VJP keeps does
+    not depend on the values, and running the model op by op only added compile time."""
     cfg = TransformerConfig.tiny(norm="pre", remat=remat, scan_layers=scan_layers, **changes)
-    params = nnx.state(Transformer(cfg, rngs=nnx.Rngs(0)), nnx.Param).to_pure_dict()
+    params = nnx.state(Transformer.abstract(cfg), nnx.Param).to_pure_dict()
     tokens = jnp.asarray(np.random.default_rng(0).integers(0, 64, (2, L)), jnp.int32)
 
     def loss(p):
         return jnp.mean(jax.nn.log_softmax(Transformer.from_params(cfg, p)(tokens))[..., 0])
 
-    _, pullback = jax.vjp(loss, params)
+    pullback = jax.eval_shape(lambda p: jax.vjp(loss, p)[1], params)
     return [(leaf.shape, leaf.dtype) for leaf in jax.tree.leaves(pullback) if hasattr(leaf, "shape")]
 
 

@@ -1,5 +1,7 @@
 """bf16 params/compute stay close to fp32; remat policies change memory, not values or gradients."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -19,10 +21,10 @@ def test_bf16_forward_is_close_to_fp32(norm):
     cfg16 = cfg32.replace(dtype="bfloat16", param_dtype="bfloat16")
     params = _params(cfg32)
     tokens = jnp.asarray(np.random.default_rng(0).integers(0, 64, (2, 12)), jnp.int32)
-    ref = np.asarray(Transformer.from_params(cfg32, params)(tokens))
+    ref = np.asarray(nnx.jit(lambda m, t: m(t))(Transformer.from_params(cfg32, params), tokens))
     model16 = Transformer.from_params(cfg16, params)
     assert model16.layers.mlp.up_proj.kernel[...].dtype == jnp.bfloat16
-    out = model16.forward(tokens, return_hidden=True)
+    out = nnx.jit(lambda m, t: m.forward(t, return_hidden=True))(model16, tokens)
     assert out.logits.dtype == jnp.float32 and out.hidden.dtype == jnp.bfloat16
     # bf16 has an 8-bit significand (relative rounding 2^-9 ≈ 0.2% per op); through 2 blocks the logits
     # (|logit| <= ~0.5 here) drift by a few 1e-3. This loose bound applies to this dtype test only.
@@ -43,8 +45,9 @@ def test_remat_keeps_logits_and_gradients(remat):
 
     program = str(jax.make_jaxpr(jax.grad(loss), static_argnums=1)(params, cfg.replace(remat=remat)))
     assert "checkpoint" in program or "remat" in program
-    base_val, base_grad = jax.value_and_grad(loss)(params, cfg)
-    val, grad = jax.value_and_grad(loss)(params, cfg.replace(remat=remat))
+    value_and_grad = jax.jit(jax.value_and_grad(loss), static_argnums=1)
+    base_val, base_grad = value_and_grad(params, cfg)
+    val, grad = value_and_grad(params, cfg.replace(remat=remat))
     np.testing.assert_allclose(val, base_val, rtol=1e-6)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-5), grad, base_grad)
     assert max(float(jnp.max(jnp.abs(g))) for g in jax.tree.leaves(grad)) > 0
@@ -63,13 +66,15 @@ def test_unrolled_layers_equal_scanned_logits_gradients_and_decode(norm, remat):
     # The unrolled program has no layer loop; the scanned one has exactly one.
     assert "scan" not in str(jax.make_jaxpr(loss, static_argnums=1)(params, unrolled))
     assert "scan" in str(jax.make_jaxpr(loss, static_argnums=1)(params, cfg))
-    base_val, base_grad = jax.value_and_grad(loss)(params, cfg)
-    val, grad = jax.value_and_grad(loss)(params, unrolled)
+    value_and_grad = jax.jit(jax.value_and_grad(loss), static_argnums=1)
+    base_val, base_grad = value_and_grad(params, cfg)
+    val, grad = value_and_grad(params, unrolled)
     np.testing.assert_allclose(val, base_val, rtol=1e-6)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-5), grad, base_grad)
 
     from jaxrl.models import KVCache
 
+    @functools.partial(jax.jit, static_argnums=0)
     def decode(c):
         model = Transformer.from_params(c, params)
         cache = KVCache.init(c, 2, 9)

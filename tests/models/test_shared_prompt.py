@@ -9,6 +9,8 @@ rtol 1e-5 / atol 1e-6, gradients atol 1e-6 / rtol 1e-5 (scaled to the gradient, 
 the wrong prompt position feeding completion token 0.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -47,6 +49,7 @@ def unshared_hidden(model, prompt, pmask, comp, cmask):
     return out.hidden[:, w - 1:w + comp.shape[1] - 1]
 
 
+@functools.cache  # the float32 and float64 tests share it (bit-identical either way, x64 or not)
 def _random_model(cfg, seed=0):
     """Every parameter random (norm weights 1 ± 0.1), so that norm placement and biases matter."""
     model = Transformer(cfg, rngs=nnx.Rngs(seed))
@@ -224,11 +227,12 @@ def test_causal_attend_with_more_keys_than_queries():
         probs = jax.nn.softmax(masked_scores(q, k, visible), axis=-1)
         return jnp.einsum("BKGLS,BKSH->BLKGH", probs, v)
 
-    value_and_grad = lambda fn: jax.value_and_grad(lambda *a: jnp.sum(weights * fn(*a)), argnums=(0, 1, 2))
+    value_and_grad = lambda fn: jax.jit(jax.value_and_grad(lambda *a: jnp.sum(weights * fn(*a)),
+                                                           argnums=(0, 1, 2)))
     ref_val, ref_grads = value_and_grad(dense)(q, k, v)
     for block_q in (1, 3, 7):
-        fn = lambda q, k, v: attend(q, k, v, visible, causal=True, block_q=block_q)  # noqa: B023
-        np.testing.assert_allclose(fn(q, k, v), dense(q, k, v), **VALUES)
+        fn = jax.jit(lambda q, k, v: attend(q, k, v, visible, causal=True, block_q=block_q))  # noqa: B023
+        np.testing.assert_allclose(fn(q, k, v), jax.jit(dense)(q, k, v), **VALUES)
         val, grads = value_and_grad(fn)(q, k, v)
         np.testing.assert_allclose(val, ref_val, rtol=1e-5)
         for got, want in zip(grads, ref_grads):
