@@ -55,15 +55,17 @@ def sft_warm_start(run: trainer.Run, state: TrainState, records, encoder, *, ste
     tx = optax.adamw(lr)
     spec = LossSpec(policy_weight=0.0, sft_lambda=1.0)
     spec = dataclasses.replace(spec, lora=run.loss.lora)  # LoRA: the warm start trains the adapters too
-    jitted = jax.jit(functools.partial(train_step, graphdef=run.graphdef, spec=spec, tx=tx),
-                     donate_argnums=0, compiler_options=update_compiler_options())
-    step_fn = lambda state, batch: jitted(state, batch, run.policy.frozen)
-    # the scalars (Adam's count, the step) replicated on the mesh as the step returns them: otherwise the
-    # second step sees other input shardings and compiles the program a second time
+    # The state keeps its input shardings (the scalars, Adam's count and the step, replicated on the mesh):
+    # otherwise the step returns the same shardings spelled differently (P(None, 'fsdp') for
+    # P(None, 'fsdp', None), a placed scalar for an unplaced one) and the second step compiles again.
     sft_state = TrainState(state.params, tx.init(state.params), jnp.zeros((), jnp.int32))
     rep = jax.sharding.NamedSharding(run.mesh, jax.sharding.PartitionSpec())
-    sft_state = jax.device_put(sft_state, jax.tree.map(
-        lambda x: x.sharding if isinstance(x.sharding, jax.sharding.NamedSharding) else rep, sft_state))
+    shardings = jax.tree.map(
+        lambda x: x.sharding if isinstance(x.sharding, jax.sharding.NamedSharding) else rep, sft_state)
+    sft_state = jax.device_put(sft_state, shardings)
+    jitted = jax.jit(functools.partial(train_step, graphdef=run.graphdef, spec=spec, tx=tx),
+                     donate_argnums=0, out_shardings=(shardings, None), compiler_options=update_compiler_options())
+    step_fn = lambda state, batch: jitted(state, batch, run.policy.frozen)
     rng = np.random.default_rng([run.seed, 7])
     completion_width = run.sampling.max_new_tokens
     longest = max(len(encoder(r)["prompt_ids"]) for r in records[:256])
