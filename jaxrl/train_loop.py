@@ -59,12 +59,10 @@ def sft_warm_start(run: trainer.Run, state: TrainState, records, encoder, *, ste
     # otherwise the step returns the same shardings spelled differently (P(None, 'fsdp') for
     # P(None, 'fsdp', None), a placed scalar for an unplaced one) and the second step compiles again.
     sft_state = TrainState(state.params, tx.init(state.params), jnp.zeros((), jnp.int32))
-    rep = jax.sharding.NamedSharding(run.mesh, jax.sharding.PartitionSpec())
-    shardings = jax.tree.map(
-        lambda x: x.sharding if isinstance(x.sharding, jax.sharding.NamedSharding) else rep, sft_state)
+    shardings = trainer.placed_shardings(sft_state, run.mesh)
     sft_state = jax.device_put(sft_state, shardings)
-    jitted = jax.jit(functools.partial(train_step, graphdef=run.graphdef, spec=spec, tx=tx),
-                     donate_argnums=0, out_shardings=(shardings, None), compiler_options=update_compiler_options())
+    jitted = jax.jit(functools.partial(train_step, graphdef=run.graphdef, spec=spec, tx=tx), donate_argnums=0,
+                     out_shardings=(shardings, None), compiler_options=update_compiler_options())
     step_fn = lambda state, batch: jitted(state, batch, run.policy.frozen)
     rng = np.random.default_rng([run.seed, 7])
     completion_width = run.sampling.max_new_tokens

@@ -113,6 +113,12 @@ def _pure(state) -> dict:
     return state.to_pure_dict()
 
 
+def placed_shardings(tree, mesh) -> Any:
+    """Each leaf's NamedSharding, replicated on `mesh` for a leaf not placed on it (optax's scalar count)."""
+    rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    return jax.tree.map(lambda x: x.sharding if isinstance(x.sharding, jax.sharding.NamedSharding) else rep, tree)
+
+
 def sampling_spec(cfg: ExperimentConfig, *, greedy: bool = False) -> SamplingSpec:
     """The rollout's `SamplingSpec` (greedy: one sample per prompt at τ = 0, for held-out evaluation)."""
     r = cfg.rollout
@@ -194,8 +200,7 @@ def setup(cfg: ExperimentConfig, run_dir: Path) -> tuple[Run, TrainState, Any]:
     if lora_cfg is None:
         opt_sharding = state_shardings(opt_state, mesh, rules, params=params_state)
     else:  # moments mirror their adapter's sharding; scalars (Adam's count) are replicated
-        opt_sharding = jax.tree.map(
-            lambda x: x.sharding if isinstance(x.sharding, jax.sharding.NamedSharding) else rep, opt_state)
+        opt_sharding = placed_shardings(opt_state, mesh)
     opt_state = jax.device_put(opt_state, opt_sharding)
     state_sharding = TrainState(params=train_sharding, opt_state=opt_sharding, step=rep)
     state = jax.device_put(TrainState(params=params, opt_state=opt_state, step=jnp.zeros((), jnp.int32)),
