@@ -14,12 +14,16 @@ from typing import Any, Mapping
 
 from jaxrl._checks import check_init_params
 from jaxrl._imports import import_attr
+from jaxrl.envs.adapters_gym import GymTextEnv
+from jaxrl.envs.adapters_skyrl import SkyRLTextEnv
+from jaxrl.envs.adapters_trl import TRLToolEnv
 from jaxrl.envs.base import Env
 from jaxrl.envs.search import SearchEnv, ToolEnv
 from jaxrl.envs.tools import ToolError
 from jaxrl.errors import ConfigError
 
-ENVS: dict[str, type] = {"search": SearchEnv, "tools": ToolEnv}
+ENVS: dict[str, type] = {"search": SearchEnv, "tools": ToolEnv,
+                         "gym": GymTextEnv, "skyrl": SkyRLTextEnv, "trl": TRLToolEnv}  # adapters.py
 
 
 class EnvFactory:
