@@ -37,6 +37,14 @@ class KLWhere(str, enum.Enum):
     REWARD = "reward"
 
 
+class DistillMode(str, enum.Enum):
+    """How on-policy distillation uses the teacher's log-probs of the student's sampled tokens: as a dense
+    per-token reward in the advantages (Thinking Machines / tinker-cookbook), or as a KL term of the loss."""
+
+    REWARD = "reward"
+    REVERSE_KL_LOSS = "reverse_kl_loss"
+
+
 class GD2POMode(str, enum.Enum):
     """GD²PO conflict filter: drop every conflicting sample, or only those with a small signal-to-noise."""
 
@@ -76,6 +84,35 @@ class KLSection:
 
     def __post_init__(self):
         _check(self.beta >= 0, "algorithm.kl.beta", self.beta, "must be >= 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class DistillSection:
+    """On-policy distillation (`jaxrl.rl.distill`): the student samples, a frozen `teacher` (any checkpoint
+    jaxrl loads: a run or checkpoint directory, or an HF safetensors directory, with the student's tokenizer)
+    scores the sampled tokens, and the per-token reverse KL d_t = log π_old(y_t) − log π_T(y_t) trains the
+    student, alone (task rewards of weight 0) or mixed with task rewards:
+
+      mode reward           A_t += −coef · Σ_{k≥t} γ^{k−t} d_k   (γ = `discount`, 0: A_t −= coef·d_t; after the
+                            advantage estimator's normalisation; tinker-cookbook `incorporate_kl_penalty`)
+      mode reverse_kl_loss  loss += coef · aggregate(k(log π_θ, log π_T))   (`kind`, default k2: on the
+                            student's own samples the gradient of k2 = ½(log π_θ − log π_T)² is that of
+                            KL(π_θ ‖ π_T), Agarwal et al. GKD arXiv:2306.13649 with λ = 1; k3 would give the
+                            forward KL's)
+    """
+
+    teacher: str | None = None
+    coef: float = 1.0
+    mode: DistillMode = DistillMode.REWARD
+    kind: KLKind = KLKind.K2
+    discount: float = 0.0
+
+    def __post_init__(self):
+        _check(self.coef > 0, "algorithm.distill.coef", self.coef, "must be > 0")
+        _check(0 <= self.discount <= 1, "algorithm.distill.discount", self.discount, "must be in [0, 1]")
+        if self.teacher is not None:
+            _check(isinstance(self.teacher, str) and self.teacher.strip() != "", "algorithm.distill.teacher",
+                   self.teacher, "must be a path (a jaxrl run / checkpoint directory or an HF directory)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -295,6 +332,7 @@ class AlgorithmConfig:
     reinforce_pp: ReinforcePPSection = ReinforcePPSection()
     objective: ObjectiveSection = ObjectiveSection()
     mismatch: MismatchSection = MismatchSection()
+    distill: DistillSection = DistillSection()
 
     MOVED_KEYS: ClassVar[dict[str, str]] = {
         "clip_low": "clip.low", "clip_high": "clip.high", "dual_clip": "clip.dual",

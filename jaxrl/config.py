@@ -34,6 +34,8 @@ from jaxrl.algorithm_config import (  # noqa: F401 -- the algorithm section, re-
     ClipSection,
     CLIPOSection,
     DAPOSection,
+    DistillMode,
+    DistillSection,
     ETRSection,
     GD2POMode,
     GD2POSection,
@@ -236,8 +238,9 @@ class RewardSpec:
 
 @dataclasses.dataclass(frozen=True)
 class EnvConfig:
-    """A multi-turn environment (`jaxrl.envs`): `name` is a built-in (`search`, `tools`), "package.module:Class"
-    or "path/file.py:Class"; `params` go to its constructor (checked against its signature at setup). Each
+    """A multi-turn environment (`jaxrl.envs`): `name` is a built-in (`search`, `tools`; the adapters `gym`,
+    `skyrl`, `trl` of other libraries' env APIs), "package.module:Class" or "path/file.py:Class"; `params` go
+    to its constructor (checked against its signature at setup). Each
     episode has at most `max_turns` model turns of `rollout.max_new_tokens` tokens and `max_total_tokens` of
     context; `cache` is "reprefill" (rebuild the KV cache every turn) or "continue" (prefill only the new
     observation tokens). The episode return is reward column 0; `rewards:` add columns scored on the transcript.

@@ -29,8 +29,8 @@ PANELS: dict[str, tuple[str, tuple[str, ...]]] = {
 
 
 # stages of `step_time.png`, bottom to top (`time/<stage>`; `jaxrl.step_time`, `jaxrl.train_loop`)
-BREAKDOWN = ("generation", "reward", "env", "old_logprobs", "ref_logprobs", "update", "weight_sync", "eval",
-             "checkpoint", "other")
+BREAKDOWN = ("generation", "reward", "env", "old_logprobs", "ref_logprobs", "teacher_logprobs", "update",
+             "weight_sync", "eval", "checkpoint", "other")
 
 
 def _series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:

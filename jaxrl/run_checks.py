@@ -39,12 +39,69 @@ def check_tokenizer_source(cfg: Any) -> None:
                           "set tokenizer.kind=hf and tokenizer.path=DIR to the model's tokenizer")
 
 
+_TEACHER = "algorithm.distill.teacher"
+
+
+def check_teacher(path: str, tokenizer) -> Path:
+    """The on-policy distillation teacher at `path` (a jaxrl run / checkpoint directory or an HF directory)
+    reads the student's token ids: its saved tokenizer is `tokenizer` and its embedding covers it. Reads the
+    configs and tokenizer files only; returns the directory. ConfigError (one line) otherwise."""
+    from jaxrl import hf, model_io
+    from jaxrl.errors import CheckpointError
+
+    where = Path(path).expanduser()
+    if not where.is_dir():
+        raise ConfigError(f"{_TEACHER}={path!r}: no such directory (allowed: a jaxrl run or checkpoint "
+                          "directory, or an HF directory with config.json and safetensors)")
+    try:
+        if (where / "config.json").is_file() and not (where / model_io.CONFIG_FILE).is_file():
+            vocab, source = hf.config_from_pretrained(where).vocab_size, where
+        else:
+            source = model_io.resolve_checkpoint(where)[0]
+            vocab = model_io.load_config(source).vocab_size
+        teacher_tok = model_io.load_tokenizer(source)
+    except (OSError, ValueError, CheckpointError) as e:
+        raise ConfigError(f"{_TEACHER}={path!r}: cannot load a model there: {str(e).splitlines()[0]}") from None
+    check_same_tokenizer(teacher_tok, tokenizer, vocab, path)
+    return where
+
+
+def check_same_tokenizer(teacher_tok, student_tok, teacher_vocab: int, path: str) -> None:
+    """The teacher must score the student's token ids: its tokenizer (saved with it) must be the student's
+    (size, special tokens, vocabulary) and its embedding must cover the student's vocabulary."""
+    if teacher_tok is None:
+        raise ConfigError(f"{_TEACHER}={path!r}: the teacher has no saved tokenizer, so jaxrl cannot check "
+                          "that it reads the student's token ids (save the teacher with its tokenizer: a jaxrl "
+                          "run directory or an HF directory with tokenizer files)")
+    got, want = _tokenizer_summary(teacher_tok), _tokenizer_summary(student_tok)
+    differ = [k for k in ("vocab_size", "bos_token_id", "eos_token_id", "pad_token_id") if got[k] != want[k]]
+    if not differ and got["vocabulary"] != want["vocabulary"]:
+        differ = ["vocabulary (same size, different tokens)"]
+    if differ:
+        raise ConfigError(f"{_TEACHER}={path!r}: the teacher's tokenizer is not the student's ({', '.join(differ)} "
+                          f"differ: {got['vocab_size']} tokens vs the student's {want['vocab_size']}); "
+                          "distillation needs one tokenizer")
+    if teacher_vocab < len(student_tok):
+        raise ConfigError(f"{_TEACHER}={path!r}: the teacher's embedding has {teacher_vocab} rows for the "
+                          f"student's {len(student_tok)} tokens")
+
+
+def check_distill_teacher(cfg: Any) -> None:
+    """`algorithm.distill.teacher`, when set, is a model with the student's tokenizer (`check_teacher`)."""
+    if cfg.algorithm.distill.teacher is None:
+        return
+    from jaxrl import build
+
+    check_teacher(cfg.algorithm.distill.teacher, build.build_tokenizer(cfg.model, cfg.tokenizer))
+
+
 def validate_train(cfg: Any, run_dir: str | os.PathLike, checkpoint_dir: str | None = None) -> None:
     """Everything `jaxrl train` checks before building a model: writable run directory, the trackers'
-    packages, tokenizer presence, resume compatibility."""
+    packages, tokenizer presence, the distillation teacher, resume compatibility."""
     check_writable_dir(run_dir, "run directory")
     trackers.check_installed(cfg.logging.trackers)  # a missing extra: one line, before anything heavy
     check_tokenizer_source(cfg)
+    check_distill_teacher(cfg)
     check_resume(cfg, run_dir, checkpoint_dir)
 
 

@@ -9,6 +9,7 @@ stage's seconds are its device work plus its host work, not the time to dispatch
     time/env           multi-turn environments' `step` calls   (inside NeMo `generation`)
     time/old_logprobs  the trainer's log-probs of the rollout  NeMo `policy_and_reference_logprobs` (part)
     time/ref_logprobs  the KL reference's log-probs            NeMo `policy_and_reference_logprobs` (part)
+    time/teacher_logprobs  on-policy distillation's teacher    (NeMo RL's distillation: `teacher_logprob_inference`)
     time/update        PPO epochs x mini-batches               NeMo `policy_training`, MLPerf
                                                                `policy_training_time`
     time/weight_sync   trained weights -> sampler weights      NeMo `prepare_for_generation` / `weight_sync`,
@@ -34,7 +35,8 @@ import jax
 from jaxrl.errors import UserError
 
 # The stages a step always reports (0 when the stage did not run).
-STAGES = ("generation", "reward", "env", "old_logprobs", "ref_logprobs", "update", "weight_sync")
+STAGES = ("generation", "reward", "env", "old_logprobs", "ref_logprobs", "teacher_logprobs", "update",
+          "weight_sync")
 
 # Dense bf16 peak FLOP/s of one JAX device, by a lowercase substring of `device.device_kind` (first match
 # wins; vendor data sheets, without sparsity). A TPU v4 / v5p chip is one JAX device (megacore).

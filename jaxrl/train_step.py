@@ -76,6 +76,7 @@ class TrainBatch:
     clip_high_B: jax.Array  # float32 per-sequence upper clip bounds
     sft_weight_B: jax.Array  # float32, 1 for expert (SFT-aux) rows, 0 for rollout rows
     is_weight_BT: Any = None  # float32 train/sampler importance weights (TIS / MIS), None = no correction
+    teacher_logp_BT: Any = None  # float32 distillation teacher's log-probs (`jaxrl.rl.distill`), None = none
     group: int = flax.struct.field(pytree_node=False, default=1)  # rows per shared-prompt group (1: none)
 
 
@@ -97,6 +98,8 @@ class LossSpec:
     objective: str = "ppo_clip"  # a key of OBJECTIVES
     objective_kwargs: tuple[tuple[str, Any], ...] = ()  # that objective's settings (hashable)
     lora: Any = None  # `jaxrl.models.lora.LoraConfig`: the trained params are adapters over a frozen `base`
+    distill_coef: float = 0.0  # on-policy distillation as a loss term (`algorithm.distill`, reverse_kl_loss)
+    distill_kind: losses.KLKind = losses.KLKind.K2
 
 
 def full_params(params, base, lora_cfg):
@@ -166,7 +169,8 @@ def _masks(batch: TrainBatch):
 def _loss(params, graphdef, batch: TrainBatch, spec: LossSpec, norm, base=None):
     """The step's loss: per-token terms summed, aggregated once with the mini-batch's normalisers.
 
-        l_BT = w_IS·l_pg + β·k(logp, ref_logp) − λ_H·H     (rollout rows; l_pg from OBJECTIVES[spec.objective])
+        l_BT = w_IS·l_pg + β·k(logp, ref_logp) + c·k'(logp, teacher_logp) − λ_H·H
+               (rollout rows; l_pg from OBJECTIVES[spec.objective]; c: on-policy distillation's loss mode)
         loss = w_pg·aggregate(l, m, agg) + λ_SFT·sft_nll(logp*, m*)
     """
     model = nnx.merge(graphdef, full_params(params, base, spec.lora))
@@ -185,6 +189,10 @@ def _loss(params, graphdef, batch: TrainBatch, spec: LossSpec, norm, base=None):
         kl_BT = losses.kl_penalty(logp_BT, batch.ref_logp_BT, spec.kl_kind)
         total_BT = total_BT + spec.kl_beta * kl_BT
         metrics["kl/loss"] = jax.lax.stop_gradient(agg(kl_BT))
+    if spec.distill_coef > 0:  # reverse KL to the teacher on the student's samples (`jaxrl.rl.distill`)
+        distill_BT = losses.kl_penalty(logp_BT, batch.teacher_logp_BT, spec.distill_kind)
+        total_BT = total_BT + spec.distill_coef * distill_BT
+        metrics["distill/loss"] = jax.lax.stop_gradient(agg(distill_BT))
     if spec.entropy_coef > 0:
         total_BT = total_BT - spec.entropy_coef * ent_BT
     entropy = jax.lax.stop_gradient(agg(ent_BT))
@@ -237,7 +245,7 @@ def loss_and_grad(params, graphdef, batch: TrainBatch, spec: LossSpec, base=None
     return loss, grads, metrics
 
 
-_ADDITIVE = frozenset({"loss", "pg/loss", "kl/loss", "entropy/loss", "sft/nll"})
+_ADDITIVE = frozenset({"loss", "pg/loss", "kl/loss", "distill/loss", "entropy/loss", "sft/nll"})
 
 
 def train_step(state: TrainState, batch: TrainBatch, base=None, *, graphdef, spec: LossSpec,

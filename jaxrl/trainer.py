@@ -29,7 +29,7 @@ from flax import nnx
 from jaxrl import build, checkpoint as ckpt_lib, losses, model_io, rewards as rewards_lib
 from jaxrl import step_time
 from jaxrl.algorithms import ALGORITHMS, AlgoSettings, Algorithm, KLRewardPenalty, Shaper
-from jaxrl.config import ExperimentConfig, KLWhere, dump_config
+from jaxrl.config import DistillMode, ExperimentConfig, KLWhere, dump_config
 from jaxrl.errors import ConfigError, UserError
 from jaxrl.models import lora
 from jaxrl.optim import build_optimizer
@@ -103,6 +103,9 @@ class Run:
     policy: Policy  # trained params -> sampling params, reference, a role's train view (`jaxrl.rl.policy`)
     schedule: UpdateSchedule  # joint, or phased by role segment (`jaxrl.rl.update`)
     shapers: list[Shaper] = dataclasses.field(default_factory=list)
+    # stages on the assembled batch, in order: (batch, clock) -> (batch, metrics); on-policy distillation's
+    # teacher (`jaxrl.rl.distill.Teacher`)
+    batch_stages: list = dataclasses.field(default_factory=list)
     segment_estimators: tuple = ()  # per role segment: its own advantage estimator, None = the algorithm's
     share_prompts: str = "auto"  # train.share_prompts: "auto" | "always" | "never" (`prompt_groups`)
     flops_per_token: Any = None  # context -> the update's model FLOPs per token (`step_time`); None: no MFU
@@ -152,12 +155,14 @@ def loss_spec(cfg: ExperimentConfig, algorithm: Algorithm, settings: AlgoSetting
               "gspo_token": {"clip_low": o.gspo_low, "clip_high": o.gspo_high},
               "cispo": {"w_max": o.cispo_w_max, "w_min": o.cispo_w_min},
               "sapo": {"tau_pos": o.sapo_tau_pos, "tau_neg": o.sapo_tau_neg}}.get(o.name.value, {})
+    distill = a.distill.teacher is not None and a.distill.mode is DistillMode.REVERSE_KL_LOSS
     spec = LossSpec(agg=a.agg_mode, dual_clip=a.clip.dual,
                     kl_beta=a.kl.beta if a.kl.where is KLWhere.LOSS else 0.0, kl_kind=a.kl.kind,
                     entropy_coef=a.entropy_coef, grad_accum=a.grad_accum, objective=o.name.value,
                     objective_kwargs=tuple(sorted(kwargs.items())),
                     # the sampler's old log-probs are the tempered policy's (`filters.sampled_logprobs`)
-                    temperature=cfg.rollout.temperature or 1.0)
+                    temperature=cfg.rollout.temperature or 1.0,
+                    distill_coef=a.distill.coef if distill else 0.0, distill_kind=a.distill.kind)
     return dataclasses.replace(spec, **algorithm.loss(settings))
 
 
@@ -182,12 +187,14 @@ def setup(cfg: ExperimentConfig, run_dir: Path) -> tuple[Run, TrainState, Any]:
     rules = RULES[cfg.mesh.rules]
     tokenizer = build.build_tokenizer(cfg.model, cfg.tokenizer)
     system = _multi_agent_system(cfg, tokenizer, algorithm)  # invalid params fail before the model is built
+    batch_stages = _batch_stages(cfg, tokenizer, mesh, rules)  # a distillation teacher: loaded and checked
     model = build.build_model(cfg.model, vocab_size=len(tokenizer), seed=cfg.train.seed,
                               constrain=make_constrain(mesh, rules))
     graphdef, params_state = nnx.split(model)
     tx = build_optimizer(cfg.optimizer, cfg.train.steps)
     param_sharding = state_shardings(params_state, mesh, rules)
-    params = jax.device_put(_pure(params_state), _pure(param_sharding))
+    # every process holds the whole model (a checkpoint restored onto its first device): placed on the mesh
+    params = hosts.place_global(_pure(params_state), _pure(param_sharding))
     spec = loss_spec(cfg, algorithm, settings)
     lora_cfg, base = cfg.model.lora, None
     if lora_cfg is not None:  # train adapters only; the frozen base is the KL reference (no second copy)
@@ -238,7 +245,7 @@ def setup(cfg: ExperimentConfig, run_dir: Path) -> tuple[Run, TrainState, Any]:
               schedule=_schedule(system, policy), segment_estimators=_segment_estimators(cfg, system),
               share_prompts=cfg.train.share_prompts,
               flops_per_token=functools.partial(step_time.train_flops_per_token, model.cfg,
-                                                lora=lora_cfg is not None))
+                                                lora=lora_cfg is not None), batch_stages=batch_stages)
     if cfg.train.share_prompts == "always":
         _check_always_shared(cfg, run, algorithm)
     if algorithm.shaper is not None:
@@ -246,6 +253,17 @@ def setup(cfg: ExperimentConfig, run_dir: Path) -> tuple[Run, TrainState, Any]:
     if cfg.algorithm.kl.beta > 0 and cfg.algorithm.kl.where is KLWhere.REWARD:
         run.shapers.append(KLRewardPenalty(run, cfg.algorithm.kl.beta, cfg.algorithm.kl.kind))
     return run, state, model
+
+
+def _batch_stages(cfg: ExperimentConfig, tokenizer, mesh, rules) -> list:
+    """The stages on each assembled batch: on-policy distillation's teacher (`algorithm.distill.teacher`)."""
+    d = cfg.algorithm.distill
+    if d.teacher is None:
+        return []
+    from jaxrl.rl.distill import load_teacher
+
+    return [load_teacher(d.teacher, tokenizer, mesh, rules, mode=d.mode.value, coef=d.coef,
+                         discount=d.discount)]
 
 
 def _schedule(system, policy: Policy) -> UpdateSchedule:
@@ -517,6 +535,9 @@ def assemble(run: Run, params, ro, adv, *, extra_rows: TrainBatch | None = None,
             ref_BT = step_time.synced(run.logprob_fn(run.policy.reference, batch.tokens_BL, batch.mask_BL, t,
                                                      group))
         batch = batch.replace(ref_logp_BT=ref_BT)
+    for stage in run.batch_stages:
+        batch, stage_metrics = stage(batch, clock)
+        metrics.update(stage_metrics)
     return batch, metrics
 
 

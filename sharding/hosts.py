@@ -88,6 +88,21 @@ def host_to_global(values: np.ndarray, sharding: Sharding) -> jax.Array:
     return jax.make_array_from_callback(values.shape, sharding, lambda index: values[index])
 
 
+def place_global(tree: Any, shardings: Any) -> Any:
+    """`tree` (the same full values on every process) placed with `shardings` (a matching tree).
+
+    `jax.device_put` takes host arrays and uncommitted device arrays onto devices of other processes, but
+    refuses an array committed to one local device (what an orbax restore onto `jax.local_devices()[0]`
+    returns); such a leaf goes through the host (`host_to_global`), each process supplying its own shards.
+    """
+    def put(x, s):
+        if getattr(x, "committed", False) and not s.is_fully_addressable:
+            return host_to_global(np.asarray(jax.device_get(x)), s)
+        return jax.device_put(x, s)
+
+    return jax.tree.map(put, tree, shardings)
+
+
 def gather_owned(values: np.ndarray, owners: np.ndarray) -> np.ndarray:
     """Every process's owned rows combined: row i comes from process `owners[i]`.
 

@@ -71,7 +71,8 @@ class ClipoHead:
 
     def state_json(self) -> list:
         """Head parameters and optimiser state as JSON lists (float32 values round-trip exactly)."""
-        return [np.asarray(x).tolist() for x in jax.tree.leaves((self.params, self.opt_state))]
+        # to_host: a replicated head may still span other processes' devices, which np.asarray refuses
+        return [hosts.to_host(x).tolist() for x in jax.tree.leaves((self.params, self.opt_state))]
 
     def load_state(self, data: list) -> None:
         """Inverse of `state_json` (shapes, dtypes and shardings from the freshly initialised head)."""

@@ -62,6 +62,11 @@ CASES = {
              "algorithm.kl.beta=0.05", "optimizer.lr=5e-2"],
 }
 COMPARED = ("loss", "reward/mean", "eval/accuracy")
+# clipo also starts from the dapo case's 1 x 4 checkpoint (`model.checkpoint`: restored on every process and
+# placed on either mesh) and distils (loss mode) from the grpo case's: the teacher is loaded the same way, its
+# log-probs are a batch stage and a loss term
+TEACHER_OF = {"clipo": "grpo"}
+INIT_OF = {"clipo": "dapo"}
 
 
 def _free_port() -> int:
@@ -148,8 +153,17 @@ def run_case(name: str, processes: int, tmp_root: Path) -> list[dict]:
     call of a case starts its 1 x 4 and 2 x 2 runs together: alone, a run keeps about 1.6 of the 2 cores
     busy (start-up, compiles and gloo waits are partly serial), so the pair finishes sooner side by side."""
     if (name, processes) not in _runs:
+        overrides = list(CASES[name])
+        if name in TEACHER_OF:
+            run_case(TEACHER_OF[name], 1, tmp_root)
+            overrides += [f"algorithm.distill.teacher={tmp_root / f'{TEACHER_OF[name]}-1'}",
+                          "algorithm.distill.mode=reverse_kl_loss"]
+        if name in INIT_OF:
+            run_case(INIT_OF[name], 1, tmp_root)
+            overrides += ["model.preset=null", f"model.checkpoint={tmp_root / f'{INIT_OF[name]}-1'}",
+                          "model.overrides={}"]
         dirs = {n: tmp_root / f"{name}-{n}" for n in (1, 2) if (name, n) not in _runs}
-        procs = {n: launch(d, CASES[name], processes=n, devices=4 // n) for n, d in dirs.items()}
+        procs = {n: launch(d, overrides, processes=n, devices=4 // n) for n, d in dirs.items()}
         for n, group in procs.items():
             wait_all(group)
             _runs[name, n] = metrics(dirs[n])
@@ -177,11 +191,13 @@ def test_peer_verdict_names_the_lost_process():
 def test_two_hosts_match_one_host(name, tmp_root):
     one = run_case(name, 1, tmp_root)
     two = run_case(name, 2, tmp_root)
-    assert_same_metrics(two, one, keys=COMPARED + ("kl",))  # kl: grpo's (absent elsewhere)
+    assert_same_metrics(two, one, keys=COMPARED + ("kl", "distill/reverse_kl", "distill/loss"))  # where present
     losses = [r["loss"] for r in one if "loss" in r]
     assert any(abs(x) > 1e-6 for x in losses), f"degenerate comparison: losses {losses}"
     if name == "dapo":
         assert any(r.get("dapo/resample_rounds", 0) > 0 for r in one), "DAPO never resampled"
+    if name in TEACHER_OF:  # the teacher's log-probs reached the loss on both meshes
+        assert all(r["distill/loss"] > 0 and r["distill/reverse_kl"] != 0 for r in one if "loss" in r), one
     if name == "grpo":  # the KL term is on and compared: the policy moved away from its reference
         assert any(r.get("kl", 0) > 0 for r in one), f"KL never positive: {[r.get('kl') for r in one]}"
 

@@ -83,6 +83,7 @@ def test_every_step_has_the_time_breakdown(run):
         assert all(s >= 0 for s in stages)
         assert r["time/generation"] > 0 and r["time/update"] > 0 and r["time/old_logprobs"] > 0
         assert r["time/env"] == 0 and r["time/ref_logprobs"] == 0  # no environment, no KL reference
+        assert r["time/teacher_logprobs"] == 0  # no distillation teacher
         assert sum(stages) == pytest.approx(r["time/step"], rel=1e-6, abs=1e-6)  # `other` closes the sum
         for stage in ("generation", "update"):
             assert r[f"throughput/tokens_per_s_per_device/{stage}"] > 0
