@@ -76,8 +76,10 @@ class TrainBatch:
     clip_high_B: jax.Array  # float32 per-sequence upper clip bounds
     sft_weight_B: jax.Array  # float32, 1 for expert (SFT-aux) rows, 0 for rollout rows
     is_weight_BT: Any = None  # float32 train/sampler importance weights (TIS / MIS), None = no correction
-    teacher_logp_BT: Any = None  # float32 distillation teacher's log-probs (`jaxrl.rl.distill`), None = none
     group: int = flax.struct.field(pytree_node=False, default=1)  # rows per shared-prompt group (1: none)
+    # float32 on-policy distillation teacher's log-probs (`jaxrl.rl.distill`, reverse_kl_loss), None = none;
+    # after `group`, so the positional form (..., is_weight_BT, group) keeps its meaning
+    teacher_logp_BT: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
