@@ -86,7 +86,9 @@ def build_tokenizer(model_cfg: ModelConfig, tok_cfg: TokenizerConfig):
 
     if tok_cfg.kind == "hf":
         return tokenizer_lib.load_tokenizer("hf", tok_cfg.path)
-    source = model_cfg.hf_path or model_cfg.checkpoint
+    source = model_cfg.hf_path
+    if model_cfg.checkpoint is not None:  # the directory next to the steps (RUN, RUN/checkpoints/<step>, ...)
+        source = model_io.resolve_checkpoint(model_cfg.checkpoint)[0]
     if source is not None:
         tok = model_io.load_tokenizer(source)
         if tok is not None:

@@ -45,6 +45,9 @@ ITEMS = ("params", "opt_state", "extra")
 MODEL_CONFIG = "model_config.json"
 
 
+WARM_START_STEP = 0  # the step directory of the warm-started state (before RL step 1)
+
+
 class Restored(NamedTuple):
     step: int
     params: Any
@@ -73,7 +76,8 @@ def _abstract(tree: Any) -> Any:
 
 
 class Checkpointer:
-    """Saves and restores (params, opt_state, extra) every `every` steps, keeping the last `keep`.
+    """Saves and restores (params, opt_state, extra) every `every` steps, keeping the last `keep` (and step 0,
+    the state RL starts from after an SFT warm start, when one was saved: `WARM_START_STEP`).
 
     All processes must call `save` / `restore_latest` (orbax coordinates multi-host writes); only the primary
     process writes `model_config.json`.
@@ -84,12 +88,23 @@ class Checkpointer:
         text = os.fspath(directory)
         self.directory = epath.Path(text if "://" in text else os.path.abspath(text))
         self.every = every
+        # the newest `keep` steps, and step 0 for good (the warm-started model: the reference of a resumed
+        # run with KL, and a model another run can start from, `model.checkpoint=RUN/checkpoints/0`)
+        keep_steps = ocp.checkpoint_managers.AnyPreservationPolicy(
+            [ocp.checkpoint_managers.LatestN(keep), ocp.checkpoint_managers.CustomSteps([WARM_START_STEP])])
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=keep, create=True, cleanup_tmp_directories=True, enable_async_checkpointing=async_save
+            preservation_policy=keep_steps, create=True, cleanup_tmp_directories=True,
+            enable_async_checkpointing=async_save,
         )
         self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
         self._pending: int | None = None  # the step an asynchronous save may still be writing
         quiet_disk_full_noise()
+
+    def restore_params(self, step: int, params_like: Any) -> Any:
+        """Only the parameters of `step` (e.g. the warm start's, step 0, for a resumed run's reference)."""
+        self.manager.wait_until_finished()
+        args = ocp.args.Composite(params=ocp.args.StandardRestore(_abstract(params_like)))
+        return self.manager.restore(step, args=args)["params"]
 
     def should_save(self, step: int) -> bool:
         return step > 0 and step % self.every == 0

@@ -173,10 +173,12 @@ def _train(cfg: ExperimentConfig, run_dir: str | Path, checkpoint_dir: str | Non
                 log.warning("checkpoint has no state of stage %r; it restarts from its initialisation",
                             shaper.name)
         if run.policy.reference_follows_warm_start and w.steps > 0:
-            # The reference policy is the warm-started model, which is not checkpointed: replay the
-            # (deterministic) warm start from the initial parameters to rebuild it exactly.
+            # The reference policy is the warm-started model: step 0's parameters, saved after the warm start
+            # (a run saved before step 0 was kept replays the deterministic warm start to rebuild it exactly).
             with phases("warm_start"):
-                run.policy.set_reference(warm_start(initial)[0].params)
+                warm = (ckpt.restore_params(ckpt_lib.WARM_START_STEP, initial.params)
+                        if ckpt_lib.WARM_START_STEP in ckpt.steps() else warm_start(initial)[0].params)
+                run.policy.set_reference(warm)
         log.info("resumed from step %d in %s", start, ckpt.directory)
     elif w.steps > 0:
         with phases("warm_start"):
@@ -217,10 +219,13 @@ def _train(cfg: ExperimentConfig, run_dir: str | Path, checkpoint_dir: str | Non
     with MetricsWriter.from_config(run_dir, cfg.logging, resume_step=start, total_steps=cfg.train.steps,
                                    config=config_dict(cfg)) as writer, \
             ckpt_lib.PreemptionGuard() as guard:
-        if start == 0 and cfg.train.eval_every:
+        if restored is None and cfg.train.eval_every:
             writer.write(0, evaluate_now(state.params, 0)[0])
+        if restored is None and w.steps > 0:  # the warm-started state, kept (`Checkpointer`), after its eval row
+            checkpoint_s = save(ckpt_lib.WARM_START_STEP)
+        else:
+            checkpoint_s = 0.0  # the save after the previous row
         t_loop = t_row = time.perf_counter()
-        checkpoint_s = 0.0  # the save after the previous row
         for step in range(start + 1, cfg.train.steps + 1):
             with profiler.step(step):
                 records = hosts.gather_json(next(data_it))

@@ -5,8 +5,9 @@ SFT warm start and 20 instead of 80 RL steps. The warm start's demonstrations us
 only one time in four, so greedy held-out answers start mostly untagged (the strict answer reward scores them
 0); RL must make the tagged answer the policy's choice. Fixed seeds make the run deterministic; the assertions
 are on the learning effect (held-out format and accuracy after RL well above the warm start, training reward
-rising), not on exact values. The run's checkpoint is then the teacher of an on-policy distillation run from
-the same warm start (one module fixture, so the file's tests share the run).
+rising), not on exact values. The run's last checkpoint is then the teacher of an on-policy distillation run
+that starts from the run's warm start, kept as its step-0 checkpoint (one module fixture, so the file's tests
+share the run, and the student does not repeat the 700 warm-start steps).
 """
 
 import subprocess
@@ -54,20 +55,23 @@ def test_quickstart_held_out_accuracy_rises(quickstart):
     assert mean(train[-5:], "reward/mean") > mean(train[:5], "reward/mean") + 0.1
 
 
-@pytest.mark.slow  # ~2 minutes: the same warm start, then 6 distillation steps
+@pytest.mark.slow  # ~1 minute: 6 distillation steps from the teacher run's step-0 checkpoint
 def test_on_policy_distillation_alone_teaches_the_quickstart_task(quickstart, tmp_path):
     """Issue 28 item 3: the quickstart run above (RL on the task rewards) is the teacher; a student from the
-    same warm start trains with every task reward at weight 0, so only the teacher's per-token reverse KL
+    same warm start (the teacher run's step-0 checkpoint: the warm-started model, kept for good) trains with
+    every task reward at weight 0, so only the teacher's per-token reverse KL
     (`algorithm.distill`, mode reward) moves it. Held-out format and accuracy rise from the warm start's
     towards the teacher's, and the reverse KL to the teacher falls. (Faster than RL alone, with seeds and
     spread: `experiments/distill_vs_rl.py`, docs/experiments/distill_vs_rl.md.)"""
     teacher_dir, teacher_rows = quickstart
+    warm = teacher_dir / "checkpoints" / "0"
     rows = _train(tmp_path / "student", *SHORT, f"train.steps={DISTILL_STEPS}",
-                  f"train.eval_every={DISTILL_STEPS}", NO_TASK_REWARD, f"algorithm.distill.teacher={teacher_dir}")
+                  f"train.eval_every={DISTILL_STEPS}", NO_TASK_REWARD, f"algorithm.distill.teacher={teacher_dir}",
+                  "model.preset=null", f"model.checkpoint={warm}", "sft_warmup.steps=0")
     evals = {r["step"]: r for r in rows if "eval/accuracy" in r}
     assert sorted(evals) == [0, DISTILL_STEPS]
     before, after = evals[0], evals[DISTILL_STEPS]
-    start = next(r for r in teacher_rows if r["step"] == 0)  # the same warm start, replayed exactly
+    start = next(r for r in teacher_rows if r["step"] == 0)  # the warm start, kept exactly as step 0
     assert {k: v for k, v in before.items() if k.startswith("eval/")} == \
         {k: v for k, v in start.items() if k.startswith("eval/")}
     assert after["eval/accuracy"] > before["eval/accuracy"] + 0.3, (before, after)

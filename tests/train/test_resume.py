@@ -155,8 +155,24 @@ def test_resume_restores_clipo_head_and_warm_started_reference(tmp_path):
     whole, split = tmp_path / "whole", tmp_path / "split"
     _ok(run_train(whole, *extra, "train.steps=4"))
     _ok(run_train(split, *extra, "train.steps=2"))
-    _ok(run_train(split, *extra, "train.steps=4"))  # resumes from step 2
+    resumed = run_train(split, *extra, "train.steps=4")  # resumes from step 2
+    _ok(resumed)
     rows = metrics(whole)
     assert [r["step"] for r in rows] == [1, 2, 3, 4] and rows[3]["clipo/head_loss"] > 0
     assert abs(rows[0]["kl"]) < 1e-5 and rows[3]["kl"] > 1e-4  # KL to the warm-started model starts at 0
     assert metrics(split) == rows
+    # The warm-started state is kept as step 0 (past checkpoint.keep): the resumed run's reference is read
+    # from it, not rebuilt by repeating the warm start.
+    assert _steps(whole) == [0, 2, 4] and _steps(split) == [0, 2, 4]
+    assert "SFT warm start" not in resumed.stderr and "resumed from step 2" in resumed.stderr
+    # A run stopped after its warm start, before its first periodic checkpoint, resumes from step 0 (no
+    # warm start again) and takes exactly the uninterrupted run's steps.
+    zero = tmp_path / "zero"
+    shutil.copytree(whole, zero)
+    for step in (2, 4):
+        shutil.rmtree(zero / "checkpoints" / str(step))
+    (zero / "metrics.jsonl").write_text("")
+    from_zero = run_train(zero, *extra, "train.steps=2")
+    _ok(from_zero)
+    assert "SFT warm start" not in from_zero.stderr and "resumed from step 0" in from_zero.stderr
+    assert metrics(zero) == rows[:2]
