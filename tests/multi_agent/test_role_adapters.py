@@ -4,7 +4,8 @@ Unit: the role policies merge each role's adapters once and resolve aliases (SSP
 per-role state holds independent copies; a role's update replaces only that role.
 CLI (`jaxrl train configs/march_tiny.yaml`, shrunk, LoRA): with only the Solver trained, the Proposer's and
 Checker's adapters stay exactly the warm start's (equal to each other) while the Solver's move; a run killed
-after step 2 and relaunched reaches the uninterrupted run's step 3 exactly; per_role without `model.lora`, or
+after step 2 (that run's directory as it was after its step-2 checkpoint) and relaunched resumes there and
+reaches the uninterrupted run's step 3 exactly; per_role without `model.lora`, or
 with reward shaping, is refused before any model is built (exit 2).
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -88,7 +90,7 @@ def _metrics(run_dir: Path) -> list[dict]:
     return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
 
 
-@pytest.mark.slow  # three short runs of the shrunk MARCH config, ~3 minutes on 2 cores
+@pytest.mark.slow  # two short runs of the shrunk MARCH config, ~2 minutes on 2 cores
 def test_per_role_adapters_train_only_their_role_and_resume_exactly(tmp_path):
     full = tmp_path / "full"
     done = _train(full, "train.steps=3")
@@ -103,11 +105,20 @@ def test_per_role_adapters_train_only_their_role_and_resume_exactly(tmp_path):
     assert all("role/solver/loss" in r and "role/checker/loss" not in r for r in rows)
     assert any(r["role/solver/loss"] != 0 for r in rows)
 
+    # The run as if killed right after its step-2 checkpoint (checkpoint.every=1, synchronous saves): the
+    # uninterrupted run's directory without what steps after 2 wrote (checkpoint 3, metrics rows of step 3,
+    # the adapters exported at the end). Relaunched, it resumes from step 2 (steps 1-2 are not run again)
+    # and reaches the uninterrupted run's step 3 exactly. (A separate 2-step run cost a third CLI run.)
     part = tmp_path / "part"
-    first = _train(part, "train.steps=2")
-    assert first.returncode == 0, first.stderr[-3000:]
+    shutil.copytree(full, part)
+    shutil.rmtree(part / "checkpoints" / "3")
+    shutil.rmtree(part / "adapters")
+    rows_to_2 = [json.dumps(r) + "\n" for r in _metrics(part) if r["step"] <= 2]
+    (part / "metrics.jsonl").write_text("".join(rows_to_2))
+    assert sorted(int(c.name) for c in (part / "checkpoints").iterdir() if c.name.isdigit())[-1] == 2
     resumed = _train(part, "train.steps=3")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert [r["step"] for r in _metrics(part) if "loss" in r] == [1, 2, 3]  # from step 2: step 3 ran once
     want = [r for r in _metrics(full) if r["step"] == 3][0]
     got = [r for r in _metrics(part) if r["step"] == 3][0]
     for key in ("loss", "reward/mean", "role/solver/loss", "entropy"):

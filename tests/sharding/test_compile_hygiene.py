@@ -3,7 +3,8 @@
 Such a warning means GSPMD could not move a tensor between two shardings and replicated it instead: at pod
 scale an all-gather of a whole tensor every step. Each shipped RL config is reduced (same family flags, remat,
 norm, dtype, mesh axes; tiny sizes) and its train step, log-prob pass and rollout are compiled on 8 fake CPU
-devices by `compile_hygiene_worker.py` in a subprocess, whose stderr (the compiler's log) is read here.
+devices by `compile_hygiene_worker.py`, in one subprocess per mesh layout (its configs one after another,
+without a persistent compilation cache), whose stderr (the compiler's log) is read here.
 
 Mesh axes on 8 devices: data x fsdp -> 2 x 4, fsdp only -> 1 x 8, tensor -> 1 x 4 x 2, one device -> 1 x 1.
 """
@@ -52,6 +53,55 @@ def _rl_configs() -> dict[str, tuple[int, int, int]]:
 
 
 CONFIGS = _rl_configs()
+# One worker process per mesh layout compiles each of that layout's configs in turn (importing jax and jaxrl
+# and starting 8 fake devices once, not once per config); the worker's `main` reads its argv, which is set per
+# config. A line "=== NAME" on stdout and stderr starts each config's section; a config that raises prints
+# its traceback there and the next config still runs.
+DRIVER = """
+import runpy, sys, traceback
+worker, mesh, names = sys.argv[1], sys.argv[2:5], sys.argv[5:]
+sys.argv = [worker, names[0], *mesh]
+main = runpy.run_path(worker)["main"]  # sets XLA_FLAGS (the device count) before it imports jax
+for name in names:
+    for stream in (sys.stdout, sys.stderr):
+        print("=== " + name, file=stream, flush=True)
+    sys.argv = [worker, name, *mesh]
+    try:
+        main()
+    except BaseException:
+        traceback.print_exc()
+        print("FAILED", flush=True)
+"""
+
+
+def _sections(text: str) -> dict[str, str]:
+    out, name = {}, None
+    for line in text.splitlines(keepends=True):
+        if line.startswith("=== "):
+            name = line[4:].strip()
+            out[name] = ""
+        elif name is not None:
+            out[name] += line
+    return out
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    """mesh -> (returncode, {config path: stdout section}, {config path: stderr section}), on demand."""
+    done = {}
+
+    def get(mesh: tuple[int, int, int]):
+        if mesh not in done:
+            names = [str(ROOT / "configs" / n) for n in sorted(CONFIGS) if CONFIGS[n] == mesh]
+            # no persistent compilation cache: a cached executable is not compiled again, so its warnings
+            # would not be printed
+            env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_COMPILATION_CACHE_DIR")}
+            p = subprocess.run([sys.executable, "-c", DRIVER, str(WORKER), *map(str, mesh), *names], env=env,
+                               capture_output=True, text=True, timeout=1800, cwd=ROOT)
+            done[mesh] = (p.returncode, _sections(p.stdout), _sections(p.stderr))
+        return done[mesh]
+
+    return get
 
 
 def test_every_mesh_layout_is_covered():
@@ -61,13 +111,13 @@ def test_every_mesh_layout_is_covered():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(CONFIGS))
-def test_no_involuntary_rematerialization(name):
+def test_no_involuntary_rematerialization(name, compiled):
     data, fsdp, tensor = CONFIGS[name]
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    p = subprocess.run([sys.executable, str(WORKER), str(ROOT / "configs" / name), str(data), str(fsdp),
-                        str(tensor)], env=env, capture_output=True, text=True, timeout=900, cwd=ROOT)
-    assert p.returncode == 0, p.stderr[-3000:]
-    assert p.stdout.split() == "compiled log-prob pass compiled train step compiled rollout".split()
-    warnings = [line[:400] for line in p.stderr.splitlines() if WARNING in line]
+    returncode, out, err = compiled(CONFIGS[name])
+    key = str(ROOT / "configs" / name)
+    assert returncode == 0 and key in err, (returncode, list(err))
+    assert out[key].split() == "compiled log-prob pass compiled train step compiled rollout".split(), \
+        err[key][-3000:]
+    warnings = [line[:400] for line in err[key].splitlines() if WARNING in line]
     where = f"{name} on data x fsdp x tensor = {data} x {fsdp} x {tensor}"
     assert not warnings, where + ":\n" + "\n".join(warnings)
