@@ -1,5 +1,9 @@
 """LoRA merge: zero adapters are the base, nonzero ones equal a float64 W + s·A·B by hand, gradients reach
-only the adapters (and equal s·Aᵀ·∂L/∂W at B = 0), on every family and norm placement."""
+only the adapters (and equal s·Aᵀ·∂L/∂W at B = 0), on every family and norm placement. Logits and gradients
+are jitted (one program per config: eager dispatch compiled one small program per primitive and shape); the
+mismatched adapter of the last test only needs its shapes (`jax.eval_shape`)."""
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -31,6 +35,7 @@ def _base(cfg, seed=0):
     return jax.tree.unflatten(treedef, noisy)
 
 
+@functools.partial(jax.jit, static_argnums=0)
 def _logits(cfg, params):
     return Transformer.from_params(cfg, params)(jnp.asarray(TOKENS, jnp.int32))
 
@@ -129,7 +134,8 @@ def test_merge_rejects_mismatched_adapter():
     params = _base(cfg)
     adapters = lora.init_adapters(params, lora.LoraConfig(rank=2, targets=("q_proj",)), jax.random.key(0))
     q_only = lora.LoraConfig(rank=2, targets=("q_proj",))
-    other = lora.init_adapters(_base(cfg.replace(hidden_size=16)), q_only, jax.random.key(0))
+    other = jax.eval_shape(lambda: lora.init_adapters(_base(cfg.replace(hidden_size=16)), q_only,
+                                                      jax.random.key(0)))
     with pytest.raises(ValueError, match="does not match kernel"):
         lora.merge(params, other, lora.LoraConfig(rank=2, targets=("q_proj",)))
     with pytest.raises(KeyError, match="layers/mlp/up_proj"):

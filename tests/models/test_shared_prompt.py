@@ -6,7 +6,9 @@ before the shared path. Groups have different left-padding widths (one prompt fi
 have different completion lengths (one has none). Tolerances are fp32's, as test_attention_core.py: values
 rtol 1e-5 / atol 1e-6, gradients atol 1e-6 / rtol 1e-5 (scaled to the gradient, see below).
 `test_the_check_sees_off_by_one_errors` shows that the comparison fails for a position shifted by one or for
-the wrong prompt position feeding completion token 0.
+the wrong prompt position feeding completion token 0. Both sides of every comparison are jitted (`_both`, one
+program per model and shape; eager dispatch compiled one small program per primitive and shape and cost about
+twice as much), except in the off-by-one test, whose monkeypatched paths must be traced afresh.
 """
 
 import functools
@@ -47,6 +49,12 @@ def unshared_hidden(model, prompt, pmask, comp, cmask):
     out = model.forward(tokens, None, mask, return_hidden=True, return_logits=False)
     w = prompt.shape[1]
     return out.hidden[:, w - 1:w + comp.shape[1] - 1]
+
+
+@nnx.jit
+def _both(model, *rows):
+    """(`Transformer.forward_groups`, `unshared_hidden`) of `model` on the same rows, in one program."""
+    return model.forward_groups(*rows), unshared_hidden(model, *rows)
 
 
 @functools.cache  # the float32 and float64 tests share it (bit-identical either way, x64 or not)
@@ -163,7 +171,7 @@ def test_every_completion_position_matches_padding_included():
     cfg, params = _random_model(TransformerConfig.tiny(), seed=4)
     model = Transformer.from_params(cfg, params)
     rows = [jnp.asarray(x) for x in grouped_rows(seed=5)]
-    np.testing.assert_allclose(model.forward_groups(*rows), unshared_hidden(model, *rows), **VALUES)
+    np.testing.assert_allclose(*_both(model, *rows), **VALUES)
 
 
 def test_unmerged_lora_runs_the_shared_path():
@@ -174,16 +182,16 @@ def test_unmerged_lora_runs_the_shared_path():
     adapters = jax.tree.map(lambda x: x + 0.2 * jax.random.normal(jax.random.key(2), x.shape), adapters)
     attached = attach(model, adapters, lcfg)
     rows = [jnp.asarray(x) for x in grouped_rows(seed=6)]
-    got = attached.forward_groups(*rows)
-    np.testing.assert_allclose(got, unshared_hidden(attached, *rows), **VALUES)
-    assert float(jnp.max(jnp.abs(got - model.forward_groups(*rows)))) > 1e-3  # the adapters act
+    got, want = _both(attached, *rows)
+    np.testing.assert_allclose(got, want, **VALUES)
+    assert float(jnp.max(jnp.abs(got - _both(model, *rows)[0]))) > 1e-3  # the adapters act
 
 
 def test_group_of_one_and_one_group():
     model = Transformer(TransformerConfig.tiny(), rngs=nnx.Rngs(0))
     for p, g in ((4, 1), (1, 5)):
         rows = [jnp.asarray(x) for x in grouped_rows(seed=7, p=p, g=g)]
-        np.testing.assert_allclose(model.forward_groups(*rows), unshared_hidden(model, *rows), **VALUES)
+        np.testing.assert_allclose(*_both(model, *rows), **VALUES)
 
 
 def test_the_check_sees_off_by_one_errors(monkeypatch):

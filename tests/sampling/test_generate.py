@@ -1,4 +1,10 @@
-"""`generate` on a random tiny Transformer: logprobs vs teacher forcing, EOS, groups, seeds, compiles."""
+"""`generate` on a random tiny Transformer: logprobs vs teacher forcing, EOS, groups, seeds, compiles.
+
+The teacher-forced reference forward is jitted (eager dispatch compiled one small program per primitive and
+shape), and the frequency test's peaked vocabulary-12 model and its logits are built once for its three cases.
+"""
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -19,6 +25,11 @@ def model():
     return Transformer(TransformerConfig.tiny(), rngs=nnx.Rngs(0))
 
 
+@nnx.jit
+def _forward_logits(model, tokens_BL, mask_BL):
+    return model.forward(tokens_BL, mask_BL=mask_BL).logits
+
+
 def _teacher_forced_logp(model, prompts, completions):
     """float64 log-softmax [B, T, V] at the completion positions, from one left-padded forward pass."""
     seqs = [list(p) + list(c) for p, c in zip(prompts, completions)]
@@ -27,7 +38,7 @@ def _teacher_forced_logp(model, prompts, completions):
     mask = np.zeros((len(seqs), width), bool)
     for b, s in enumerate(seqs):
         tokens[b, width - len(s):], mask[b, width - len(s):] = s, True
-    logits_BLV = model.forward(jnp.asarray(tokens), mask_BL=jnp.asarray(mask)).logits
+    logits_BLV = _forward_logits(model, jnp.asarray(tokens), jnp.asarray(mask))
     logp_BLV = np.asarray(jax.nn.log_softmax(logits_BLV, axis=-1), np.float64)
     t = len(completions[0])
     return logp_BLV[:, width - t - 1:width - 1]
@@ -155,16 +166,22 @@ def test_top_k_one_is_greedy(model):
     np.testing.assert_array_equal(np.asarray(greedy.tokens), np.asarray(top1.tokens))
 
 
+@functools.cache
+def _peaked_model():
+    """(model, prompt, float64 next-token logits) of a random vocabulary-12 model with spread logits."""
+    small = Transformer(TransformerConfig.tiny(vocab_size=12), rngs=nnx.Rngs(1))
+    small.lm_head.kernel[...] = small.lm_head.kernel[...] * 20.0  # spread the logits: a peaked distribution
+    prompt = [3, 7, 1]
+    return small, prompt, np.asarray(small(jnp.asarray([prompt]))[0, -1], np.float64)
+
+
 @pytest.mark.parametrize("kwargs,ref", [
     (dict(temperature=1.0), dict()),
     (dict(temperature=0.7, top_k=5), dict(temperature=0.7, top_k=5)),
     (dict(temperature=1.0, top_p=0.6), dict(top_p=0.6)),
 ])
 def test_first_token_frequencies_match_model_distribution(kwargs, ref):
-    small = Transformer(TransformerConfig.tiny(vocab_size=12), rngs=nnx.Rngs(1))
-    small.lm_head.kernel[...] = small.lm_head.kernel[...] * 20.0  # spread the logits: a peaked distribution
-    prompt = [3, 7, 1]
-    logits_V = np.asarray(small(jnp.asarray([prompt]))[0, -1], np.float64)
+    small, prompt, logits_V = _peaked_model()
     n = 6000
     gen = sampling.generate(small, [prompt], max_new_tokens=1, num_samples=n, seed=0, **kwargs)
     counts = np.bincount(np.asarray(gen.tokens[:, 0]), minlength=12)
