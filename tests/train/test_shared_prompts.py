@@ -200,26 +200,45 @@ def test_mini_batches_hold_whole_groups(group):
             assert (groups[:, 0] % G == 0).all()
 
 
-@pytest.mark.slow  # a sharded and a single-device compile of the RL step per mesh
+_SHARDED_G, _SHARDED_SPEC = 2, LossSpec(kl_beta=0.05, entropy_coef=0.01, grad_accum=2)
+
+
+def _sharded_setup():
+    """The sharded cases' batch (16 groups of 2), model config and optimiser."""
+    import optax
+
+    batch = grouped_batch(seed=5, p=16, g=_SHARDED_G)
+    tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-2, eps=1e-4))
+    return batch, TransformerConfig.tiny(num_kv_heads=4), tx
+
+
+@functools.lru_cache(maxsize=None)
+def _single_device_unshared_reference():
+    """(loss, gradients, metrics) and the updated params of the unshared step on one device: the same for
+    both meshes, so compiled and computed once."""
+    from jaxrl.train_step import TrainState, train_step
+
+    batch, cfg, tx = _sharded_setup()
+    graphdef, state = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)))
+    params = state.to_pure_dict()
+    ref = _run(params, graphdef, batch, _SHARDED_SPEC)
+    ref_state, _ = jax.jit(functools.partial(train_step, graphdef=graphdef, spec=_SHARDED_SPEC, tx=tx))(
+        TrainState(params, tx.init(params), jnp.zeros((), jnp.int32)), batch)
+    return ref, jax.device_get(ref_state.params)
+
+
+@pytest.mark.slow  # a sharded compile of the RL step per mesh (the single-device reference compiles once)
 @pytest.mark.parametrize("mesh_cfg, rules", [(MeshConfig(data=2, fsdp=4), "fsdp"),
                                              (MeshConfig(fsdp=2, tensor=4, rules="fsdp_tp"), "fsdp_tp")])
 def test_sharded_shared_step_equals_the_single_device_unshared_step(mesh_cfg, rules):
     """Rows over the batch shards, two micro-batches of 8 groups of 2 (one group per shard of data x fsdp),
     activation constraints on the grouped [P, W + G·T] layout: the same loss, gradients and update."""
-    import optax
-
     from jaxrl.sharding import batch_shardings, make_constrain, state_shardings
     from jaxrl.train_step import TrainState, train_step
 
-    g, spec = 2, LossSpec(kl_beta=0.05, entropy_coef=0.01, grad_accum=2)
-    batch = grouped_batch(seed=5, p=16, g=g)
-    cfg = TransformerConfig.tiny(num_kv_heads=4)
-    tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-2, eps=1e-4))
-    graphdef, state = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)))
-    params = state.to_pure_dict()
-    ref = _run(params, graphdef, batch, spec)
-    ref_state, _ = jax.jit(functools.partial(train_step, graphdef=graphdef, spec=spec, tx=tx))(
-        TrainState(params, tx.init(params), jnp.zeros((), jnp.int32)), batch)
+    g, spec = _SHARDED_G, _SHARDED_SPEC
+    batch, cfg, tx = _sharded_setup()
+    ref, ref_params = _single_device_unshared_reference()
 
     mesh, rules = make_mesh(mesh_cfg), RULES[rules]
     graphdef, state = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0), constrain=make_constrain(mesh, rules)))
@@ -235,7 +254,7 @@ def test_sharded_shared_step_equals_the_single_device_unshared_step(mesh_cfg, ru
                    in_shardings=(state_sh, None), out_shardings=(state_sh, None), donate_argnums=0)
     train_state = jax.device_put(TrainState(params, opt_state, jnp.zeros((), jnp.int32)), state_sh)
     new_state, _ = step(train_state, shared)
-    for p, r in zip(jax.tree.leaves(new_state.params), jax.tree.leaves(ref_state.params), strict=True):
+    for p, r in zip(jax.tree.leaves(new_state.params), jax.tree.leaves(ref_params), strict=True):
         np.testing.assert_allclose(np.asarray(p), np.asarray(r), rtol=1e-5, atol=1e-6)
 
 
