@@ -43,8 +43,6 @@ log = logging.getLogger(__name__)
 
 ITEMS = ("params", "opt_state", "extra")
 MODEL_CONFIG = "model_config.json"
-
-
 WARM_START_STEP = 0  # the step directory of the warm-started state (before RL step 1)
 
 
