@@ -16,7 +16,9 @@ import os
 from pathlib import Path
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+# AutoTokenizer is imported where a tokenizer directory is read: its import pulls in torch when torch is
+# installed (2 s per process), which the built-in tokenizer never needs
+from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from jaxrl.errors import ConfigError
 
@@ -82,7 +84,7 @@ def from_pretrained_dir(path: str | os.PathLike) -> PreTrainedTokenizerBase:
     """`AutoTokenizer` of a local directory: offline, `trust_remote_code=False` (no interactive prompt, never
     anyone's code). For our own `JaxrlForCausalLM` exports (model_type `jaxrl_decoder`) transformers gets a
     generic config instead of reading ours, which it could only resolve through the remote code."""
-    from transformers import PretrainedConfig
+    from transformers import AutoTokenizer, PretrainedConfig
 
     extra = {"config": PretrainedConfig()} if _is_own_remote_code_export(Path(path)) else {}
     return AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=False, **extra)

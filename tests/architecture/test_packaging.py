@@ -26,3 +26,17 @@ def test_every_folder_with_python_files_is_a_declared_package():
             found.add(name)
     assert found <= declared, f"folders with Python files that pyproject's packages lacks: {found - declared}"
     assert {"jaxrl.rl", "jaxrl.remote_code"} <= found
+
+
+def test_the_train_path_with_the_builtin_tokenizer_does_not_import_torch():
+    """torch is a test/interop dependency, never a runtime one: `transformers.AutoTokenizer`'s import pulls it
+    in when it is installed (about 2 s in every CLI process), so `jaxrl.tokenizer` imports it only where a
+    tokenizer directory is read."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from jaxrl import tokenizer, train_loop, cli; tokenizer.load_tokenizer('builtin'); "
+            "print(sorted(m for m in ('torch', 'transformers.models.auto') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout
