@@ -431,6 +431,9 @@ class SFTWarmupConfig:
     steps: int = 0
     lr: float = 1e-3
     batch_size: int = 16
+    # true: several demonstrations per row where that saves rows (`jaxrl.packing`: the same loss and gradient,
+    # no computation on padding); false (YAML `off`): one padded row per demonstration
+    packing: bool = True
 
     def __post_init__(self):
         _check(self.steps >= 0, "sft_warmup.steps", self.steps, "must be >= 0")

@@ -80,6 +80,9 @@ class TrainBatch:
     # float32 on-policy distillation teacher's log-probs (`jaxrl.rl.distill`, reverse_kl_loss), None = none;
     # after `group`, so the positional form (..., is_weight_BT, group) keeps its meaning
     teacher_logp_BT: Any = None
+    # int32 [B, L] segment ids of packed rows (`jaxrl.packing`: several sequences per row, each attending only
+    # to itself, positions restarting per segment), None = one sequence per row
+    segment_BL: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,23 +140,27 @@ OBJECTIVES = {
 
 
 def token_logprobs(model: nnx.Module, tokens_BL, mask_BL, width: int, *, chunk: int, temperature: float = 1.0,
-                   group: int = 1):
+                   group: int = 1, segment_BL=None):
     """(logp_BT, entropy_BT, hidden_BTD) of the last `width` tokens given their prefixes, chunked over V.
 
     Only the T = `width` hidden states that predict those tokens (`hidden_BTD`, positions W-1 .. L-2) are
     projected onto the vocabulary. `group` > 1: rows come in groups of `group` with identical prompt columns
     (`TrainBatch.group`), and each group's prompt runs through the layers once (`Transformer.forward_groups`).
+    `segment_BL`: packed rows (`TrainBatch.segment_BL`).
     """
     b, length = tokens_BL.shape
     w = length - width
     if group > 1:
+        if segment_BL is not None:
+            raise ValueError("packed rows (segment_BL) have no shared-prompt groups")
         if b % group:
             raise ValueError(f"{b} rows do not split into prompt groups of {group}")
         first_PW = lambda x_BW: x_BW.reshape(b // group, group, w)[:, 0]
         hidden_BTD = model.forward_groups(first_PW(tokens_BL[:, :w]), first_PW(mask_BL[:, :w]),
                                           tokens_BL[:, w:], mask_BL[:, w:])
     else:
-        out = model.forward(tokens_BL, None, mask_BL, return_hidden=True, return_logits=False)
+        out = model.forward(tokens_BL, None, mask_BL, return_hidden=True, return_logits=False,
+                            segment_BL=segment_BL)
         hidden_BTD = out.hidden[:, w - 1:length - 1]
     logp_BT, ent_BT = losses.token_logprobs_and_entropy(
         hidden_BTD, model.unembedding(), tokens_BL[:, w:], chunk_size=chunk, temperature=temperature
@@ -179,7 +186,7 @@ def _loss(params, graphdef, batch: TrainBatch, spec: LossSpec, norm, base=None):
     width = batch.completion_mask_BT.shape[1]
     logp_BT, ent_BT, _ = token_logprobs(model, batch.tokens_BL, batch.mask_BL, width,
                                         chunk=spec.logprob_chunk, temperature=spec.temperature,
-                                        group=batch.group)
+                                        group=batch.group, segment_BL=batch.segment_BL)
     rl_m_BT, sft_m_BT = _masks(batch)
     agg = lambda v_BT: losses.aggregate(v_BT, rl_m_BT, spec.agg, normalizer=norm["rl"])
     pg_BT, metrics = OBJECTIVES[spec.objective](logp_BT, batch, rl_m_BT, spec, **dict(spec.objective_kwargs))

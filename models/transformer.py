@@ -18,6 +18,8 @@ Choices and deviations from HF `LlamaForCausalLM`:
 * Positions default to `(#valid cache slots) + cumsum(mask) − 1`, clipped at 0, so left padding, prefill and
   decode all get HF's positions without the caller passing them (an explicit `positions_BL` wins).
 * Attention visibility is by cache *slot*, not by position: a query sees valid slots ≤ its own slot.
+* Packed rows (`segment_BL`, `jaxrl.packing`): several sequences in one row, each seeing only itself, with
+  positions restarting per segment (the update computes no padding).
 * `forward_groups` (training / scoring of GRPO groups): each prompt runs once for the G completions that share
   it, through the same layer loop (`jaxrl.models.shared_prompt`).
 """
@@ -153,7 +155,7 @@ class Transformer(nnx.Module):
 
     def forward(self, tokens_BL, positions_BL=None, mask_BL=None, *, cache: Optional[KVCache] = None,
                 layers: Optional[tuple] = None, return_hidden: bool = False,
-                return_logits: bool = True) -> ModelOutput:
+                return_logits: bool = True, segment_BL=None) -> ModelOutput:
         """Runs the L new tokens, optionally appending their keys to `cache` (slots [index, index + L)).
 
         Args:
@@ -167,6 +169,9 @@ class Transformer(nnx.Module):
             unrolled on those per-layer weights, reading each in place. A per-layer cache (`KVCache.unstack`)
             implies this (the states are then taken here).
           return_hidden, return_logits: which of `hidden` [B, L, D] / `logits` [B, L, V] to compute.
+          segment_BL: None, or [B, L] int segment ids of packed rows (`jaxrl.packing`, no cache): a query sees
+            only the keys of its own segment, and default positions restart at 0 in each segment, so every
+            segment computes what it would alone in a row of its own.
 
         Returns:
           ModelOutput(logits, hidden, cache) — cache is the updated cache (index += L), or None.
@@ -180,7 +185,12 @@ class Transformer(nnx.Module):
             raise ValueError(f"forward of tokens {tokens_BL.shape} does not fit a cache of "
                              f"{cache.batch} rows x {cache.capacity} slots")
         visible, valid_BS, prior_B = _visibility(mask_BL, cache)
-        if positions_BL is None:
+        if segment_BL is not None:
+            if cache is not None:
+                raise ValueError("packed rows (segment_BL) are a full-sequence forward: no KV cache")
+            visible, segment_positions_BL = _segmented(visible, mask_BL, segment_BL)
+            positions_BL = segment_positions_BL if positions_BL is None else positions_BL
+        elif positions_BL is None:
             counts_BL = prior_B[:, None] + jnp.cumsum(mask_BL, axis=-1, dtype=jnp.int32)
             positions_BL = jnp.maximum(counts_BL - 1, 0)
         chex.assert_shape(positions_BL, (batch, length))
@@ -278,6 +288,23 @@ def _visibility(mask_BL, cache):
     causal_LL = jnp.arange(length)[:, None] >= jnp.arange(length)[None, :]
     visible_old_BLS = jnp.broadcast_to(old_BS[:, None, :], (batch, length, cache.capacity))
     return (visible_old_BLS, mask_BL[:, None, :] & causal_LL[None]), valid_BS, prior_B
+
+
+def _segmented(visible_BLL, mask_BL, segment_BL):
+    """(visibility, positions) of packed rows: keys of the query's own segment only; positions counted from
+    the segment's first real token,
+
+        pos[b, i] = #real tokens in row b up to i  −  #real tokens before the segment of i  −  1.
+    """
+    chex.assert_shape(segment_BL, mask_BL.shape)
+    same_BLL = segment_BL[:, :, None] == segment_BL[:, None, :]
+    counts_BL = jnp.cumsum(mask_BL, axis=-1, dtype=jnp.int32)
+    starts_BL = jnp.concatenate([jnp.ones_like(segment_BL[:, :1], bool),
+                                 segment_BL[:, 1:] != segment_BL[:, :-1]], axis=-1)
+    # counts are non-decreasing along a row, so the running max of (count before the segment) at segment
+    # starts is the count before the current segment
+    before_BL = jax.lax.cummax(jnp.where(starts_BL, counts_BL - mask_BL.astype(jnp.int32), 0), axis=1)
+    return visible_BLL & same_BLL, jnp.maximum(counts_BL - before_BL - 1, 0)
 
 
 def set_params(model: Transformer, params: dict) -> None:
