@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 
 
 def sft_warm_start(run: trainer.Run, state: TrainState, records, encoder, *, steps: int, lr: float,
-                   batch_size: int, packed: bool = True) -> tuple[TrainState, list[float]]:
+                   batch_size: int, packed: bool = False) -> tuple[TrainState, list[float]]:
     """Supervised warm start on reference targets with its own AdamW; returns (state, NLL curve).
 
     Rows are laid out like rollout rows (prompt bucket | completion width), so the warm start trains exactly
