@@ -431,10 +431,8 @@ class SFTWarmupConfig:
     steps: int = 0
     lr: float = 1e-3
     batch_size: int = 16
-    # true: several demonstrations per row where that saves rows (`jaxrl.packing`: the same loss and gradient,
-    # no computation on padding); false (YAML `off`, the default): one padded row per demonstration. Opt-in:
-    # on 8 CPU devices the packed step loaded from a persistent compilation cache deadlocked in its
-    # collectives (docs/TESTING.md), so it is not the default until that is understood
+    # true: several demonstrations per row (`jaxrl.packing`, same loss and gradient); false (default): padded
+    # rows. Opt-in until a cache-loaded packed step's collective deadlock is understood (docs/TESTING.md)
     packing: bool = False
 
     def __post_init__(self):

@@ -121,16 +121,17 @@ def _packer(run: trainer.Run, head: list[TrainBatch], batch_size: int):
         return None  # no token slots saved, or packed rows would not sit on the devices of their demonstrations
     log.info("SFT warm start: %d demonstrations of %d tokens a step packed into %d rows of %d", batch_size,
              np.shape(head[0].tokens_BL)[1], packed_rows, width)
-    unpacked = []
+    logged = False
 
     def pack(batch: TrainBatch, k: int) -> TrainBatch:
+        nonlocal logged
         packed = packing.pack(batch, num, held, per_block, width)
         if hosts.agree(packed is not None):
             return packed
-        if not unpacked:
+        if not logged:
             log.info("SFT warm start: step %d does not fit %d packed rows of %d; such steps run unpacked",
                      k + 1, packed_rows, width)
-        unpacked.append(k)
+            logged = True
         return batch
 
     return pack
