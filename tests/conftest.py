@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+from tests._xla import xla_flags
+
+os.environ.setdefault("XLA_FLAGS", xla_flags(8))  # 8 fake devices, compiled at -O1 (tests/_xla.py)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")

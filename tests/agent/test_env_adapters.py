@@ -16,6 +16,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from tests._xla import xla_flags
 
 from jaxrl.config import load_config
 from jaxrl.data.tasks import arithmetic
@@ -207,7 +208,7 @@ def test_skyrl_gsm8k_trains_from_a_config(tmp_path, train_cli):
 
 
 def test_cli_wrong_api_exits_2_in_one_line(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAXRL_CACHE")}
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAXRL_CACHE")} | {"XLA_FLAGS": xla_flags()}
     env.update(JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     config = tmp_path / "bad.yaml"
     config.write_text(CONFIG)

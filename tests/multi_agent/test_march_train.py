@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tests._xla import xla_flags
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = ROOT / ".cache" / "jax_train_tests"
@@ -33,7 +34,7 @@ ROLE_KEYS = ("role/solver/reward/mean", "role/checker/reward/mean", "role/propos
 
 def _env() -> dict[str, str]:
     e = dict(os.environ)
-    e.update(XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu",
+    e.update(XLA_FLAGS=xla_flags(1), JAX_PLATFORMS="cpu",
              JAX_COMPILATION_CACHE_DIR=str(CACHE), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
              HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1")
     return e

@@ -21,6 +21,7 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from tests._xla import xla_flags
 
 from jaxrl.multi_agent import adapters as role_adapters
 from jaxrl.train_step import TrainState
@@ -68,7 +69,7 @@ def test_per_role_state_copies_and_role_updates_are_independent():
 
 def _env() -> dict[str, str]:
     e = dict(os.environ)
-    e.update(XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu",
+    e.update(XLA_FLAGS=xla_flags(1), JAX_PLATFORMS="cpu",
              HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1")
     return e
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tests._xla import xla_flags
 
 from jaxrl.algorithms import ALGORITHMS, AlgoSettings, segment_advantages
 from jaxrl.config import AlgorithmConfig, load_config
@@ -84,7 +85,7 @@ SMALL = (("model.overrides={hidden_size: 32, num_layers: 1, num_heads: 2, num_kv
 
 
 def _train(run_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAXRL_CACHE")}
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAXRL_CACHE")} | {"XLA_FLAGS": xla_flags()}
     env.update(JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     sets = [a for o in (*SMALL, *overrides) for a in ("--set", o)]
     return subprocess.run([sys.executable, "-m", "jaxrl.cli", "train", MARCH, "--run-dir", str(run_dir), *sets],

@@ -7,6 +7,8 @@ import sys
 import time
 from pathlib import Path
 
+from tests._xla import xla_flags
+
 JAXRL = str(Path(sys.executable).parent / "jaxrl")
 
 TINY = """\
@@ -31,7 +33,7 @@ train: {steps: 2, eval_every: 0}
 
 def env() -> dict:
     """One CPU device (not the test session's 8 fake ones), offline."""
-    return {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1",
+    return {**os.environ, "XLA_FLAGS": xla_flags(), "JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1",
             "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
 

@@ -27,6 +27,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tests._xla import xla_flags
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
@@ -109,7 +110,7 @@ def workspace(tmp_path_factory):
     cwd = root / "work"
     cwd.mkdir()
     (cwd / "configs").symlink_to(REPO / "configs")
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAXRL_CACHE")}
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAXRL_CACHE")} | {"XLA_FLAGS": xla_flags()}
     env.update(HOME=str(home), PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}", JAX_PLATFORMS="cpu",
                HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     return cwd, home, env

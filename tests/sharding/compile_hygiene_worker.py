@@ -9,8 +9,10 @@ import os
 import sys
 from pathlib import Path
 
+from tests._xla import xla_flags
+
 _DEVICES = int(sys.argv[2]) * int(sys.argv[3]) * int(sys.argv[4])  # 8, or 1 for a one-device config
-os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={_DEVICES}"
+os.environ["XLA_FLAGS"] = xla_flags(_DEVICES)  # tests/_xla.py (-O1); run from the repository root
 os.environ["JAX_PLATFORMS"] = "cpu"
 
 import jax  # noqa: E402

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tests._xla import xla_flags
 
 from jaxrl.distributed import EXIT_PEER_LOST, HEARTBEAT_ENV, peer_verdict
 
@@ -79,7 +80,7 @@ def _env(devices: int, **extra: str) -> dict:
     env = dict(os.environ)
     for k in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "TPU_WORKER_HOSTNAMES"):
         env.pop(k, None)
-    env.update(XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu",
+    env.update(XLA_FLAGS=xla_flags(devices), JAX_PLATFORMS="cpu",
                HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1", **extra)
     return env
 

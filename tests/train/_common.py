@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests._xla import xla_flags
+
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 CACHE = ROOT / ".cache" / "jax_train_tests"
@@ -35,9 +37,12 @@ TIMING_KEYS = ()
 TIMING_PREFIX = ("time/", "throughput/")  # wall-clock keys (`jaxrl.step_time`): they differ between runs
 
 
-def env() -> dict[str, str]:
+def env(fast_compile: bool = True) -> dict[str, str]:
+    """The subprocess environment: one CPU device, the shared cache, offline. `fast_compile=False` keeps XLA's
+    default code generation (a "learns" run whose trajectory is documented; tests/_xla.py)."""
     e = dict(os.environ)
-    e.update(XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu",
+    e.update(XLA_FLAGS=xla_flags(1) if fast_compile else "--xla_force_host_platform_device_count=1",
+             JAX_PLATFORMS="cpu",
              JAX_COMPILATION_CACHE_DIR=str(CACHE), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
              JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
              HF_DATASETS_OFFLINE="1", PYTHONPATH=os.pathsep.join([str(HERE), e.get("PYTHONPATH", "")]))

@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from tests._xla import xla_flags
+
 from jaxrl import losses, trainer
 from jaxrl.errors import UserError
 from jaxrl.models import Transformer, TransformerConfig, lora
@@ -321,7 +323,7 @@ def test_grouped_update_of_the_search_tiny_step_runs_on_cpu(tmp_path):
 
     repo = Path(__file__).resolve().parents[2]
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env.update(JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    env.update(JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", XLA_FLAGS=xla_flags())
     proc = subprocess.run([sys.executable, "-c", _GROUPED_UPDATE, str(tmp_path / "run")], cwd=repo, env=env,
                           capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
