@@ -133,7 +133,7 @@ def run_jaxrl(model_dir: str, args, out) -> None:
     params = params.to_pure_dict()
     del model
     spec, base = LossSpec(), None
-    if args.lora != "none":  # as `jaxrl.trainer._lora_setup`: train adapters over a frozen (quantised) base
+    if args.lora != "none":  # as `jaxrl.rl.setup._lora_setup`: train adapters over a frozen (quantised) base
         from jaxrl.models import lora, quant
 
         lora_cfg = lora.LoraConfig(rank=args.lora_rank, alpha=2.0 * args.lora_rank)

@@ -11,7 +11,7 @@ the reward use one format, "<answer>{answer}</answer>"; the only reward is `math
 Each seed's runs start from one shared SFT warm start (the seeds differ in RL data and rollout keys).
 
 Measured: greedy accuracy on two fixed held-out sets of 64 prompts each, all-subtraction (rare rule) and
-all-addition (common rule), every `eval_every` steps, by a recorder around `jaxrl.train_loop.evaluate` that
+all-addition (common rule), every `eval_every` steps, by a recorder around `jaxrl.rl.loop.evaluate` that
 scores the two sets next to the trainer's own held-out set (the trainer's evaluation is unchanged).
 
 Run: python -m experiments.afrl_vs_grpo [--seeds 0 1 2] [--steps 30] [--lam 0.1] [--raw DIR] [--report-only]
@@ -66,7 +66,7 @@ def warm_start(run_dir: Path, *, sft_steps: int | None, small: bool) -> Path:
     """The SFT warm start alone as a run directory (one RL step at learning rate 1e-12 so that `train` writes
     a checkpoint; the update is below float32 resolution of the weights)."""
     from jaxrl.config import load_config
-    from jaxrl.train_loop import train
+    from jaxrl.rl.loop import train
 
     sets = overrides("grpo", 0, 1, eval_every=0, lam=0.0) + ["optimizer.lr=1.0e-12"]
     sets += SMALL if small else []
@@ -80,7 +80,7 @@ def run_one(method: str, seed: int, steps: int, run_dir: Path, *, init: Path, ev
     """Trains one run from the warm start `init` (`extra`: more overrides); returns probe accuracy [E, 2]
     (rare, common) at the eval steps [E], the training reward [T] and the SFT-aux NLL [T] (NaN for GRPO)."""
     from jaxrl.config import load_config
-    from jaxrl.train_loop import train
+    from jaxrl.rl.loop import train
 
     sets = overrides(method, seed, steps, eval_every=eval_every, lam=lam)
     sets += ["model.preset=null", f"model.checkpoint={init}", "model.overrides={}", "sft_warmup.steps=0",

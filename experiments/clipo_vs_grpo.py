@@ -139,7 +139,7 @@ def warm_start(run_dir: Path, data: Path, *, sft_steps: int, small: bool) -> Pat
     """The SFT warm start alone as a run directory (one RL step at learning rate 1e-12 so that `train` writes
     a checkpoint; the update is below float32 resolution of the weights)."""
     from jaxrl.config import load_config
-    from jaxrl.train_loop import train
+    from jaxrl.rl.loop import train
 
     sets = overrides("grpo", 0, 1, data, eval_every=0)
     sets += ["optimizer.lr=1.0e-12", f"sft_warmup.steps={sft_steps}"]
@@ -162,7 +162,7 @@ def run_one(method: str, seed: int, steps: int, run_dir: Path, *, data: Path, in
     if head_warmup % max(eval_every, 1):
         raise ValueError(f"head_warmup {head_warmup} must be a multiple of eval_every {eval_every}")
     from jaxrl.config import load_config
-    from jaxrl.train_loop import train
+    from jaxrl.rl.loop import train
 
     sets = overrides(method, seed, steps + head_warmup, data, eval_every=eval_every)
     sets += [f"algorithm.clipo.warmup_steps={head_warmup}"] if head_warmup else []

@@ -128,14 +128,14 @@ def stored_runs(raw: Path, seeds: Sequence[int], methods: Sequence[str], load) -
 
 @contextlib.contextmanager
 def probing(sets: Mapping[str, list[dict]], metric: str | None = "eval/accuracy") -> Iterator[list[dict]]:
-    """Within the block, every evaluation of `jaxrl.train_loop.train` also scores each probe set greedily (the
+    """Within the block, every evaluation of `jaxrl.rl.loop.train` also scores each probe set greedily (the
     held-out evaluation's own wrapper); the yielded list gets one {set name: value} per evaluation, in order,
     the value being the evaluation's `metric`, or its whole result dict when `metric` is None. The trainer's
     own result is returned unchanged."""
-    from jaxrl import train_loop
+    from jaxrl.rl import loop as rl_loop
 
     log: list[dict] = []
-    real = train_loop.evaluate
+    real = rl_loop.evaluate
 
     def probed(collect, params, records, encoder, spec, **kw):
         out = real(collect, params, records, encoder, spec, **kw)
@@ -144,11 +144,11 @@ def probing(sets: Mapping[str, list[dict]], metric: str | None = "eval/accuracy"
         log.append({name: r if metric is None else r[metric] for name, r in scores.items()})
         return out
 
-    train_loop.evaluate = probed
+    rl_loop.evaluate = probed
     try:
         yield log
     finally:
-        train_loop.evaluate = real
+        rl_loop.evaluate = real
 
 
 class Timer:

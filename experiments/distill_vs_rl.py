@@ -35,7 +35,7 @@ QUIET = ["logging.progress_bar=false", "logging.tensorboard=false", "checkpoint.
 
 def _train(run_dir: Path, sets: list[str]) -> list[dict]:
     from jaxrl.config import load_config
-    from jaxrl.train_loop import train
+    from jaxrl.rl.loop import train
 
     train(load_config(None, QUIET + sets), run_dir)
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

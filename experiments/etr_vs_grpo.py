@@ -55,7 +55,7 @@ def warm_start(seed: int, run_dir: Path, *, sft_steps: int | None, small: bool) 
     """The SFT warm start alone, as a run directory both methods of a seed start from (one RL step at learning
     rate 1e-12 so that `train` writes a checkpoint; the update is below float32 resolution of the weights)."""
     from jaxrl.config import load_config
-    from jaxrl.train_loop import train
+    from jaxrl.rl.loop import train
 
     sets = overrides("grpo", seed, 1, eval_every=0, alpha=0.0, beta=0.0, updates=1, sft_steps=sft_steps,
                      small=small)
@@ -80,7 +80,7 @@ def run_one(method: str, seed: int, steps: int, run_dir: Path, *, init: Path | N
     """Trains one run (from the warm-started run directory `init`, or with its own warm start); returns
     `curves` of its metrics."""
     from jaxrl.config import load_config
-    from jaxrl.train_loop import train
+    from jaxrl.rl.loop import train
 
     sets = overrides(method, seed, steps, **kw)
     if init is not None:

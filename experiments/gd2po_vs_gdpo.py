@@ -80,7 +80,7 @@ def warm_start(run_dir: Path, *, sft_steps: int | None, small: bool) -> Path:
     """The SFT warm start alone as a run directory (one RL step at learning rate 1e-12 so that `train` writes
     a checkpoint; the update is below float32 resolution of the weights)."""
     from jaxrl.config import load_config
-    from jaxrl.train_loop import train
+    from jaxrl.rl.loop import train
 
     sets = overrides("gdpo", 0, 1, budget=4, tau=0.0, sft_steps=sft_steps) + ["optimizer.lr=1.0e-12",
                                                                              "train.eval_every=0"]
@@ -95,7 +95,7 @@ def run_one(method: str, seed: int, steps: int, run_dir: Path, *, init: Path, bu
     """Trains one run from the warm-started run directory `init`; returns its rewards [T, N, K], group size
     and held-out accuracy by step (as `gdpo_vs_grpo.run_one`)."""
     from jaxrl.config import load_config
-    from jaxrl.train_loop import train
+    from jaxrl.rl.loop import train
 
     sets = overrides(method, seed, steps, budget=budget, tau=tau, sft_steps=0)
     sets += ["model.preset=null", f"model.checkpoint={init}", "model.overrides={}"]

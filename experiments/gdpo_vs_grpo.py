@@ -15,8 +15,8 @@ vectors with one advantage count 1, three count 2).
 Both advantage functions (`jaxrl.losses.group_advantages` on the sum, `jaxrl.losses.gdpo_advantages`) are
 applied to the reward vectors each run actually sampled. Joint success: share of rollouts with every reward 1.
 
-The runs go through `jaxrl.train_loop.train`; the only addition is a recorder around
-`jaxrl.train_loop.rl_step` that keeps each step's rollout rewards [N, K] (the step itself is unchanged).
+The runs go through `jaxrl.rl.loop.train`; the only addition is a recorder around
+`jaxrl.rl.loop.rl_step` that keeps each step's rollout rewards [N, K] (the step itself is unchanged).
 
 Run: python -m experiments.gdpo_vs_grpo [--seeds 0 1 2] [--steps 30] [--out docs/experiments]
 """
@@ -88,21 +88,21 @@ def step_collapse(rewards_NK: np.ndarray, group_size: int, method: str) -> tuple
 @contextlib.contextmanager
 def recording() -> Iterator[list[np.ndarray]]:
     """Within the block, every `train` step's rollout rewards [N, K] are appended to the yielded list."""
-    from jaxrl import train_loop
+    from jaxrl.rl import loop as rl_loop
 
     log: list[np.ndarray] = []
-    real = train_loop.rl_step
+    real = rl_loop.rl_step
 
     def recorded(run, state, records, step):
         state, metrics, ro = real(run, state, records, step)
         log.append(np.asarray(ro.rewards_NK, np.float64).copy())
         return state, metrics, ro
 
-    train_loop.rl_step = recorded
+    rl_loop.rl_step = recorded
     try:
         yield log
     finally:
-        train_loop.rl_step = real
+        rl_loop.rl_step = real
 
 
 def overrides(method: str, seed: int, steps: int, *, budget: int, small: bool) -> list[str]:
@@ -132,7 +132,7 @@ def warm_start(seed: int, run_dir: Path, *, small: bool) -> Path:
     ~1e-12 per weight, below float32 resolution of the weights), which leaves the warm-started weights.
     """
     from jaxrl.config import load_config
-    from jaxrl.train_loop import train
+    from jaxrl.rl.loop import train
 
     cfg = load_config("configs/quickstart.yaml", overrides("grpo", seed, 1, budget=10**6, small=small)
                       + ["optimizer.lr=1.0e-12", "train.eval_every=0"])
@@ -145,7 +145,7 @@ def run_one(method: str, seed: int, steps: int, run_dir: Path, *, budget: int, s
     """Trains one run (from the warm-started run directory `init`, or with its own warm start); returns its
     per-step rewards [T, N, K], the metrics rows and the held-out accuracy by step."""
     from jaxrl.config import load_config
-    from jaxrl.train_loop import train
+    from jaxrl.rl.loop import train
 
     sets = overrides(method, seed, steps, budget=budget, small=small)
     if init is not None:

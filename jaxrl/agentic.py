@@ -116,7 +116,7 @@ def demonstration_rows(records, tokenizer, env_factory, base: EpisodeSpec, *,
     """Expert rows of the environment's demonstrations (`env.demonstration(record)`), SFT weight 1.
 
     `row_sharding` (the train batch's row layout): each host plays only the demonstrations of the rows it
-    holds; the rows of other hosts are left empty (`jaxrl.trainer.shard_batch` reads each host's own rows)."""
+    holds; the rows of other hosts are left empty (`jaxrl.rl.batch.shard_batch` reads each host's own rows)."""
     probe = env_factory(tokenizer)
     if not callable(getattr(probe, "demonstration", None)):
         raise ConfigError(f"sft_warmup.steps > 0 with env {type(probe).__name__}: the environment has no "

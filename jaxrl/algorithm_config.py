@@ -1,6 +1,6 @@
 """The `algorithm:` section of the experiment config: the shared settings and one typed sub-section per method.
 
-Re-exported by `jaxrl.config`; `jaxrl.trainer.setup` reads it once into `AlgoSettings` and a `LossSpec`.
+Re-exported by `jaxrl.config`; `jaxrl.rl.setup.setup` reads it once into `AlgoSettings` and a `LossSpec`.
 Choices are enums (the libraries' own where they exist: `losses.AggMode`, `losses.KLKind`).
 """
 

@@ -1,6 +1,6 @@
 """Builders at the edge: config sections -> model config, model, tokenizer.
 
-Called by `jaxrl.trainer.setup` (and the CLI commands) with one config section each; everything they return is
+Called by `jaxrl.rl.setup.setup` (and the CLI commands) with one config section each; everything they return is
 a plain object with explicit arguments (a `TransformerConfig`, a `Transformer`, a tokenizer).
 """
 

@@ -448,7 +448,7 @@ class TrainConfig:
     also samples k completions per prompt (rollout temperature) and reports avg@k and unbiased pass@j.
     `share_prompts`: run each prompt once for the G completions of its group in the update and the old /
     reference log-prob passes (`jaxrl.models.shared_prompt`; same numbers up to float summation order).
-    "auto": wherever the batch keeps whole groups (`jaxrl.trainer.prompt_groups` lists the cases that fall
+    "auto": wherever the batch keeps whole groups (`jaxrl.rl.batch.prompt_groups` lists the cases that fall
     back to the unshared forward), "always": the same, but a batch that cannot is an error, "never": off."""
 
     steps: int = 100

@@ -90,7 +90,7 @@ def _abstract(tree, shardings):
 
 def abstract_inputs(cfg, model_cfg, mesh, rules):
     """(graphdef, abstract TrainState with shardings, state shardings, LossSpec, optimizer) of `cfg`."""
-    from jaxrl import trainer
+    from jaxrl.rl import setup as rl_setup
     from jaxrl.algorithms import ALGORITHMS
     from jaxrl.models import Transformer
     from jaxrl.optim import build_optimizer
@@ -108,7 +108,7 @@ def abstract_inputs(cfg, model_cfg, mesh, rules):
     state_sharding = TrainState(params=param_sharding, opt_state=opt_sharding, step=rep)
     state = TrainState(params=params, opt_state=_abstract(opt_state, opt_sharding),
                        step=jax.ShapeDtypeStruct((), jnp.int32, sharding=rep))
-    spec = trainer.loss_spec(cfg, ALGORITHMS[cfg.algorithm.name], trainer.algo_settings(cfg))
+    spec = rl_setup.loss_spec(cfg, ALGORITHMS[cfg.algorithm.name], rl_setup.algo_settings(cfg))
     return graphdef, state, state_sharding, spec, tx
 
 

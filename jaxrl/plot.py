@@ -28,7 +28,7 @@ PANELS: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 
 
-# stages of `step_time.png`, bottom to top (`time/<stage>`; `jaxrl.step_time`, `jaxrl.train_loop`)
+# stages of `step_time.png`, bottom to top (`time/<stage>`; `jaxrl.step_time`, `jaxrl.rl.loop`)
 BREAKDOWN = ("generation", "reward", "env", "old_logprobs", "ref_logprobs", "teacher_logprobs", "update",
              "weight_sync", "eval", "checkpoint", "other")
 

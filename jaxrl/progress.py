@@ -4,7 +4,7 @@ A phase that ends within `every_s` seconds logs nothing here (its caller logs on
 a longer one logs `what: done/total unit (elapsed s)` at most once every `every_s` seconds, and one closing
 line, so a log written without a terminal shows that the run is alive and how far the phase is, never
 progress-bar frames. The SFT warm start and reward-model training log through their own step lines
-(`jaxrl.train_loop`, `jaxrl.metrics`).
+(`jaxrl.rl.loop`, `jaxrl.metrics`).
 
     for batch in tracked(batches, "evaluation", unit="batches"):
         ...

@@ -161,7 +161,7 @@ def collect(graphdef, params, records: list[dict[str, Any]], tokenizer, rewards,
     rewards_NK = hosts.gather_owned(rewards_NK, owners)
     info = global_info(info, rewards_NK)
     metrics = dict(info.metrics)
-    # stage times of the step's breakdown (`jaxrl.rl_step` moves them out of the rollout's metrics)
+    # stage times of the step's breakdown (`jaxrl.rl.step` moves them out of the rollout's metrics)
     metrics.update({"time/generation": t1 - t0, "time/reward": time.perf_counter() - t1})
     metrics["response_length/mean"] = float(lengths.mean())
     metrics["response_length/max"] = float(lengths.max())

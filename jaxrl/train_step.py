@@ -63,7 +63,7 @@ class TrainBatch:
     columns (`tokens_BL[:, :W]` where `mask_BL`; a GRPO group); the forward then runs each prompt once per
     group (`Transformer.forward_groups`, equal to the unshared forward up to summation order). 1: no such
     structure.
-    Whoever builds or reorders the rows keeps groups whole (`jaxrl.trainer.assemble`, `update`).
+    Whoever builds or reorders the rows keeps groups whole (`jaxrl.rl.batch.assemble`, `update`).
     """
 
     tokens_BL: jax.Array  # int32

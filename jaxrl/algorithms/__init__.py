@@ -5,7 +5,7 @@ stage), then register a record:
 
     ALGORITHMS["my_method"] = Algorithm("my_method", advantages=my_advantages)
 
-Nothing else changes: the RL step (`jaxrl.rl_step`) runs the record's stages in a fixed order. From a file of
+Nothing else changes: the RL step (`jaxrl.rl.step`) runs the record's stages in a fixed order. From a file of
 your own, without editing the library: `algorithm.name: my_package.my_module:MY_METHOD` (or
 `path/to/file.py:MY_METHOD`) names the record, and `resolve` registers it under that name at config load.
 """

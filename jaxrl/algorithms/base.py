@@ -1,6 +1,6 @@
 """The `Algorithm` record: everything that makes one RL method, in one place.
 
-An RL step is a straight line of stages (`jaxrl.rl_step`):
+An RL step is a straight line of stages (`jaxrl.rl.step`):
 
     collect -> resample? -> shape rewards* -> advantages -> assemble (+ extra rows?) -> update
 

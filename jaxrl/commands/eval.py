@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     from jaxrl.data.tasks import load_records
     from jaxrl.evaluate import evaluate
     from jaxrl.model_io import load_model
-    from jaxrl.trainer import sampling_spec
+    from jaxrl.rl.setup import sampling_spec
 
     d = cfg.data
     if args.data is None:
@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     if not records:
         raise UserError(f"--data {args.data or d.source}: no records to evaluate")
     from jaxrl import lora_io
-    from jaxrl.trainer import eval_collector
+    from jaxrl.rl.setup import eval_collector
 
     adapters = lora_io.find_adapters(checkpoint)  # a LoRA run: its adapters merged into the base on the fly
     model, tokenizer = lora_io.merged_model(adapters) if adapters is not None else load_model(checkpoint)

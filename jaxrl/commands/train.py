@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     previous = signal.signal(signal.SIGTERM, _raise_on_sigterm)
     try:
         with run_lock.hold(run_dir, primary=jax.process_index() == 0):
-            from jaxrl.train_loop import train
+            from jaxrl.rl.loop import train
 
             last = train(cfg, run_dir, checkpoint_dir=checkpoint_dir, profile=profile)
     except _StoppedBeforeSteps as e:

@@ -4,7 +4,7 @@
     EnvEpisodes   G multi-turn episodes per record in an environment         (`jaxrl.agentic.collect_env`)
     SystemRows    a multi-agent system's trained roles' rows, role segments  (`jaxrl.multi_agent`)
 
-Setup (`jaxrl.trainer.setup`) builds one; the step, the SFT warm start and the evaluation call it without
+Setup (`jaxrl.rl.setup.setup`) builds one; the step, the SFT warm start and the evaluation call it without
 asking which one they got. Besides the rows, a collector owns
 
 * what the SFT warm start imitates (`demonstrations`: rows laid out like the ones it samples; None = the

@@ -4,7 +4,7 @@
     LoRA             trained = adapters            sampling = base ⊕ adapters  reference = the (frozen) base
     PerRoleAdapters  trained = {role: adapters}    sampling = {role: merged}   reference = the inner policy's
 
-Setup (`jaxrl.trainer.setup`) builds one; the step, the update and the train loop call it without asking
+Setup (`jaxrl.rl.setup.setup`) builds one; the step, the update and the train loop call it without asking
 which one they got. The reference is None when the run has no KL (β = 0 keeps no second copy in memory).
 """
 

@@ -4,9 +4,9 @@
     Phased   one assemble + update per role segment, in order (spec/multi-agent.md §3.8: SSP updates its
              Proposer, then its Solver; per-role adapters: each role's adapters in turn)
 
-Setup (`jaxrl.trainer.setup`) picks one; the step (`jaxrl.rl_step.rl_step`) calls it without asking which one
-it got. The stages a schedule runs (`trainer.assemble`, `trainer.update`) are handed to it at setup
-(`Stages`), so that this module does not import the trainer that builds it.
+Setup (`jaxrl.rl.setup.setup`) picks one; the step (`jaxrl.rl.step.rl_step`) calls it without asking which one
+it got. The stages a schedule runs (`jaxrl.rl.batch.assemble`, `update`) are handed to it at setup
+(`Stages`), so that this module does not import the batch module, whose `Run` names this one's protocol.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from jaxrl.multi_agent.adapters import role_params
 from jaxrl.train_step import TrainBatch, TrainState
 
 if TYPE_CHECKING:
-    from jaxrl.trainer import Run
+    from jaxrl.rl.run import Run
 
 
 class Updated(NamedTuple):

@@ -133,7 +133,7 @@ def sampled_logprobs(logits_BV: jax.Array, tok_B: jax.Array, temperature: jax.Ar
 
     This is what TRL (`_get_per_token_logps`: logits / temperature) and verl (`logits.div_(temperature)`) use on
     both sides of the ratio, and what the trainer recomputes (`LossSpec.temperature` = `rollout.temperature`,
-    `jaxrl.trainer.loss_spec`), so π_θ/π_old is exactly 1 before the first update at any τ. Top-k / top-p are
+    `jaxrl.rl.setup.loss_spec`), so π_θ/π_old is exactly 1 before the first update at any τ. Top-k / top-p are
     NOT applied: the truncated, renormalised distribution the token was drawn from (vLLM's log-probs) has no
     gradient through its support and makes the trainer's untruncated recomputation disagree, which biases the
     ratio; no peer trains on it. At τ = 1 without filtering ℓ is exactly the sampling distribution's.

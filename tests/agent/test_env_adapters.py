@@ -88,11 +88,11 @@ def _replay(factory, ro, row: int) -> tuple[float, int]:
 
 @pytest.fixture(scope="module")
 def run_state(tmp_path_factory):
-    from jaxrl import trainer
+    from jaxrl.rl import setup as rl_setup
 
     path = tmp_path_factory.mktemp("adapters") / "config.yaml"
     path.write_text(CONFIG + MESH)
-    run, state, _ = trainer.setup(load_config(str(path)), path.parent / "run")
+    run, state, _ = rl_setup.setup(load_config(str(path)), path.parent / "run")
     # one row shape for all three (the TRL prompt, with its tool schemas, is the longest): shared programs
     run.collector.episode_spec = dataclasses.replace(run.collector.episode_spec, row_buckets=(512,))
     return {"run": run, "state": state}  # the state goes on from step to step (the update donates it)
@@ -104,7 +104,7 @@ def _flat(params) -> np.ndarray:
 
 @pytest.mark.parametrize("name", list(ADAPTERS))
 def test_each_adapter_trains_one_step_token_exactly(run_state, name):
-    from jaxrl.rl_step import rl_step
+    from jaxrl.rl.step import rl_step
 
     run = run_state["run"]
     factory = make_env(name, ADAPTERS[name], tokenizer=TOK)

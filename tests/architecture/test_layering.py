@@ -164,6 +164,6 @@ def test_the_checker_sees_real_edges():
     """Guards the test itself: known edges are found, so an empty result above is meaningful."""
     _, top, every = _graph()
     assert "jaxrl.losses.aggregation" in top["jaxrl.losses.grpo"]
-    assert "jaxrl.trainer" in top["jaxrl.rl_step"]
+    assert "jaxrl.rl.run" in top["jaxrl.rl.step"]
     assert _cycles({"a": {"b"}, "b": {"a"}, "c": set()}) == [["a", "b"]]
     assert _cycles({"p": {"p.x"}, "p.x": set()}) == []

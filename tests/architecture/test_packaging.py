@@ -35,7 +35,7 @@ def test_the_train_path_with_the_builtin_tokenizer_does_not_import_torch():
     import subprocess
     import sys
 
-    code = ("import sys; from jaxrl import tokenizer, train_loop, cli; tokenizer.load_tokenizer('builtin'); "
+    code = ("import sys; from jaxrl import tokenizer, cli; from jaxrl.rl import loop; tokenizer.load_tokenizer('builtin'); "
             "print(sorted(m for m in ('torch', 'transformers.models.auto') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]

@@ -33,18 +33,19 @@ def _run_attributes(path: Path) -> set[str]:
 
 
 def test_the_step_and_the_schedules_probe_nothing():
-    for name in ("jaxrl/rl_step.py", "jaxrl/rl/update.py"):
+    for name in ("jaxrl/rl/step.py", "jaxrl/rl/update.py"):
         assert not PROBES & _calls(ROOT / name), name
 
 
 def test_the_step_and_the_loop_read_no_feature_field_of_the_run():
-    for name in ("jaxrl/rl_step.py", "jaxrl/rl/update.py", "jaxrl/train_loop.py"):
+    for name in ("jaxrl/rl/step.py", "jaxrl/rl/update.py", "jaxrl/rl/loop.py", "jaxrl/rl/warm_start.py"):
         assert not set(FEATURE_FIELDS) & _run_attributes(ROOT / name), name
 
 
 # The feature probes the plug-ins replaced: any `hasattr`, and a `getattr` with a default or a literal name
 # (reading a dataclass field by its computed name, `getattr(batch, field.name)`, is no probe).
-PROBED_FILES = ("jaxrl/trainer.py", "jaxrl/rl_step.py", "jaxrl/train_loop.py")
+PROBED_FILES = ("jaxrl/rl/run.py", "jaxrl/rl/setup.py", "jaxrl/rl/batch.py", "jaxrl/rl/step.py",
+                "jaxrl/rl/loop.py", "jaxrl/rl/warm_start.py")
 
 
 def _probes(path: Path) -> list[str]:
@@ -65,7 +66,7 @@ def test_setup_the_step_and_the_loop_probe_no_feature():
 def test_the_run_holds_the_plug_ins_not_the_feature_fields_they_replaced():
     import dataclasses
 
-    from jaxrl.trainer import Run
+    from jaxrl.rl.run import Run
 
     fields = {f.name for f in dataclasses.fields(Run)}
     assert {"policy", "collector", "schedule"} <= fields
@@ -81,11 +82,11 @@ def test_the_run_holds_the_plug_ins_not_the_feature_fields_they_replaced():
 def test_setup_resolves_the_collector_of_the_config(config, collector, name, tmp_path):
     """One collector per config, chosen at setup. Its name keys its state in checkpoints: SSP's pool stays
     under "ssp" (`extra["stages"]["ssp"]`, as before the collector plug-in), so older checkpoints resume."""
-    from jaxrl import trainer
+    from jaxrl.rl import setup as rl_setup
     from jaxrl.config import load_config
     from jaxrl.rl import collect
 
-    run, _, _ = trainer.setup(load_config(str(ROOT / config)), tmp_path)
+    run, _, _ = rl_setup.setup(load_config(str(ROOT / config)), tmp_path)
     assert type(run.collector) is getattr(collect, collector)
     assert run.collector.name == name
     assert run.collector.segments == (collector == "SystemRows")
@@ -94,3 +95,14 @@ def test_setup_resolves_the_collector_of_the_config(config, collector, name, tmp
         assert run.collector.state_json() is not None  # the pool (failed_slots: reuse)
     else:
         assert run.collector.state_json() is None
+
+
+def test_the_rl_middle_is_one_package_of_small_files():
+    """Issue 26 item 2: setup, run, step, batch, warm start and loop live in `jaxrl/rl/` (the top-level
+    `trainer.py`, `rl_step.py` and `train_loop.py` are gone), no file there past 400 lines."""
+    rl = ROOT / "jaxrl" / "rl"
+    names = {p.name for p in rl.glob("*.py")}
+    assert {"setup.py", "run.py", "step.py", "batch.py", "warm_start.py", "loop.py"} <= names, names
+    assert not [n for n in ("trainer.py", "rl_step.py", "train_loop.py") if (ROOT / "jaxrl" / n).exists()]
+    lines = {p.name: len(p.read_text().splitlines()) for p in rl.glob("*.py")}
+    assert max(lines.values()) <= 400, lines

@@ -23,24 +23,24 @@ def test_probe_sets_isolate_the_rules():
 
 
 def test_probing_records_each_evaluation_and_restores():
-    from jaxrl import train_loop
+    from jaxrl.rl import loop as rl_loop
 
-    real = train_loop.evaluate
+    real = rl_loop.evaluate
     calls = []
 
     def fake(collect, params, records, encoder, spec, *, batch_size, **kw):
         calls.append(len(records))
         return {"eval/accuracy": len(records) / 10}
 
-    train_loop.evaluate = fake
+    rl_loop.evaluate = fake
     try:
         with exp.probing({"rare": [{}] * 2, "common": [{}] * 3}) as log:
-            out = train_loop.evaluate(None, None, [{}] * 5, None, None, batch_size=4, sampled=None)
+            out = rl_loop.evaluate(None, None, [{}] * 5, None, None, batch_size=4, sampled=None)
         assert out == {"eval/accuracy": 0.5}  # the trainer's own result, unchanged
         assert log == [{"rare": 0.2, "common": 0.3}] and calls == [5, 2, 3]
-        assert train_loop.evaluate is fake
+        assert rl_loop.evaluate is fake
     finally:
-        train_loop.evaluate = real
+        rl_loop.evaluate = real
 
 
 @pytest.mark.slow  # ~2.5 min idle: SFT 150 steps of a 2-layer model + 2 x 2 RL steps with 3 evaluations each

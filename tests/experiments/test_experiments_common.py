@@ -35,14 +35,14 @@ def test_raw_arguments():
 
 
 def test_probing_keeps_whole_results_when_asked():
-    from jaxrl import train_loop
+    from jaxrl.rl import loop as rl_loop
 
-    real = train_loop.evaluate
+    real = rl_loop.evaluate
     fake = lambda collect, params, records, encoder, spec, *, batch_size, **kw: {"eval/accuracy": len(records)}
-    train_loop.evaluate = fake
+    rl_loop.evaluate = fake
     try:
         with common.probing({"a": [{}] * 2}, metric=None) as log:
-            assert train_loop.evaluate(None, None, [{}] * 5, None, None, batch_size=4) == {"eval/accuracy": 5}
-        assert log == [{"a": {"eval/accuracy": 2}}] and train_loop.evaluate is fake
+            assert rl_loop.evaluate(None, None, [{}] * 5, None, None, batch_size=4) == {"eval/accuracy": 5}
+        assert log == [{"a": {"eval/accuracy": 2}}] and rl_loop.evaluate is fake
     finally:
-        train_loop.evaluate = real
+        rl_loop.evaluate = real

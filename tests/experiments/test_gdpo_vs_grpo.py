@@ -69,6 +69,6 @@ def test_recorded_rewards_match_trainer_metrics(tmp_path):
         for k, name in enumerate(exp.NAMES):
             assert r_TNK[t, :, k].mean() == pytest.approx(row[f"reward/{name}/mean"], abs=1e-6)
     # the recorder is removed after the run
-    from jaxrl import rl_step, train_loop
-    assert train_loop.rl_step is rl_step.rl_step
+    from jaxrl.rl import loop as rl_loop, step as rl_step
+    assert rl_loop.rl_step is rl_step.rl_step
     json.dumps(out["eval_accuracy"])

@@ -22,7 +22,7 @@ def test_unset_agg_mode_is_the_objectives_reference_mode(objective, tmp_path):
 
 def test_explicit_agg_mode_wins_and_reaches_the_loss_spec():
     from jaxrl.algorithms import ALGORITHMS
-    from jaxrl.trainer import algo_settings, loss_spec
+    from jaxrl.rl.setup import algo_settings, loss_spec
 
     for overrides, expected in [(["algorithm.objective.name=gspo"], AggMode.SEQ_MEAN_TOKEN_MEAN),
                                 (["algorithm.objective.name=sapo", "algorithm.agg_mode=token-mean"],

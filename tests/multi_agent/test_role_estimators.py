@@ -24,7 +24,7 @@ from tests._xla import xla_flags
 from jaxrl.algorithms import ALGORITHMS, AlgoSettings, segment_advantages
 from jaxrl.config import AlgorithmConfig, load_config
 from jaxrl.errors import ConfigError
-from jaxrl.trainer import _check_role_groups
+from jaxrl.rl.setup import _check_role_groups
 
 ROOT = Path(__file__).resolve().parents[2]
 MARCH = str(ROOT / "configs" / "march_tiny.yaml")

@@ -9,7 +9,7 @@ copying the found name into the question appear after about 1000 of them; at 900
 a* for 33/64 held-out questions and the Proposer copied no name), `RL` SSP steps, greedy evaluation only.
 Asserted direction: held-out greedy accuracy after the SSP steps well above the warm start's (which mostly
 guesses), proposals valid (rules 1-6, `grounded`, the RAG check) above a floor, and some valid problems
-solved. With this seed, the same shortened run from a script (`jaxrl.rl_step.rl_step` on the saved warm
+solved. With this seed, the same shortened run from a script (`jaxrl.rl.step.rl_step` on the saved warm
 start) gave 2/64 -> 22/64, validity 0.375, 0.5, 0, 0.125, 0.375, Solver success up to 0.28.
 """
 

@@ -18,7 +18,7 @@ os.environ["JAX_PLATFORMS"] = "cpu"
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from jaxrl import trainer  # noqa: E402
+from jaxrl.rl import batch as rl_batch, setup as rl_setup  # noqa: E402
 from jaxrl.config import load_config  # noqa: E402
 from jaxrl.sampling import generate_from_state  # noqa: E402
 from jaxrl.train_step import TrainBatch  # noqa: E402
@@ -45,7 +45,7 @@ def reduced(path: str, data: int, fsdp: int, tensor: int):
 def main() -> None:
     path, data, fsdp, tensor = sys.argv[1], *map(int, sys.argv[2:5])
     cfg = reduced(path, data, fsdp, tensor)
-    run, state, _ = trainer.setup(cfg, Path("/nonexistent-run-dir"))
+    run, state, _ = rl_setup.setup(cfg, Path("/nonexistent-run-dir"))
     n, w, t = 16, 16, 8
     rng = np.random.default_rng(0)
     zeros, ones = np.zeros((n, t), np.float32), np.ones((n,), np.float32)
@@ -53,7 +53,7 @@ def main() -> None:
     tokens = rng.integers(3, 100, (n, w + t)).astype(np.int32)
     tokens[:, :w] = np.repeat(tokens[::g, :w], g, axis=0)  # GRPO rows: one prompt per group
     # both forwards: unshared (group 1) and shared-prompt (`TrainBatch.group`, the trainer's default)
-    batches = [trainer.shard_batch(run, TrainBatch(tokens, np.ones((n, w + t), bool), np.ones((n, t), bool),
+    batches = [rl_batch.shard_batch(run, TrainBatch(tokens, np.ones((n, w + t), bool), np.ones((n, t), bool),
                                                    zeros, zeros, zeros, ones * 0.2, ones * 0.2, ones * 0,
                                                    group=group)) for group in (1, g)]
     for batch in batches:

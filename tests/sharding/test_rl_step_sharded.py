@@ -1,7 +1,7 @@
 """The trainer's jitted RL update (`jaxrl.train_step.train_step`) on 8 fake CPU devices equals one device.
 
 Meshes data=2 x fsdp=4 (FSDP rules) and fsdp=2 x tensor=4 (FSDP_TP rules); the sharded step is built exactly as
-`jaxrl.trainer.setup` builds it (parameter / optimiser shardings from the logical-axis rules, donated state, batch
+`jaxrl.rl.setup.setup` builds it (parameter / optimiser shardings from the logical-axis rules, donated state, batch
 rows over data+fsdp, activation constraints at block boundaries). Compared: loss, every gradient-dependent metric,
 and the updated parameters. The loss includes the clipped surrogate, a k3 KL term and the entropy bonus, with
 gradient accumulation over 2 micro-batches.

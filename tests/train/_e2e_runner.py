@@ -46,7 +46,7 @@ CASES: dict[str, tuple[str, ...]] = {
 
 class _CompileLog(logging.Handler):
     """Records 'Finished XLA compilation of <fn>' messages with the number of metrics rows written so far (-1:
-    between the SFT warm start's first step and its end, which jaxrl.train_loop logs as 'SFT warm start:
+    between the SFT warm start's first step and its end, which jaxrl.rl.loop logs as 'SFT warm start:
     step 1/N' and 'SFT warm start: NLL a -> b')."""
 
     def __init__(self):
@@ -80,14 +80,14 @@ def _max_param_change(cfg, run_dir: Path) -> float:
 
 def main(out: str, base_dir: str, names: list[str]) -> None:
     from jaxrl.config import load_config
-    from jaxrl.train_loop import train
+    from jaxrl.rl.loop import train
 
     jax.config.update("jax_log_compiles", True)
     handler = _CompileLog()
     logging.getLogger("jax").addHandler(handler)
     logging.getLogger("jax").setLevel(logging.WARNING)
-    logging.getLogger("jaxrl.train_loop").addHandler(handler)
-    logging.getLogger("jaxrl.train_loop").setLevel(logging.INFO)
+    logging.getLogger("jaxrl.rl").addHandler(handler)
+    logging.getLogger("jaxrl.rl").setLevel(logging.INFO)
     results = {}
     for name in names:
         run_dir = Path(base_dir) / name

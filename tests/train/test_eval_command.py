@@ -41,7 +41,7 @@ def test_a_per_role_adapter_run_is_refused_in_one_line():
 
     from jaxrl.config import load_config
     from jaxrl.errors import UserError
-    from jaxrl.trainer import eval_collector
+    from jaxrl.rl.setup import eval_collector
 
     cfg = load_config(ROOT / "configs" / "march_tiny.yaml", ["model.lora={rank: 4, alpha: 8}",
                                                              "multi_agent.adapters=per_role"])

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl import trainer
+from jaxrl.rl import batch as rl_batch, run as rl_run
 from jaxrl.config import load_config
 from jaxrl.train_step import TrainBatch
 
@@ -26,8 +26,8 @@ def _batch() -> tuple[TrainBatch, jnp.ndarray]:
 @pytest.mark.parametrize("reject", ["mask", "zero_weight"])
 def test_reject_rule_reaches_the_batch(reject):
     batch, sampler_BT = _batch()
-    run = types.SimpleNamespace(mismatch=trainer.MismatchSpec("mis", "token", None, 2.0, reject))
-    out, _ = trainer._mismatch(run, batch, sampler_BT, n_rollout=2)
+    run = types.SimpleNamespace(mismatch=rl_run.MismatchSpec("mis", "token", None, 2.0, reject))
+    out, _ = rl_batch._mismatch(run, batch, sampler_BT, n_rollout=2)
     mask = np.asarray(out.completion_mask_BT)
     weights = np.asarray(out.is_weight_BT)
     assert weights[0, 1] == 0.0 or not mask[0, 1]
@@ -40,5 +40,5 @@ def test_reject_rule_reaches_the_batch(reject):
 
 def test_config_value_reaches_the_run_spec():
     cfg = load_config(None, ["algorithm.mismatch.mode=mis", "algorithm.mismatch.reject=zero_weight"])
-    assert trainer.MismatchSpec.from_config(cfg.algorithm.mismatch) == trainer.MismatchSpec(
+    assert rl_run.MismatchSpec.from_config(cfg.algorithm.mismatch) == rl_run.MismatchSpec(
         "mis", "token", None, 2.0, "zero_weight")

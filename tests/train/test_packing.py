@@ -150,29 +150,29 @@ def test_layout_is_the_fewest_token_slots_that_hold_the_probe():
 
 
 def test_warm_start_packer_packs_and_runs_a_batch_that_does_not_fit_unpacked(tmp_path, caplog):
-    """The warm start's packer (`train_loop._packer`) on the quickstart's data and the 8 fake devices (a block
+    """The warm start's packer (`jaxrl.rl.warm_start._packer`) on the quickstart's data and the 8 fake devices (a block
     of 4 demonstrations each): it packs the probe's
     batches into its layout, and a batch with a longer demonstration than the layout's width comes back as
     it was (the step then runs it unpacked)."""
     import dataclasses
     import logging
 
-    from jaxrl import train_loop, trainer
+    from jaxrl.rl import setup as rl_setup, warm_start as rl_warm_start
     from jaxrl.config import load_config
     from jaxrl.data.pipeline import Encoder, make_splits
 
     cfg = load_config("configs/quickstart.yaml", ["model.preset=tiny"])
-    run, _, _ = trainer.setup(cfg, tmp_path)
+    run, _, _ = rl_setup.setup(cfg, tmp_path)
     d = cfg.data
     encoder = Encoder(run.tokenizer, d.system_prompt, d.target_format, tuple(d.target_formats))
     records, _ = make_splits(d.source, train_size=d.train_size, eval_size=d.eval_size, seed=d.seed,
                              params=d.params, prompt_field=d.prompt_field, answer_field=d.answer_field,
                              encoder=encoder, prompt_limit=None)
-    build = train_loop._demonstration_batches(run, records, encoder, 32)
+    build = rl_warm_start._demonstration_batches(run, records, encoder, 32)
     rng = np.random.default_rng(0)
     head = [build(k, rng.choice(len(records), size=32, replace=False)) for k in range(8)]
-    caplog.set_level(logging.INFO, logger="jaxrl.train_loop")
-    pack = train_loop._packer(run, head, 32)
+    caplog.set_level(logging.INFO, logger="jaxrl.rl")
+    pack = rl_warm_start._packer(run, head, 32)
     assert pack is not None and "packed into" in caplog.text
     packed = pack(head[0], 0)
     assert packed.segment_BL is not None and packed.tokens_BL.size < head[0].tokens_BL.size

@@ -9,7 +9,7 @@ import pytest
 from jaxrl.algorithms import ALGORITHMS, AlgoSettings, segment_advantages, zero_std_group_frac
 from jaxrl.config import AlgorithmConfig
 from jaxrl.errors import ConfigError
-from jaxrl.trainer import _check_role_groups
+from jaxrl.rl.setup import _check_role_groups
 
 SETTINGS = AlgoSettings(group_size=3, eps=1e-6, clip_low=0.2, clip_high=0.28, section=AlgorithmConfig())
 
@@ -101,7 +101,7 @@ def test_setup_refuses_extra_rows_with_a_sequential_update():
     from types import SimpleNamespace
 
     from jaxrl.tokenizer import load_tokenizer
-    from jaxrl.trainer import _multi_agent_system
+    from jaxrl.rl.setup import _multi_agent_system
 
     tok = load_tokenizer("builtin")
     from jaxrl.config import MultiAgentConfig

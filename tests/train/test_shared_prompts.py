@@ -4,7 +4,7 @@ Step level, in-process on one device: loss, metrics and gradients of `loss_and_g
 `group = 1` on the same GRPO-shaped batch (fp32: loss rtol 1e-5; gradients atol 1e-6 of the leaf's largest
 entry, rtol 1e-5, as tests/models/test_shared_prompt.py explains), for every aggregation mode, with KL,
 entropy and SFT terms, gradient accumulation that keeps groups whole, LoRA adapters; `sequence_logprobs` too.
-Trainer level: which batches share (`trainer.prompt_groups`), and that mini-batches hold whole groups.
+Trainer level: which batches share (`jaxrl.rl.batch.prompt_groups`), and that mini-batches hold whole groups.
 """
 
 import functools
@@ -18,7 +18,8 @@ from flax import nnx
 
 from tests._xla import xla_flags
 
-from jaxrl import losses, trainer
+from jaxrl import losses
+from jaxrl.rl import batch as rl_batch, run as rl_run
 from jaxrl.errors import UserError
 from jaxrl.models import Transformer, TransformerConfig, lora
 from jaxrl.sharding import RULES, MeshConfig, make_mesh
@@ -122,7 +123,7 @@ def _fake_run(share="auto", group_size=G, mini_batches=1, grad_accum=1):
     mesh = make_mesh(MeshConfig(data=1, fsdp=1), devices=jax.devices()[:1])
     return types.SimpleNamespace(
         share_prompts=share, settings=types.SimpleNamespace(group_size=group_size), mesh=mesh,
-        rules=RULES["fsdp"], update=trainer.UpdateSpec(ppo_epochs=2, mini_batches=mini_batches, seed=0),
+        rules=RULES["fsdp"], update=rl_run.UpdateSpec(ppo_epochs=2, mini_batches=mini_batches, seed=0),
         loss=LossSpec(grad_accum=grad_accum))
 
 
@@ -139,10 +140,10 @@ def _rollout(batch: TrainBatch, segment_N=None):
 def test_which_batches_share_prompts():
     batch = grouped_batch()
     ro = _rollout(batch)
-    assert trainer.prompt_groups(_fake_run(), ro) == (G, "")
-    assert trainer.prompt_groups(_fake_run(mini_batches=2, grad_accum=2), ro) == (G, "")  # 3 rows per micro
+    assert rl_batch.prompt_groups(_fake_run(), ro) == (G, "")
+    assert rl_batch.prompt_groups(_fake_run(mini_batches=2, grad_accum=2), ro) == (G, "")  # 3 rows per micro
     host = _rollout(jax.device_get(batch))  # host token arrays are checked on the host
-    assert trainer.prompt_groups(_fake_run(), host) == (G, "")
+    assert rl_batch.prompt_groups(_fake_run(), host) == (G, "")
     cases = {
         "never": (_fake_run("never"), ro, {}),
         "groups of 1": (_fake_run(group_size=1), ro, {}),
@@ -154,21 +155,21 @@ def test_which_batches_share_prompts():
                                                                        .add(1))), {}),
     }
     for why, (run, rollout, kw) in cases.items():
-        group, reason = trainer.prompt_groups(run, rollout, **kw)
+        group, reason = rl_batch.prompt_groups(run, rollout, **kw)
         assert group == 1 and why in reason, (why, reason)
         if why != "never":
             with pytest.raises(UserError, match="cannot share prompts"):
-                trainer.prompt_groups(_with(run, share_prompts="always"), rollout, **kw)
+                rl_batch.prompt_groups(_with(run, share_prompts="always"), rollout, **kw)
     other_mask = np.asarray(batch.mask_BL).copy()
     other_mask[G, 0] = ~other_mask[G, 0]  # a padding difference inside group 1
-    assert trainer.prompt_groups(_fake_run(), _with(ro, mask_BL=other_mask))[0] == 1
+    assert rl_batch.prompt_groups(_fake_run(), _with(ro, mask_BL=other_mask))[0] == 1
 
 
 def test_padding_rows_keep_the_static_group_field():
     """`_pad_rows` pads the arrays of a batch (expert rows) and leaves `group` alone (it once tried to pad it:
     the multi-host SFT-aux run, where the rows did not divide the shards)."""
     extra = jax.device_get(grouped_batch(seed=6, p=1, g=3))
-    padded = trainer._pad_rows(extra, 2, 4)  # 2 rollout + 3 extra rows -> 3 padding rows
+    padded = rl_batch._pad_rows(extra, 2, 4)  # 2 rollout + 3 extra rows -> 3 padding rows
     assert padded.tokens_BL.shape[0] == 6 and padded.group == 1
     assert not padded.completion_mask_BT[3:].any() and not padded.sft_weight_B[3:].any()
 
@@ -188,7 +189,7 @@ def test_mini_batches_hold_whole_groups(group):
         return state, {"loss": jnp.zeros(()), "train/nonfinite": jnp.zeros((), jnp.int32)}
 
     run = _with(_fake_run(mini_batches=2), step_fn=step_fn)
-    trainer.update(run, None, batch, step=7)
+    rl_batch.update(run, None, batch, step=7)
     assert len(seen) == 4 and all(len(rows) == B // 2 for rows in seen)
     for epoch in (seen[:2], seen[2:]):
         assert sorted(np.concatenate(epoch)) == list(range(B))
@@ -286,12 +287,12 @@ _GROUPED_UPDATE = """
 import sys
 from pathlib import Path
 import numpy as np
-from jaxrl import trainer
+from jaxrl.rl import batch as rl_batch, setup as rl_setup
 from jaxrl.config import load_config
 from jaxrl.train_step import TrainBatch
 
 W, T, B, G = 128, 128, 64, 8  # configs/search_tiny.yaml's step: 8 prompts x 8 episodes, 128-token buckets
-run, state, _ = trainer.setup(load_config("configs/search_tiny.yaml", ["sft_warmup.steps=0"]), Path(sys.argv[1]))
+run, state, _ = rl_setup.setup(load_config("configs/search_tiny.yaml", ["sft_warmup.steps=0"]), Path(sys.argv[1]))
 rng = np.random.default_rng(0)
 tokens = rng.integers(3, 100, (B, W + T)).astype(np.int32)
 tokens[:, :W] = np.repeat(tokens[::G, :W], G, axis=0)
@@ -304,7 +305,7 @@ f32 = lambda *shape, v=0.0: np.full(shape, v, np.float32)
 batch = TrainBatch(tokens, mask, completion, f32(B, T, v=-1.0), f32(B, T), rng.normal(size=(B, T)).astype(np.float32),
                    f32(B, v=0.2), f32(B, v=0.28), f32(B), None, G)
 old = run.logprob_fn(state.params, tokens, mask, T, G)
-state, metrics = trainer.update(run, state, trainer.shard_batch(run, batch), 1)
+state, metrics = rl_batch.update(run, state, rl_batch.shard_batch(run, batch), 1)
 print("loss", metrics["loss"], "old", float(np.asarray(old).mean()))
 """
 

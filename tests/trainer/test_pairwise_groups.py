@@ -5,7 +5,7 @@ import pytest
 
 from jaxrl.config import load_config
 from jaxrl.errors import ConfigError
-from jaxrl.trainer import _check_whole_groups_per_host
+from jaxrl.rl.setup import _check_whole_groups_per_host
 
 PAIRWISE = "rewards=[{name: judge, type: pairwise, params: {judge: 'json:dumps', group_size: %d}}]"
 

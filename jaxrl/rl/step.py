@@ -16,8 +16,9 @@ import functools
 import jax
 import numpy as np
 
-from jaxrl import rollout as rollout_lib, step_time, trainer
+from jaxrl import rollout as rollout_lib, step_time
 from jaxrl.algorithms import combined_reward, segment_advantages, zero_std_group_frac
+from jaxrl.rl.run import Run
 from jaxrl.train_step import TrainState
 
 TIMING_PREFIX = "time/"
@@ -36,7 +37,7 @@ def total_reward(ro: rollout_lib.Rollout) -> np.ndarray:
     return combined_reward(np.nan_to_num(ro.rewards_NK), ro.weights_K)
 
 
-def collect(run: trainer.Run, params, records, step: int, round_: int = 0) -> rollout_lib.Rollout:
+def collect(run: Run, params, records, step: int, round_: int = 0) -> rollout_lib.Rollout:
     """Stage 1: the run's collector (`jaxrl.rl.collect`): G completions, episodes or role rows per prompt,
     decoded and scored (round > 0: a resampling round's fresh seed)."""
     stream = 0 if round_ == 0 else 100 + round_
@@ -63,7 +64,7 @@ def _collect_timed(clock: step_time.StageClock, collect_fn, round_: int) -> roll
     return ro
 
 
-def _throughput(run: trainer.Run, ro: rollout_lib.Rollout, clock: step_time.StageClock, group: int,
+def _throughput(run: Run, ro: rollout_lib.Rollout, clock: step_time.StageClock, group: int,
                 epochs: int) -> dict[str, float]:
     """Tokens/s per device of generation and update, with NeMo RL's count (the real prompt + completion tokens
     of the step's rows, once per stage), and the update's MFU (model FLOPs: prompts once per group when the
@@ -86,7 +87,7 @@ def _throughput(run: trainer.Run, ro: rollout_lib.Rollout, clock: step_time.Stag
     return out
 
 
-def rl_step(run: trainer.Run, state: TrainState, records, step: int):
+def rl_step(run: Run, state: TrainState, records, step: int):
     """One RL step: returns (state, metrics, rollout)."""
     algo, s = run.algorithm, run.settings
     clock = step_time.StageClock()
