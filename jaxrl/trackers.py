@@ -35,6 +35,7 @@ import logging
 import os
 import re
 import secrets
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence
@@ -156,14 +157,32 @@ def _markdown(rows: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(lines + ["| " + " | ".join(cell(r[c]) for c in columns) + " |" for r in rows])
 
 
+def summary_writer_class():
+    """tensorboardX's `SummaryWriter`, imported without importing torch.
+
+    tensorboardX tries `import torch` when it is imported, only to accept torch tensors (jaxrl passes floats
+    and strings); where torch is installed (any environment that also converts checkpoints with
+    transformers) that import took 3 s of every `jaxrl train` start. Unless torch is already loaded, the
+    import sees torch as absent (a `None` entry in `sys.modules`, removed again at once), so tensorboardX
+    keeps its numpy path and a later `import torch` elsewhere is unaffected.
+    """
+    if "torch" in sys.modules:
+        from tensorboardX import SummaryWriter
+        return SummaryWriter
+    sys.modules["torch"] = None  # type: ignore[assignment]  # `import torch` raises ImportError meanwhile
+    try:
+        from tensorboardX import SummaryWriter
+    finally:
+        del sys.modules["torch"]
+    return SummaryWriter
+
+
 class TensorBoardTracker:
     """TensorBoard event files (tensorboardX); on resume, events after `resume_step` are purged. The config
     is the text `config` at `resume_step` (the steps after it ran with that config)."""
 
     def __init__(self, log_dir: Path, resume_step: int, config: Mapping[str, Any] | None = None):
-        from tensorboardX import SummaryWriter
-
-        self._writer = SummaryWriter(str(log_dir), purge_step=resume_step + 1)
+        self._writer = summary_writer_class()(str(log_dir), purge_step=resume_step + 1)
         if config:  # indented: a Markdown code block
             text = json.dumps(config, indent=2)
             self._writer.add_text("config", "    " + text.replace("\n", "\n    "), resume_step)

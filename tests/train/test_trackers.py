@@ -15,6 +15,7 @@ import json
 import re
 import struct
 import subprocess
+import sys
 
 import pytest
 
@@ -241,3 +242,16 @@ def test_trackers_follow_the_older_keys_when_not_given():
     assert cfg.trackers == ("tensorboard", "wandb") and cfg.wandb.project == "demo" and cfg.mlflow is None
     cfg = load_config(None, ["logging.trackers=[mlflow]"]).logging
     assert cfg.tensorboard is False and cfg.mlflow.experiment == "jaxrl" and cfg.wandb is None
+
+
+def test_tensorboard_writer_does_not_import_torch_and_torch_still_imports_after():
+    """tensorboardX tries `import torch` at import (3 s of every start where torch is installed, as in this
+    test environment); jaxrl's import of it must not load torch, nor stop a later `import torch`."""
+    pytest.importorskip("torch")
+    code = ("import sys; from jaxrl.trackers import summary_writer_class; summary_writer_class(); "
+            "print('torch' in sys.modules, 'torch' in sys.modules and sys.modules['torch'] is None); "
+            "import torch; print(torch.ones(2).sum().item())")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env(), cwd=ROOT,
+                          timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["False", "False", "2.0"]
