@@ -11,6 +11,7 @@ import dataclasses
 import difflib
 import enum
 import functools
+import keyword
 import re
 import types
 import typing
@@ -23,11 +24,23 @@ from jaxrl.errors import ConfigError
 _FLOAT_RE = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
 
 
+def config_key(field_name: str) -> str:
+    """A field's key in the config: its name, except that a Python keyword is spelled with a trailing
+    underscore in the dataclass (`train.async` is the field `async_`)."""
+    bare = field_name[:-1] if field_name.endswith("_") else field_name
+    return bare if keyword.iskeyword(bare) else field_name
+
+
+def _field_name(key: str) -> str:
+    """Inverse of `config_key`."""
+    return f"{key}_" if keyword.iskeyword(key) else key
+
+
 @functools.cache
 def _hints(cls: type) -> dict[str, Any]:
-    """Annotations of a dataclass's fields (ClassVars such as `MOVED_KEYS` are not keys)."""
+    """Annotations of a dataclass's fields by config key (ClassVars such as `MOVED_KEYS` are not keys)."""
     names = {f.name for f in dataclasses.fields(cls)}
-    return {k: v for k, v in typing.get_type_hints(cls).items() if k in names}
+    return {config_key(k): v for k, v in typing.get_type_hints(cls).items() if k in names}
 
 
 def _optional_inner(tp: Any) -> Any | None:
@@ -122,12 +135,12 @@ def convert(value: Any, tp: Any, key: str) -> Any:
 def from_dict(cls: type, raw: dict[str, Any], key: str) -> Any:
     """Builds dataclass `cls` from a mapping; bad keys, types or values raise ConfigError."""
     hints = _hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
+    names = [config_key(f.name) for f in dataclasses.fields(cls)]
     kwargs = {}
     for name, value in raw.items():
         if name not in hints:
             raise _unknown(key, str(name), names, cls)
-        kwargs[name] = convert(value, hints[name], f"{key}.{name}" if key else name)
+        kwargs[_field_name(name)] = convert(value, hints[name], f"{key}.{name}" if key else name)
     missing = [
         f.name
         for f in dataclasses.fields(cls)
@@ -143,7 +156,7 @@ def from_dict(cls: type, raw: dict[str, Any], key: str) -> Any:
 def to_dict(obj: Any) -> Any:
     """Plain YAML-able data (dicts, lists, scalars) of a config dataclass."""
     if dataclasses.is_dataclass(obj):
-        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        return {config_key(f.name): to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
     if isinstance(obj, enum.Enum):
         return obj.value
     if isinstance(obj, (tuple, list)):

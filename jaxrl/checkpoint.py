@@ -41,7 +41,8 @@ from jaxrl.errors import CheckpointError
 
 log = logging.getLogger(__name__)
 
-ITEMS = ("params", "opt_state", "extra")
+# "behind": an async run's sampler versions (`jaxrl.rl.ahead`), saved only by such runs
+ITEMS = ("params", "opt_state", "extra", "behind")
 MODEL_CONFIG = "model_config.json"
 WARM_START_STEP = 0  # the step directory of the warm-started state (before RL step 1)
 
@@ -107,8 +108,18 @@ class Checkpointer:
     def should_save(self, step: int) -> bool:
         return step > 0 and step % self.every == 0
 
-    def save(self, step: int, params: Any, opt_state: Any, extra: dict[str, Any]) -> None:
-        """Starts saving `step` (returns once the arrays are copied; call `wait` to block until written)."""
+    def restore_behind(self, step: int, params_like: Any, names: list[str]) -> dict[str, Any]:
+        """An async run's sampler versions saved with `step` (`names` of the `behind` item), each restored
+        like `params_like`."""
+        self.manager.wait_until_finished()
+        like = {name: _abstract(params_like) for name in names}
+        args = ocp.args.Composite(behind=ocp.args.StandardRestore(like))
+        return self.manager.restore(step, args=args)["behind"]
+
+    def save(self, step: int, params: Any, opt_state: Any, extra: dict[str, Any],
+             behind: dict[str, Any] | None = None) -> None:
+        """Starts saving `step` (returns once the arrays are copied; call `wait` to block until written);
+        `behind`: an async run's sampler versions (`restore_behind`)."""
         with self._disk_full_is_one_line(self._pending):  # a failed asynchronous save surfaces here
             self.manager.wait_until_finished()
             if step in self.manager.all_steps():
@@ -118,6 +129,7 @@ class Checkpointer:
             params=ocp.args.StandardSave(params),
             opt_state=ocp.args.StandardSave(opt_state),
             extra=ocp.args.JsonSave({**extra, "step": step}),
+            **({"behind": ocp.args.StandardSave(behind)} if behind else {}),
         )
         with self._disk_full_is_one_line(step):
             self.manager.save(step, args=args, force=True)

@@ -442,6 +442,19 @@ class SFTWarmupConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class AsyncConfig:
+    """Asynchronous RL (`jaxrl.rl.ahead`): the rollout of step t is sampled by the policy as it was
+    `max_staleness` updates before the trainer's (fewer in the first steps), so the next rollout is collected
+    while the trainer updates on this one. 0 (default): synchronous, today's step exactly."""
+
+    max_staleness: int = 0
+
+    def __post_init__(self):
+        _check(self.max_staleness >= 0, "train.async.max_staleness", self.max_staleness,
+               "must be >= 0 (0 = synchronous; k >= 1: rollouts sampled up to k policy versions behind)")
+
+
+@dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """`max_failed_reward_steps`: consecutive steps on which a reward may fail (raise or give NaN) on every
     sample before the run stops with that reward's first error. `eval_samples` k > 1: the held-out evaluation
@@ -457,6 +470,7 @@ class TrainConfig:
     max_failed_reward_steps: int = 3
     eval_samples: int = 1
     share_prompts: str = "auto"
+    async_: AsyncConfig = AsyncConfig()  # the key `train.async` (`jaxrl._config_io.config_key`)
 
     def __post_init__(self):
         _check(self.eval_samples >= 1, "train.eval_samples", self.eval_samples,

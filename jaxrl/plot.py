@@ -1,7 +1,8 @@
 """PNG plots of training curves from one or more run directories (several runs overlaid, one line per run).
 
 Panels: reward, held-out accuracy, KL, entropy, response length, the per-reward means, and `step_time.png`: each
-run's step time stacked by stage (`time/*`, `jaxrl.step_time`), one row of the figure per run. A panel no run
+run's step time stacked by stage (`time/*`, `jaxrl.step_time`; an asynchronous run's collection as the part the
+trainer waited for), one row of the figure per run. A panel no run
 has data for is skipped. A metric a run did not measure is not drawn for it, even where an older run logged a
 placeholder: KL when the run's `config.yaml` has the KL coefficient at 0 (earlier versions logged `kl: 0.0`
 then); null values (NaN: undefined) are gaps. matplotlib runs on the Agg backend (no display needed).
@@ -31,6 +32,17 @@ PANELS: dict[str, tuple[str, tuple[str, ...]]] = {
 # stages of `step_time.png`, bottom to top (`time/<stage>`; `jaxrl.step_time`, `jaxrl.rl.loop`)
 BREAKDOWN = ("generation", "reward", "env", "old_logprobs", "ref_logprobs", "teacher_logprobs", "update",
              "weight_sync", "eval", "checkpoint", "other")
+# an asynchronous run (`train.async`) collects while it updates: its bars stack the collection time the trainer
+# waited for (`time/exposed_generation`) in place of the collector's own stages
+COLLECTION = ("generation", "reward", "env")
+
+
+def _stages(rows: list[dict]) -> list[str]:
+    """The stages a run's bars stack, bottom to top."""
+    stages = [s for s in BREAKDOWN if any(r.get(f"time/{s}") for r in rows)]
+    if any("time/exposed_generation" in r for r in rows):
+        stages = ["exposed_generation"] + [s for s in stages if s not in COLLECTION]
+    return stages
 
 
 def _series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
@@ -126,7 +138,7 @@ def _plot_breakdown(plt, data: dict[str, list[dict]], path: Path) -> Path | None
     fig, axes = plt.subplots(len(runs), 1, figsize=(7, 3.2 * len(runs)), squeeze=False)
     for ax, (label, rows) in zip(axes[:, 0], runs.items()):
         steps = [r["step"] for r in rows]
-        stages = [s for s in BREAKDOWN if any(r.get(f"time/{s}") for r in rows)]
+        stages = _stages(rows)
         bottom = [0.0] * len(rows)
         for stage in stages:  # stacked bars, one per step
             seconds = [float(r.get(f"time/{stage}") or 0.0) for r in rows]

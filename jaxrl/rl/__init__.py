@@ -7,7 +7,8 @@
   train view of one role: `Dense`, `LoRA`, `PerRoleAdapters`), `jaxrl.rl.collect` (how a step's rows are
   produced, with the warm start's demonstrations and the state checkpoints carry: `SingleTurn`,
   `EnvEpisodes`, `SystemRows`) and `jaxrl.rl.update` (how one rollout's advantages become optimiser steps:
-  `Joint`, `Phased`);
+  `Joint`, `Phased`); and `jaxrl.rl.ahead`, where each step's rollout comes from (`Synchronous`, or
+  `Ahead`: collected ahead by a policy up to `train.async.max_staleness` versions older);
 * `jaxrl.rl.step`: one RL step, a straight line of stages; `jaxrl.rl.batch`: the train batch of a rollout
   and the optimiser steps over it; `jaxrl.rl.distill`: on-policy distillation's teacher, a batch stage;
 * `jaxrl.rl.warm_start`: the supervised warm start; `jaxrl.rl.loop`: `train`, the hooks between steps.

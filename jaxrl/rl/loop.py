@@ -100,6 +100,7 @@ def _train(cfg: ExperimentConfig, run_dir: str | Path, checkpoint_dir: str | Non
 
     def evaluate_now(params, step: int) -> tuple[dict[str, float], float]:
         """(the eval metrics, seconds), with one log line."""
+        run.feed.settle()  # async: the next rollout's collection (same collector and rewards) has finished
         t0 = time.perf_counter()
         with phases("eval"):
             out = evaluate_fn(params)
@@ -121,6 +122,7 @@ def _train(cfg: ExperimentConfig, run_dir: str | Path, checkpoint_dir: str | Non
         run.policy.check_restore(restored.extra, ckpt.directory)
         state = TrainState(restored.params, restored.opt_state, jnp.asarray(start, jnp.int32))
         data_it.set_state(restored.extra["data_state"])
+        run.feed.restore(ckpt, restored, state.params)  # async: the sampler's versions, the launched rollout
         nonfinite_run = int(restored.extra.get("nonfinite_run", 0))
         for shaper in stateful:
             saved = restored.extra.get("stages", {}).get(shaper.name)
@@ -153,15 +155,18 @@ def _train(cfg: ExperimentConfig, run_dir: str | Path, checkpoint_dir: str | Non
     reward_failures = rewards_lib.RewardFailureTracker(cfg.train.max_failed_reward_steps)
 
     def extra() -> dict[str, Any]:
-        stages = {sh.name: sh.state_json() for sh in stateful if sh.state_json() is not None}
+        # the collector's state before a collection the async feed launched ahead (resume collects it again)
+        states = {sh.name: run.feed.collector_state(sh) if sh is run.collector else sh.state_json()
+                  for sh in stateful}
         return {"data_state": data_it.get_state(), "nonfinite_run": nonfinite_run,
-                "rng": ckpt_lib.key_to_json(jax.random.key(cfg.train.seed)), "stages": stages,
-                **run.policy.checkpoint_extra()}
+                "rng": ckpt_lib.key_to_json(jax.random.key(cfg.train.seed)),
+                "stages": {k: v for k, v in states.items() if v is not None}, **run.policy.checkpoint_extra()}
 
     def save(step: int) -> float:
         t0 = time.perf_counter()
         with phases("checkpoint"):
-            ckpt.save(step, state.params, state.opt_state, extra())
+            behind, feed_extra = run.feed.checkpoint(step)
+            ckpt.save(step, state.params, state.opt_state, {**extra(), **feed_extra}, behind=behind)
             # export-ready adapters (LoRA): export-hf --checkpoint RUN/adapters
             run.policy.export(state.params, run_dir / "adapters")
         seconds = time.perf_counter() - t0
@@ -183,10 +188,12 @@ def _train(cfg: ExperimentConfig, run_dir: str | Path, checkpoint_dir: str | Non
         else:
             checkpoint_s = 0.0  # the save after the previous row
         t_loop = t_row = time.perf_counter()
+        draw = lambda: hosts.gather_json(next(data_it))  # noqa: E731 -- the next global batch's records
         for step in range(start + 1, cfg.train.steps + 1):
             with profiler.step(step):
-                records = hosts.gather_json(next(data_it))
-                state, metrics, ro = rl_step(run, state, records, step)
+                records = run.feed.records_for(step, draw)  # async: drawn when its collection was launched
+                state, metrics, ro = rl_step(run, state, records, step,
+                                             next_records=draw if step < cfg.train.steps else None)
                 reward_failures.update(*ro.score_infos)  # a reward failing on every sample stops the run
                 nonfinite_run = nonfinite_run + 1 if metrics.get("train/nonfinite", 0) else 0
                 metrics["train/nonfinite_run"] = float(nonfinite_run)
@@ -225,6 +232,7 @@ def _train(cfg: ExperimentConfig, run_dir: str | Path, checkpoint_dir: str | Non
                 last["stopped_by_signal"] = guard.signal
                 break
         profiler.close()
+    run.feed.close()  # a collection launched before a stop by signal finishes (its rollout is not used)
     with phases("checkpoint"):
         ckpt.close()  # waits for an asynchronous save
     if jax.process_index() == 0:

@@ -15,6 +15,7 @@ import optax
 from jaxrl import rewards as rewards_lib
 from jaxrl.algorithms import Algorithm, AlgoSettings, Shaper
 from jaxrl.errors import UserError
+from jaxrl.rl.ahead import Synchronous
 from jaxrl.rl.collect import Collector
 from jaxrl.rl.policy import Policy
 from jaxrl.rl.update import UpdateSchedule
@@ -85,6 +86,8 @@ class Run:
     segment_estimators: tuple = ()  # per role segment: its own advantage estimator, None = the algorithm's
     share_prompts: str = "auto"  # train.share_prompts: "auto" | "always" | "never" (`prompt_groups`)
     flops_per_token: Any = None  # context -> the update's model FLOPs per token (`step_time`); None: no MFU
+    # where each step's rollout comes from: now (k = 0) or collected ahead, k versions behind (`jaxrl.rl.ahead`)
+    feed: Any = dataclasses.field(default_factory=Synchronous)
 
 
 def placed_shardings(tree, mesh) -> Any:

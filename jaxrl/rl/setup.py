@@ -28,6 +28,7 @@ from jaxrl.config import DistillMode, ExperimentConfig, KLWhere, dump_config
 from jaxrl.errors import ConfigError, UserError
 from jaxrl.models import lora
 from jaxrl.optim import build_optimizer
+from jaxrl.rl.ahead import make_feed
 from jaxrl.rl.batch import row_multiple, assemble, update
 from jaxrl.rl.collect import Collector, EnvEpisodes, SingleTurn, System, SystemRows
 from jaxrl.rl.policy import Dense, LoRA, PerRoleAdapters, Policy
@@ -169,7 +170,9 @@ def setup(cfg: ExperimentConfig, run_dir: Path) -> tuple[Run, TrainState, Any]:
               schedule=_schedule(system, policy), segment_estimators=_segment_estimators(cfg, system),
               share_prompts=cfg.train.share_prompts,
               flops_per_token=functools.partial(step_time.train_flops_per_token, model.cfg,
-                                                lora=lora_cfg is not None), batch_stages=batch_stages)
+                                                lora=lora_cfg is not None), batch_stages=batch_stages,
+              feed=make_feed(cfg.train.async_.max_staleness, processes=jax.process_count(),
+                             devices=mesh.devices.size))
     if cfg.train.share_prompts == "always":
         _check_always_shared(cfg, run, algorithm)
     if algorithm.shaper is not None:

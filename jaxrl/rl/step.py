@@ -87,15 +87,23 @@ def _throughput(run: Run, ro: rollout_lib.Rollout, clock: step_time.StageClock, 
     return out
 
 
-def rl_step(run: Run, state: TrainState, records, step: int):
-    """One RL step: returns (state, metrics, rollout)."""
+def _collect_now(run: Run, params, records, step: int, clock: step_time.StageClock) -> rollout_lib.Rollout:
+    """The step's first collection round, timed into `clock` (the feed's `CollectFn`)."""
+    return _collect_timed(clock, functools.partial(collect, run, params, records, step), 0)
+
+
+def rl_step(run: Run, state: TrainState, records, step: int, next_records=None):
+    """One RL step: returns (state, metrics, rollout).
+
+    The rollout comes from the run's feed (`jaxrl.rl.ahead`): collected now by the current policy, or (async)
+    collected ahead by an older one; `next_records()` draws the next step's records for a collection the feed
+    starts before this step's update (None: no next step)."""
     algo, s = run.algorithm, run.settings
     clock = step_time.StageClock()
-    with clock("weight_sync"):  # the full parameters (LoRA: base + adapters, merged once per step)
-        policy = step_time.synced(run.policy.sampling_params(state.params))
-    collect_fn = functools.partial(collect, run, policy, records, step)  # round -> rollout
-    ro = _collect_timed(clock, collect_fn, 0)
-    metrics = dict(ro.metrics)
+    taken = run.feed.take(run, state, records, step, functools.partial(_collect_now, run), clock)
+    ro, policy = taken.rollout, taken.policy
+    collect_fn = functools.partial(collect, run, taken.behaviour, records, step)  # round -> rollout
+    metrics = {**ro.metrics, **taken.metrics}
     if algo.resample is not None:
         ro, resample_metrics = algo.resample(ro, lambda k: _collect_timed(clock, collect_fn, k), s)
         metrics.update(resample_metrics)
@@ -112,6 +120,7 @@ def rl_step(run: Run, state: TrainState, records, step: int):
     adv = segment_advantages(algo.advantages, ro.rewards_NK, ro.weights_K, ro.completion_mask_BT, s,
                              ro.segment_N, ro.segment_sizes, run.segment_estimators)
     metrics.update(adv.metrics)
+    run.feed.launch(run, step + 1, next_records, functools.partial(_collect_now, run))  # async: the next rollout
     # the schedule (`jaxrl.rl.update`): one joint update, or one per role segment in turn
     state, update_metrics, group = run.schedule(run, state, policy, ro, adv, records, step, clock,
                                                 frozen=actor_frozen)

@@ -53,16 +53,20 @@ BASE = [
 ]
 
 # One comparison asserts several things: grpo also checks the KL term (its reference is checkpointed, so the
-# kill -9 test below resumes it) and process 0's tracker; gdpo starts from an SFT warm start on 2 hosts.
+# kill -9 test below resumes it) and process 0's tracker; gdpo starts from an SFT warm start on 2 hosts; dapo
+# is asynchronous (`train.async.max_staleness=1`: step 2 trains on a rollout the step-0 policy sampled, its
+# resampling rounds included, collected before step 1's update; `jaxrl.rl.ahead`).
 CASES = {
     "grpo": ["algorithm.name=grpo", "train.steps=3", "algorithm.kl.beta=0.05", "logging.trackers=[mlflow]"],
-    "dapo": ["algorithm.name=dapo", "algorithm.dapo.max_tries=2"],
+    "dapo": ["algorithm.name=dapo", "algorithm.dapo.max_tries=2", "train.async.max_staleness=1"],
     "gdpo": ["algorithm.name=gdpo", "sft_warmup.steps=4", "sft_warmup.batch_size=8"],
     "clipo": ["algorithm.name=clipo"],
     "lora": ["algorithm.name=grpo", "model.lora={rank: 4, alpha: 8}", "model.quantize=int8",
              "algorithm.kl.beta=0.05", "optimizer.lr=5e-2"],
 }
-COMPARED = ("loss", "reward/mean", "eval/accuracy")
+# the gradient norm too: a loss can be 0 by symmetry (token-mean advantages of equal-length rows) while the
+# gradient is not
+COMPARED = ("loss", "reward/mean", "eval/accuracy", "train/grad_norm", "async/staleness_max")
 # clipo also starts from the dapo case's 1 x 4 checkpoint (`model.checkpoint`: restored on every process and
 # placed on either mesh) and distils (loss mode) from the grpo case's: the teacher is loaded the same way, its
 # log-probs are a batch stage and a loss term

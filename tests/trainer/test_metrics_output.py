@@ -135,3 +135,14 @@ def test_yaml_errors_keep_line_and_column(tmp_path, capsys, text, where):
     assert cli.main(["train", str(path)]) == 2
     err = capsys.readouterr().err
     assert f"{path}{where}" in err and err.count("\n") == 1, err
+
+
+def test_step_time_bars_of_an_async_run_stack_the_exposed_collection():
+    """An asynchronous run collects while it updates: its bars stack what the trainer waited for in place of
+    the collector's own (overlapped) stages, so the stack does not exceed the step."""
+    from jaxrl.plot import _stages
+
+    sync = [{"time/generation": 1.0, "time/reward": 0.1, "time/update": 2.0, "time/step": 3.1}]
+    stale = [{**sync[0], "time/exposed_generation": 0.2, "time/step": 2.2}]
+    assert _stages(sync) == ["generation", "reward", "update"]
+    assert _stages(stale) == ["exposed_generation", "update"]
