@@ -7,14 +7,17 @@ on the config's mesh over N devices, the same functions the trainer jits (`jaxrl
     per-device memory   XLA's `memory_analysis()`: arguments, outputs, temporaries, aliased (donated) bytes;
                         total = arguments + outputs + temporaries - aliased
     FLOPs               XLA's `cost_analysis()["flops"]` of the per-device program
-    collectives         `jaxrl.hlo_collectives` of the compiled module: count and result bytes per kind
+    collectives         `jaxrl.hlo_collectives` of the compiled module: count and result bytes per kind,
+                        each collective op counted once: one inside the sampler's decode loop runs once per
+                        generated token (an FSDP sampler all-gathers the weights at every step)
 
 On fake CPU devices (`--xla_force_host_platform_device_count`) the program is XLA:CPU's: the SPMD
 partitioning, hence the collectives and the sharded argument/output sizes, are the ones a TPU or GPU compile
 of the same mesh gets; temporaries, fusion and layouts are the CPU compiler's (a TPU fuses more and pads to
 its tiles), so the temporaries are an indication, not a measurement. Programs covered: the train step (mini-
-batch, remat, sharding, shared-prompt groups as the run uses them) and the log-prob pass; the sampler's
-prefill/decode are not lowered yet (issue 32 item 1), and LoRA runs are refused.
+batch, remat, sharding, shared-prompt groups as the run uses them), the log-prob pass, and the sampler (one
+program: the prefill of a step's prompts and the decode loop with its KV cache, `jaxrl.sampling.engine`); LoRA
+runs are refused.
 """
 
 from __future__ import annotations
@@ -147,7 +150,38 @@ def compile_programs(cfg, model_cfg, mesh, rules) -> list[ProgramReport]:
     logprobs = jitted_logprob_pass(graphdef, spec, shared_prompts=group > 1)
     compiled = logprobs.lower(state.params, batch.tokens_BL, batch.mask_BL, t, group).compile()
     out.append(report("log-prob pass", compiled, time.perf_counter() - t0))
+    t0 = time.perf_counter()
+    compiled, prompts = _lower_sampler(cfg, model_cfg, mesh, rules).compile(), cfg.data.prompts_per_step
+    out.append(report(f"sampler ({prompts} x {cfg.rollout.group_size} rows, {w} + {t})", compiled,
+                      time.perf_counter() - t0))
     return out
+
+
+def _lower_sampler(cfg, model_cfg, mesh, rules):
+    """The sampler's program (`jaxrl.sampling.engine.rollout`: the prefill of a step's prompts, once per group,
+    and the whole decode loop with its KV cache) lowered at the run's shapes: prompts_per_step prompts of the
+    longest prompt bucket, rows sharded like the trainer's, the accelerator form (the layer scan; the CPU's
+    per-layer decode is a CPU-only choice)."""
+    from jaxrl.models import Transformer
+    from jaxrl.sampling import engine
+    from jaxrl.sharding import batch_shardings, make_constrain, state_shardings
+
+    r = cfg.rollout
+    graphdef, params_state = nnx.split(Transformer.abstract(model_cfg, constrain=make_constrain(mesh, rules)))
+    shardings = state_shardings(params_state, mesh, rules)
+    state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), params_state, shardings)
+    prompts = (cfg.data.prompts_per_step, max(r.prompt_buckets))
+    tokens = jax.ShapeDtypeStruct(prompts, jnp.int32)
+    tokens = _abstract(tokens, batch_shardings(tokens, mesh, rules))
+    mask = _abstract(jax.ShapeDtypeStruct(prompts, jnp.bool_), tokens.sharding)
+    scalar = lambda dtype: jax.ShapeDtypeStruct((), dtype)  # noqa: E731
+    key = jax.eval_shape(lambda: jax.random.key(0))
+    gen_width = max(r.gen_buckets) if r.gen_buckets else r.max_new_tokens
+    return engine.rollout.lower(
+        graphdef, state, tokens, mask, key, scalar(jnp.float32), scalar(jnp.float32), scalar(jnp.int32),
+        jax.ShapeDtypeStruct((1,), jnp.int32), scalar(jnp.int32), num_samples=r.group_size,
+        gen_width=gen_width, greedy=r.temperature == 0.0, top_k=r.top_k, use_top_p=r.top_p is not None,
+        per_layer=False)
 
 
 def table(reports: list[ProgramReport], analytic_peak: int) -> str:

@@ -16,7 +16,7 @@ Only the model's shapes are needed, never its weights: with `model.hf_path` the 
 alone is read; `--hf-config FILE` takes them from a `config.json` anywhere instead (a model not downloaded
 yet), and `--set model.hf_path=null --set model.preset=NAME` from a built-in preset.
 
-`--compile` also lowers and compiles the run's train step and log-prob pass at these shapes on `--devices`
+`--compile` also lowers and compiles the run's train step, log-prob pass and sampler at these shapes on `--devices`
 fake CPU devices from abstract weights and prints XLA's per-device memory, FLOPs and collectives per program
 (`jaxrl.plan_compile`), with the analytic peak beside; a compiled program over the HBM, or XLA's "Involuntary
 full rematerialization" (a tensor replicated because it could not be resharded), exits 2 with one line.
@@ -52,7 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--logits-chunk", type=int, default=8192,
                         help="vocabulary columns the log-prob computation materialises at once (0: all)")
     parser.add_argument("--compile", action="store_true",
-                        help="also lower and compile the train step and log-prob pass at these shapes on "
+                        help="also lower and compile the train step, log-prob pass and sampler at these shapes on "
                              "--devices fake CPU devices (abstract weights) and print XLA's per-device "
                              "memory, "
                              "FLOPs and collectives (jaxrl.plan_compile)")

@@ -14,6 +14,7 @@ decide, because it costs ~60 ms per pair on CPU and arithmetic answers never nee
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 from fractions import Fraction
@@ -101,6 +102,18 @@ def require_math_verify():
             "pip install 'math-verify[antlr4_13_2]==0.9.0'"
         ) from None
     return math_verify
+
+
+class _NoTimeoutNotice(logging.Filter):
+    """Drops math-verify's warning that its timeouts are off: jaxrl turns them off on purpose off the main
+    thread (an asynchronous run scores in a background thread), where `signal.alarm` cannot work."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Timeout is disabled" not in record.getMessage()
+
+
+for _name in ("math_verify.parser", "math_verify.grader"):
+    logging.getLogger(_name).addFilter(_NoTimeoutNotice())
 
 
 def _math_verify_equal(gold: str, pred: str) -> bool:

@@ -1,9 +1,10 @@
-"""`jaxrl plan --compile` (`jaxrl.plan_compile`): the run's train step and log-prob pass compiled from
+"""`jaxrl plan --compile` (`jaxrl.plan_compile`): the run's train step, log-prob pass and sampler compiled from
 abstract weights on the 8 fake CPU devices of tests/conftest.py, at a small model's shapes (issue 32 item 1).
 
 Checked against what is known without XLA: the train step's per-device arguments are exactly the bytes of
-the state's and the batch's shards (their shardings give them), the donated state is aliased, an FSDP mesh
-all-gathers weights where a data-parallel one (fsdp = 1) all-gathers none, and both reduce gradients. A
+the state's and the batch's shards (their shardings give them), the sampler's those of the weights and the
+prompts, the donated state is aliased, an FSDP mesh all-gathers weights (in all three programs) where a
+data-parallel one (fsdp = 1) all-gathers none, and both reduce gradients. A
 program over the accelerator's HBM is one line and exit 2. (Measured on the way: with 2 rows a device and GRPO
 groups of 4, the data-parallel step all-gathers 33 times, 1.7 MiB: a shared-prompt group split over devices
 gathers its rows; with whole groups per device, as here, none.)
@@ -55,8 +56,13 @@ def _compile_now(mesh_sets):
 @pytest.mark.parametrize("mesh_sets, gathers", [(["mesh.data=2", "mesh.fsdp=4"], True),
                                                 (["mesh.data=8", "mesh.fsdp=1"], False)])
 def test_programs_compile_with_the_sizes_their_shardings_give(mesh_sets, gathers):
-    (step, logprobs), state, batch = _compile(mesh_sets)
+    (step, logprobs, sampler), state, batch = _compile(mesh_sets)
     assert step.name.startswith("train step (32 x ") and logprobs.name == "log-prob pass"
+    assert sampler.name == "sampler (8 x 4 rows, 32 + 24)"
+    # the sampler reads the weights' shards, the prompts' shards and a few scalars (key, temperature, ...)
+    prompts = 8 * 32 * 5 // 8  # int32 tokens + bool mask of 8 prompts, rows over all 8 devices (data x fsdp)
+    assert 0 <= sampler.arguments - _shard_bytes(state.params) - prompts <= 64, sampler.arguments
+    assert sampler.flops > 0 and (sampler.collectives["all-gather"]["count"] > 0) == gathers, sampler.collectives
     # jit drops arguments the program never reads: the reference log-probs, with no KL term
     unread = _shard_bytes(batch.ref_logp_BT)
     assert step.arguments == _shard_bytes(state) + _shard_bytes(batch) - unread

@@ -265,3 +265,21 @@ def test_score_accepts_bools_and_numpy_fields():
     rewards_NK, info = score([spec], ["p", "p"], ["yes", "no"], {"answer": np.array([1, 2])})
     np.testing.assert_array_equal(rewards_NK[:, 0], [1.0, 0.0])
     assert info.errors == {"b": 0}
+
+
+def test_math_verify_off_the_main_thread_compares_without_its_timeout_notice(caplog):
+    """An asynchronous run scores in a background thread, where math-verify's `signal.alarm` timeouts cannot
+    run: it still compares (symbolically here), and its "Timeout is disabled" warning is not logged."""
+    import logging
+    import threading
+
+    from jaxrl.rewards.answers import math_equal
+
+    out = []
+    with caplog.at_level(logging.WARNING):
+        worker = threading.Thread(target=lambda: out.extend([math_equal("\\frac{x}{2}", "x/2"),
+                                                             math_equal("\\frac{x}{2}", "x/3")]))
+        worker.start()
+        worker.join()
+    assert out == [True, False]
+    assert not [r for r in caplog.records if r.name.startswith("math_verify")], caplog.records
