@@ -93,8 +93,8 @@ def recording() -> Iterator[list[np.ndarray]]:
     log: list[np.ndarray] = []
     real = rl_loop.rl_step
 
-    def recorded(run, state, records, step):
-        state, metrics, ro = real(run, state, records, step)
+    def recorded(run, state, records, step, **kw):
+        state, metrics, ro = real(run, state, records, step, **kw)
         log.append(np.asarray(ro.rewards_NK, np.float64).copy())
         return state, metrics, ro
 

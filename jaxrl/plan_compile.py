@@ -131,6 +131,19 @@ def abstract_batch(cfg, mesh, rules, *, group: int):
     return _abstract(batch, batch_shardings(batch, mesh, rules)), w, t
 
 
+def shared_group(cfg, mesh, rules, grad_accum: int) -> int:
+    """The group whose rows the train step runs with one shared prompt (1: unshared), as the trainer decides
+    (`jaxrl.rl.batch.prompt_groups`): only when a step's rows split into whole groups per data shard x
+    mini-batch x micro-batch. (Compiling the shared program regardless, as this command first did, put
+    Qwen3-8B's step on 32 devices, 16 groups a mini-batch, at 98 GiB a device with all-to-alls: groups
+    straddling devices; the trainer runs it unshared, at 24 GiB.)"""
+    from jaxrl.rl.batch import rows_multiple_of, shares_whole_groups
+
+    g, rows = cfg.rollout.group_size, cfg.data.prompts_per_step * cfg.rollout.group_size
+    multiple = rows_multiple_of(mesh, rules, cfg.algorithm.mini_batches, grad_accum)
+    return g if cfg.train.share_prompts != "never" and shares_whole_groups(rows, g, multiple) else 1
+
+
 def compile_programs(cfg, model_cfg, mesh, rules) -> list[ProgramReport]:
     """Lowers and compiles the train step and the log-prob pass of `cfg` on `mesh` (abstract inputs)."""
     import time
@@ -138,13 +151,14 @@ def compile_programs(cfg, model_cfg, mesh, rules) -> list[ProgramReport]:
     from jaxrl.train_step import jitted_logprob_pass, jitted_train_step
 
     graphdef, state, state_sharding, spec, tx = abstract_inputs(cfg, model_cfg, mesh, rules)
-    group = cfg.rollout.group_size if cfg.train.share_prompts != "never" and cfg.rollout.group_size > 1 else 1
+    group = shared_group(cfg, mesh, rules, spec.grad_accum)
     batch, w, t = abstract_batch(cfg, mesh, rules, group=group)
     out = []
     t0 = time.perf_counter()
     step = jitted_train_step(graphdef, spec, tx, state_sharding, shared_prompts=group > 1)
     compiled = step.lower(state, batch, None).compile()
-    out.append(report(f"train step ({batch.tokens_BL.shape[0]} x {w + t} tokens)", compiled,
+    shared = f", prompt shared by {group}" if group > 1 else ""
+    out.append(report(f"train step ({batch.tokens_BL.shape[0]} x {w + t} tokens{shared})", compiled,
                       time.perf_counter() - t0))
     t0 = time.perf_counter()
     logprobs = jitted_logprob_pass(graphdef, spec, shared_prompts=group > 1)
@@ -186,13 +200,14 @@ def _lower_sampler(cfg, model_cfg, mesh, rules):
 
 def table(reports: list[ProgramReport], analytic_peak: int) -> str:
     """The per-program table (GiB per device, GFLOP, collective MiB) and the analytic plan's peak beside."""
-    head = (f"{'program':<34}" + "".join(f"{c:>8}" for c in ("args", "out", "temp", "alias", "total"))
+    width = max(34, *(len(r.name) + 2 for r in reports))
+    head = (f"{'program':<{width}}" + "".join(f"{c:>8}" for c in ("args", "out", "temp", "alias", "total"))
             + f"{'GFLOP':>10}  collectives")
     lines = ["compiled programs, per device (GiB; collectives: count x MiB of results)", head]
     for r in reports:
         coll = ", ".join(f"{k} {r.collectives[k]['count']} x {r.collectives[k]['bytes'] / 2 ** 20:.1f}"
                          for k in KINDS if r.collectives[k]["count"])
-        lines.append(f"{r.name:<34}" + "".join(f"{v / GIB:>8.3f}" for v in (
+        lines.append(f"{r.name:<{width}}" + "".join(f"{v / GIB:>8.3f}" for v in (
             r.arguments, r.outputs, r.temporaries, r.aliased, r.total)) + f"{r.flops / 1e9:>10.1f}  "
             + (coll or "none") + f"  [compiled in {r.compile_s:.1f} s]")
     peak = max(r.total for r in reports)

@@ -34,10 +34,21 @@ def shard_batch(run: Run, batch: TrainBatch) -> TrainBatch:
 
 def row_multiple(run: Run) -> int:
     """Rows a train batch must be a multiple of: the batch axis's shards x mini-batches x micro-batches."""
-    spec = logical_to_spec(("batch",), run.rules)[0]
+    return rows_multiple_of(run.mesh, run.rules, run.update.mini_batches, run.loss.grad_accum)
+
+
+def rows_multiple_of(mesh, rules, mini_batches: int, grad_accum: int) -> int:
+    """`row_multiple` from its parts (`jaxrl plan --compile` has no `Run`)."""
+    spec = logical_to_spec(("batch",), rules)[0]
     axes = () if spec is None else (spec if isinstance(spec, tuple) else (spec,))
-    shards = int(np.prod([run.mesh.shape[a] for a in axes], dtype=np.int64))
-    return shards * run.update.mini_batches * run.loss.grad_accum
+    shards = int(np.prod([mesh.shape[a] for a in axes], dtype=np.int64))
+    return shards * mini_batches * grad_accum
+
+
+def shares_whole_groups(rows: int, group: int, multiple: int) -> bool:
+    """Whether `rows` split into whole groups of `group` per data shard x mini-batch x micro-batch
+    (`multiple`, `row_multiple`): the row-count condition of `prompt_groups`."""
+    return group > 1 and rows % (group * multiple) == 0
 
 
 def _pad_rows(extra: TrainBatch, n_rollout: int, multiple: int) -> TrainBatch:
@@ -90,7 +101,7 @@ def prompt_groups(run: Run, ro, *, extra_rows: bool = False) -> tuple[int, str]:
         why = "extra rows (SFT-aux) are appended"
     elif ro.prompt_width < 1:
         why = "no prompt columns"
-    elif n % (g * row_multiple(run)):
+    elif not shares_whole_groups(n, g, row_multiple(run)):
         why = (f"{n} rows do not split into whole groups of {g} per data shard x mini-batch x micro-batch "
                f"({row_multiple(run)})")
     elif not _same_prompts(ro.tokens_BL, ro.mask_BL, ro.prompt_width, g):

@@ -57,7 +57,7 @@ def _compile_now(mesh_sets):
                                                 (["mesh.data=8", "mesh.fsdp=1"], False)])
 def test_programs_compile_with_the_sizes_their_shardings_give(mesh_sets, gathers):
     (step, logprobs, sampler), state, batch = _compile(mesh_sets)
-    assert step.name.startswith("train step (32 x ") and logprobs.name == "log-prob pass"
+    assert step.name == "train step (32 x 56 tokens, prompt shared by 4)" and logprobs.name == "log-prob pass"
     assert sampler.name == "sampler (8 x 4 rows, 32 + 24)"
     # the sampler reads the weights' shards, the prompts' shards and a few scalars (key, temperature, ...)
     prompts = 8 * 32 * 5 // 8  # int32 tokens + bool mask of 8 prompts, rows over all 8 devices (data x fsdp)
@@ -74,6 +74,22 @@ def test_programs_compile_with_the_sizes_their_shardings_give(mesh_sets, gathers
     assert (logprobs.collectives["all-gather"]["count"] > 0) == gathers, logprobs.collectives
 
 
+def test_the_step_shares_prompts_only_where_the_trainer_does():
+    """`jaxrl plan --compile` compiles the shared-prompt step only when the trainer would run it: a step's
+    rows in whole groups per data shard x mini-batch x micro-batch (`jaxrl.rl.batch.prompt_groups`)."""
+    from jaxrl.plan_compile import shared_group
+    from jaxrl.rl.batch import shares_whole_groups
+    from jaxrl.sharding import RULES, make_mesh
+
+    assert shares_whole_groups(32, 4, 8) and not shares_whole_groups(16, 4, 8)
+    assert not shares_whole_groups(512, 8, 32 * 4) and not shares_whole_groups(32, 1, 8)
+    for sets, group in ((SMALL, 4), (SMALL + ["data.prompts_per_step=4"], 1),
+                        (SMALL + ["algorithm.mini_batches=2"], 1), (SMALL + ["train.share_prompts=never"], 1),
+                        (SMALL + ["data.prompts_per_step=16", "algorithm.mini_batches=2"], 4)):
+        cfg = load_config(None, sets + ["mesh.data=2", "mesh.fsdp=4"])
+        assert shared_group(cfg, make_mesh(cfg.mesh), RULES[cfg.mesh.rules], 1) == group, sets
+
+
 def test_a_program_over_the_hbm_is_one_line(capsys, monkeypatch):
     from jaxrl import plan_compile
     from jaxrl.commands import plan as plan_cmd
@@ -86,8 +102,8 @@ def test_a_program_over_the_hbm_is_one_line(capsys, monkeypatch):
                        accelerator="v5e")
     reports = _compile(["mesh.data=2", "mesh.fsdp=4"])[0]  # compiled once for the module
     monkeypatch.setattr(plan_compile, "compile_programs", lambda *a: reports)
-    with pytest.raises(ConfigError, match=r"^--compile: train step \(32 x 56 tokens\) needs 0\.\d\d GiB per "
-                                          r"device, over the 0 GiB of HBM of v5e$"):
+    with pytest.raises(ConfigError, match=r"^--compile: train step \(32 x 56 tokens, prompt shared by 4\) needs "
+                                          r"0\.\d\d GiB per device, over the 0 GiB of HBM of v5e$"):
         plan_cmd._compile(cfg, model_cfg, dataclasses.replace(plan, hbm=1024), 8)
     assert "compiled peak" in capsys.readouterr().out  # the table is printed before the verdict
     with pytest.raises(ConfigError, match=r"this process already runs JAX on 8 devices"):
