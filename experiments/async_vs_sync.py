@@ -22,30 +22,11 @@ import numpy as np
 from experiments import common
 
 KS = (0, 1)
-QUIET = ["logging.progress_bar=false", "logging.tensorboard=false", "checkpoint.async_save=false",
-         "checkpoint.every=1000"]
-
-
-def _train(run_dir: Path, sets: list[str]) -> list[dict]:
-    from jaxrl.config import load_config
-    from jaxrl.rl.loop import train
-
-    train(load_config(None, QUIET + sets), run_dir)
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-def warm_start(seed: int, run_dir: Path) -> Path:
-    """The quickstart's SFT warm start of `seed` as a run directory (one RL step at learning rate 1e-12, below
-    float32 resolution of the weights, so that `train` writes a checkpoint of the warm-started weights)."""
-    _train(run_dir, [f"train.seed={seed}", "train.steps=1", "train.eval_every=0", "optimizer.lr=1e-12"])
-    return run_dir
-
-
 def rl(k: int, seed: int, steps: int, every: int, init: Path, run_dir: Path) -> tuple[np.ndarray, dict]:
     """(held-out accuracy at steps 0, every, 2·every, ..., steps; the timing and staleness means) of one run."""
-    rows = _train(run_dir, [f"train.seed={seed}", f"train.steps={steps}", f"train.eval_every={every}",
-                            f"train.async.max_staleness={k}", "model.preset=null", f"model.checkpoint={init}",
-                            "model.overrides={}", "sft_warmup.steps=0"])
+    rows = common.train_quickstart(run_dir, [
+        f"train.seed={seed}", f"train.steps={steps}", f"train.eval_every={every}", f"train.async.max_staleness={k}",
+        "model.preset=null", f"model.checkpoint={init}", "model.overrides={}", "sft_warmup.steps=0"])
     acc = {r["step"]: r["eval/accuracy"] for r in rows if "eval/accuracy" in r}
     later = [r for r in rows if r["step"] > 1 and "time/step" in r]  # step 1 compiles
     mean = lambda key: float(np.mean([r.get(key, 0.0) for r in later]))  # noqa: E731
@@ -84,7 +65,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         for seed in args.seeds:
-            init = warm_start(seed, root / f"warm{seed}")
+            init = common.quickstart_warm_start(seed, root / f"warm{seed}")
             for k in KS:
                 curve, t = rl(k, seed, args.steps, args.eval_every, init, root / f"k{k}-{seed}")
                 curves[k].append(curve)

@@ -159,3 +159,27 @@ class Timer:
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.start
+
+
+QUIET = ["logging.progress_bar=false", "logging.tensorboard=false", "checkpoint.async_save=false",
+         "checkpoint.every=1000"]
+
+
+def train_quickstart(run_dir: Path, sets: list[str]) -> list[dict]:
+    """`jaxrl.rl.loop.train` of the embedded quickstart config with `sets` (quiet, checkpoints only at the
+    end) in this process; returns the run's metrics rows."""
+    import json
+
+    from jaxrl.config import load_config
+    from jaxrl.rl.loop import train
+
+    train(load_config(None, QUIET + sets), run_dir)
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def quickstart_warm_start(seed: int, run_dir: Path) -> Path:
+    """The quickstart's SFT warm start of `seed` as a run directory (one RL step at learning rate 1e-12, below
+    float32 resolution of the weights, so that `train` writes a checkpoint of the warm-started weights)."""
+    train_quickstart(run_dir, [f"train.seed={seed}", "train.steps=1", "train.eval_every=0",
+                               "optimizer.lr=1e-12"])
+    return run_dir

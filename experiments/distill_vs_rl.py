@@ -29,28 +29,11 @@ from experiments import common
 
 METHODS = ("rl", "distill")
 ANSWER_ONLY = "rewards=[{name: answer, type: math_answer, weight: 1.0, params: {tags_only: true}}]"
-QUIET = ["logging.progress_bar=false", "logging.tensorboard=false", "checkpoint.async_save=false",
-         "checkpoint.every=1000"]
-
-
-def _train(run_dir: Path, sets: list[str]) -> list[dict]:
-    from jaxrl.config import load_config
-    from jaxrl.rl.loop import train
-
-    train(load_config(None, QUIET + sets), run_dir)
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def teacher(run_dir: Path, steps: int) -> Path:
     """The quickstart trained for `steps` RL steps (seed 0): the teacher's run directory."""
-    _train(run_dir, [f"train.steps={steps}", f"train.eval_every={steps}"])
-    return run_dir
-
-
-def warm_start(seed: int, run_dir: Path) -> Path:
-    """The quickstart's SFT warm start of `seed` as a run directory (one RL step at learning rate 1e-12, below
-    float32 resolution of the weights, so that `train` writes a checkpoint of the warm-started weights)."""
-    _train(run_dir, [f"train.seed={seed}", "train.steps=1", "train.eval_every=0", "optimizer.lr=1e-12"])
+    common.train_quickstart(run_dir, [f"train.steps={steps}", f"train.eval_every={steps}"])
     return run_dir
 
 
@@ -61,7 +44,7 @@ def student(method: str, seed: int, steps: int, init: Path, teacher_dir: Path, r
             "sft_warmup.steps=0"]
     if method == "distill":
         sets += [f"algorithm.distill.teacher={teacher_dir}"]
-    rows = _train(run_dir, sets)
+    rows = common.train_quickstart(run_dir, sets)
     acc = {r["step"]: r["eval/accuracy"] for r in rows if "eval/accuracy" in r}
     return np.asarray([acc[s] for s in range(steps + 1)])
 
@@ -101,7 +84,7 @@ def main() -> None:
         teacher_dir = teacher(root / "teacher", args.teacher_steps)
         curves = {m: [] for m in METHODS}
         for seed in args.seeds:
-            init = warm_start(seed, root / f"warm{seed}")
+            init = common.quickstart_warm_start(seed, root / f"warm{seed}")
             for m in METHODS:
                 curves[m].append(student(m, seed, args.steps, init, teacher_dir, root / f"{m}{seed}"))
                 print(m, seed, np.round(curves[m][-1], 3).tolist(), flush=True)
