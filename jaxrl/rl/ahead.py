@@ -18,6 +18,10 @@ different orders (on CPU with gloo across processes that hangs; `jaxrl.rl.batch`
 runs in place at launch: the same rollouts and numbers, without the overlap (an accelerator's disjoint
 sampler devices are the next step of issue 27).
 
+Timing: a rollout's own collection stages (`time/generation`, `time/reward`, `time/env`) are reported at the
+step that trains on it, and `time/exposed_generation` is what the trainer waited for it; collected in place,
+that wait happened during the previous step (before its update), so it moves by one step, not in the sum.
+
 Off-policy correction: the rollout's old log-probs are the sampler's (`rollout.logprobs_from_sampler`), so the
 PPO ratio is π_θ / π_behaviour. With `algorithm.mismatch.mode: tis | mis` the old log-probs are recomputed at
 the trainer's current policy (the proximal policy) and the behaviour correction π_prox / π_behaviour weights
