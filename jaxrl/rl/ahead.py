@@ -63,13 +63,23 @@ class Taken:
     metrics: dict[str, float]
 
 
+def pending_records(restored) -> dict[int, Any]:
+    """step -> records of the rollouts an async run had launched when it wrote the checkpoint `restored`: the
+    data iterator was saved past them, so whatever feed resumes must train on them first."""
+    pending = (restored.extra.get("async") or {}).get("pending", {})
+    return {int(s): p["records"] for s, p in pending.items()}
+
+
 class Synchronous:
     """k = 0: the step's rollout is collected now by the trainer's policy (today's step, exactly)."""
 
     max_staleness = 0
 
+    def __init__(self):
+        self._saved: dict[int, Any] = {}  # step -> records launched by the async run that wrote the checkpoint
+
     def records_for(self, step: int, draw: Callable[[], Any]):
-        return draw()
+        return self._saved.pop(step) if step in self._saved else draw()
 
     def take(self, run, state: TrainState, records, step: int, collect: CollectFn,
              clock: step_time.StageClock) -> Taken:
@@ -91,7 +101,8 @@ class Synchronous:
         return None, {}
 
     def restore(self, ckpt, restored, params_like) -> None:
-        del ckpt, restored, params_like
+        del ckpt, params_like
+        self._saved = pending_records(restored)
 
     def close(self) -> None:
         pass
@@ -207,6 +218,7 @@ class Ahead:
         start = restored.step
         if not saved or saved.get("max_staleness") != self.max_staleness:
             self._floor = start
+            self._saved = {s: (records, self.version(s)) for s, records in pending_records(restored).items()}
             log.info("train.async.max_staleness=%d: the checkpoint of step %d %s; the rollouts of the next steps "
                      "are sampled from step %d on", self.max_staleness, start,
                      "was written by a synchronous run" if not saved else

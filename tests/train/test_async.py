@@ -166,3 +166,16 @@ def test_cli_k1_trains_stale_by_one_and_resumes_exactly(tmp_path):
     rows = (cut / "metrics.jsonl").read_text().splitlines()
     (cut / "metrics.jsonl").write_text("".join(line + "\n" for line in rows if json.loads(line)["step"] <= 2))
     assert train(cut, *ASYNC) == stale
+
+
+def test_a_launched_rollouts_records_are_trained_first_by_any_feed_that_resumes():
+    """The data iterator is saved past the records of a rollout launched ahead; a resume with another k (0
+    included) must train on them before drawing new ones, not skip that batch."""
+    feed, run, draws = Ahead(1, overlap=False), _Run(), []
+    _, _, state = _loop(feed, run, 1, 2, 4, 0, draws)  # step 3's rollout launched
+    _, extra = feed.checkpoint(2)
+    restored = Restored(2, state.params, None, json.loads(json.dumps(extra)))
+    fresh = lambda: ["drawn"]  # noqa: E731
+    for other in (Synchronous(), Ahead(2, overlap=False)):
+        other.restore(_Checkpointer({}), restored, state.params)
+        assert other.records_for(3, fresh) == [draws[-1]] and other.records_for(4, fresh) == ["drawn"]
