@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import jax
 from flax import nnx
 
 from jaxrl.config import ModelConfig, TokenizerConfig
@@ -79,6 +80,18 @@ def model_config(cfg: ModelConfig) -> TransformerConfig:
     return out.replace(norm=cfg.upcycle) if cfg.upcycle else out  # what build_model returns after upcycling
 
 
+def attention_kernel(cfg: ModelConfig, backend: str | None = None) -> str:
+    """`TransformerConfig.attention` for `model.attention` on `backend` (default: JAX's default backend):
+    "auto" is cuDNN flash attention on a GPU in bfloat16, else jaxrl's blocked XLA core."""
+    backend = jax.default_backend() if backend is None else backend
+    if cfg.attention == "cudnn" and backend != "gpu":
+        raise ConfigError(f"model.attention: 'cudnn' needs a GPU; this process runs JAX on {backend!r} "
+                          "(allowed here: auto, xla)")
+    if cfg.attention == "auto":
+        return "cudnn" if backend == "gpu" and cfg.dtype == "bfloat16" else "xla"
+    return cfg.attention
+
+
 def build_tokenizer(model_cfg: ModelConfig, tok_cfg: TokenizerConfig):
     """The tokenizer: the config's, else the one saved with the HF directory / jaxrl checkpoint, else the
     built-in one."""
@@ -106,8 +119,10 @@ def build_model(cfg: ModelConfig, *, vocab_size: int, seed: int, constrain: Cons
     from jaxrl import hf, model_io
     from jaxrl.models.upcycle import siamese_from_prenorm
 
+    kernel = attention_kernel(cfg)
     if cfg.preset is not None:
-        return Transformer(preset_config(cfg, vocab_size), rngs=nnx.Rngs(seed), constrain=constrain)
+        return Transformer(preset_config(cfg, vocab_size).replace(attention=kernel), rngs=nnx.Rngs(seed),
+                           constrain=constrain)
     if cfg.hf_path is not None:
         model = hf.from_pretrained(cfg.hf_path, dtype=cfg.dtype)
     else:
@@ -120,5 +135,5 @@ def build_model(cfg: ModelConfig, *, vocab_size: int, seed: int, constrain: Cons
                               "(drop model.upcycle to train it as is)")
         model = siamese_from_prenorm(model, cfg.upcycle)
     # Execution-only switches (no parameter depends on them) apply to loaded weights as well.
-    model.cfg = model.cfg.replace(remat=cfg.remat, scan_layers=cfg.scan_layers)
+    model.cfg = model.cfg.replace(remat=cfg.remat, scan_layers=cfg.scan_layers, attention=kernel)
     return model

@@ -85,6 +85,9 @@ class ModelConfig:
     norm: str | None = None
     remat: str = "none"
     scan_layers: bool = True
+    # Attention kernel of the full-sequence forward (training, scoring): "xla", jaxrl's blocked core; "cudnn",
+    # cuDNN flash attention (GPU, model.dtype bfloat16); "auto", cudnn on a GPU in bfloat16, else xla.
+    attention: str = "auto"
     # Upcycle the loaded pre-norm weights into this SiameseNorm variant (same logits at step 0 up to the
     # double-norm factor of `jaxrl.models.upcycle`): "siamese" (post-pre) or "siamese_hybrid" (hybrid-pre).
     upcycle: str | None = None
@@ -106,6 +109,10 @@ class ModelConfig:
         if self.norm is not None:
             _check_choice("model.norm", self.norm, NORMS)
         _check_choice("model.remat", self.remat, REMATS)
+        _check_choice("model.attention", self.attention, ("auto", "xla", "cudnn"))
+        _check(self.attention != "cudnn" or self.dtype == "bfloat16", "model.attention", self.attention,
+               "cuDNN flash attention has no float32 kernel: set model.dtype: bfloat16, or model.attention: "
+               "xla")
         _check_choice("model.quantize", self.quantize, ("none", "int8", "nf4"))
         _check(self.quantize == "none" or self.lora is not None, "model.quantize", self.quantize,
                "quantising the base needs model.lora (QLoRA trains adapters over a frozen quantised base)")

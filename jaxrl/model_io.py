@@ -37,8 +37,11 @@ TOKENIZER_DIR = "tokenizer"
 
 
 def config_to_json(cfg: TransformerConfig) -> dict[str, Any]:
-    """TransformerConfig -> JSON-able dict (nested rope scaling as a dict, tuples as lists)."""
-    return dataclasses.asdict(cfg)
+    """TransformerConfig -> JSON-able dict (nested rope scaling as a dict, tuples as lists), without the
+    attention kernel: it belongs to the machine that runs the model (`jaxrl.build.attention_kernel`)."""
+    data = dataclasses.asdict(cfg)
+    data.pop("attention")
+    return data
 
 
 def config_from_json(data: dict[str, Any], *, where: str = "model_config.json") -> TransformerConfig:

@@ -97,9 +97,13 @@ def check_distill_teacher(cfg: Any) -> None:
 
 def validate_train(cfg: Any, run_dir: str | os.PathLike, checkpoint_dir: str | None = None) -> None:
     """Everything `jaxrl train` checks before building a model: writable run directory, the trackers'
-    packages, tokenizer presence, the distillation teacher, resume compatibility."""
+    packages, the attention kernel's platform, tokenizer presence, the distillation teacher, resume
+    compatibility."""
+    from jaxrl import build
+
     check_writable_dir(run_dir, "run directory")
     trackers.check_installed(cfg.logging.trackers)  # a missing extra: one line, before anything heavy
+    build.attention_kernel(cfg.model)  # model.attention: cudnn on a machine without a GPU
     check_tokenizer_source(cfg)
     check_distill_teacher(cfg)
     check_resume(cfg, run_dir, checkpoint_dir)

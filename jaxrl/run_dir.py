@@ -27,7 +27,7 @@ from jaxrl.errors import OutputDirError, RunDirError
 
 # TransformerConfig fields that change how the forward pass runs but not the parameters; they may change on
 # resume. Token ids are compared through the tokenizer.
-EXECUTION_ONLY = ("dtype", "remat", "scan_layers", "bos_token_id", "eos_token_id", "pad_token_id")
+EXECUTION_ONLY = ("dtype", "remat", "scan_layers", "attention", "bos_token_id", "eos_token_id", "pad_token_id")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                    "chat_template.jinja", "chat_template.json", "vocab.json", "vocab.txt", "merges.txt",
                    "tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "additional_chat_templates",

@@ -30,13 +30,56 @@ from __future__ import annotations
 
 import functools
 
+from typing import Optional
+
 import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import struct
 
 MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
 QUERY_BLOCK = 128  # 2-core CPU, L = 1024: 128 ran a training step faster than 256, 1024 (RESULTS.md)
+
+
+@struct.dataclass
+class KeyMask:
+    """Which keys each query sees, in O(S) memory instead of a [B, L, S] tensor.
+
+    Query l (at key slot S − L + l) sees key s iff the key is real, `key_mask_BS[b, s]`; with `causal` in
+    `attend`, s ≤ S − L + l; with segments, `query_segment_BL[b, l] == key_segment_BS[b, s]`. This is the
+    dense visibility `mask[:, None, :] & tril` of a padded (or packed) causal row, built one block of
+    queries at a time, so that no [B, L, S] mask exists in the forward or is kept for the backward pass (at
+    32k tokens the dense mask is 1 GiB per row).
+
+    `kernel` picks the attention kernel (`Transformer.forward` sets it from `TransformerConfig.attention`):
+    "xla", the blocked core below; "cudnn", `jax.nn.dot_product_attention`'s fused kernel
+    (`jaxrl.models.attention_fused`; packed segments stay on "xla").
+    """
+
+    key_mask_BS: jax.Array
+    query_segment_BL: Optional[jax.Array] = None
+    key_segment_BS: Optional[jax.Array] = None
+    kernel: str = struct.field(pytree_node=False, default="xla")
+
+    def block(self, rows: slice, keys: int, num_queries: int, causal: bool) -> jax.Array:
+        """[B, rows, keys] bool: visibility of queries `rows` over keys [0, keys)."""
+        visible_BRS = jnp.broadcast_to(self.key_mask_BS[:, None, :keys],
+                                       (self.key_mask_BS.shape[0], rows.stop - rows.start, keys))
+        if causal:
+            slots_R = jnp.arange(rows.start, rows.stop) + (self.key_mask_BS.shape[1] - num_queries)
+            visible_BRS = visible_BRS & (jnp.arange(keys)[None, :] <= slots_R[:, None])[None]
+        if self.query_segment_BL is not None:
+            visible_BRS = visible_BRS & (self.query_segment_BL[:, rows, None]
+                                         == self.key_segment_BS[:, None, :keys])
+        return visible_BRS
+
+
+def _block_visibility(visible, rows: slice, keys: int, num_queries: int, causal: bool) -> jax.Array:
+    """[B, rows, keys] bool of a dense [B, L, S] visibility or a `KeyMask`."""
+    if isinstance(visible, KeyMask):
+        return visible.block(rows, keys, num_queries, causal)
+    return visible[:, rows, :keys]
 
 
 def masked_scores(q_BLKGH, k_BKSH, visible_BLS) -> jax.Array:
@@ -53,7 +96,8 @@ def attend(q_BLKGH: jax.Array, k_BKSH: jax.Array, v_BKSH: jax.Array, visible_BLS
     Args:
       q_BLKGH: [B, L, K, G, H] queries (G query heads per kv head), compute dtype.
       k_BKSH, v_BKSH: [B, K, S, H] keys (after RoPE) and values, compute dtype.
-      visible_BLS: [B, L, S] bool, which keys each query sees.
+      visible_BLS: [B, L, S] bool, which keys each query sees, or a `KeyMask` (the same, in O(S) memory;
+        with `causal` its causal part is built here; its `kernel` may send the call to a fused kernel).
       causal: the caller guarantees S >= L and that no query sees a later key: query l sits at key slot
         S − L + l (`visible[:, l, s]` False for s > S − L + l; S == L for self-attention); blocks then skip
         the keys after their last query. Not checked (it would cost a pass).
@@ -62,15 +106,25 @@ def attend(q_BLKGH: jax.Array, k_BKSH: jax.Array, v_BKSH: jax.Array, visible_BLS
     Returns:
       [B, L, K, G, H] output in v's dtype.
     """
-    chex.assert_rank([q_BLKGH, k_BKSH, v_BKSH, visible_BLS], [5, 4, 4, 3])
+    chex.assert_rank([q_BLKGH, k_BKSH, v_BKSH], [5, 4, 4])
     b, length, kv, _, h = q_BLKGH.shape
     chex.assert_equal_shape([k_BKSH, v_BKSH])
     chex.assert_shape(k_BKSH, (b, kv, None, h))
     if causal and k_BKSH.shape[2] < length:
         raise ValueError(f"causal attention needs at least as many keys as queries, got {k_BKSH.shape[2]} "
                          f"keys for {length} queries")
-    chex.assert_shape(visible_BLS, (b, length, k_BKSH.shape[2]))
-    chex.assert_type(visible_BLS, bool)
+    if isinstance(visible_BLS, KeyMask):
+        chex.assert_shape(visible_BLS.key_mask_BS, (b, k_BKSH.shape[2]))
+        chex.assert_type(visible_BLS.key_mask_BS, bool)
+        if visible_BLS.kernel != "xla" and visible_BLS.query_segment_BL is None:
+            from jaxrl.models.attention_fused import attend_fused
+
+            return attend_fused(q_BLKGH, k_BKSH, v_BKSH, visible_BLS.key_mask_BS, causal=causal,
+                                kernel=visible_BLS.kernel)
+    else:
+        chex.assert_rank(visible_BLS, 3)
+        chex.assert_shape(visible_BLS, (b, length, k_BKSH.shape[2]))
+        chex.assert_type(visible_BLS, bool)
     if block_q < 1:
         raise ValueError(f"block_q must be positive, got {block_q}")
     return _attend(q_BLKGH, k_BKSH, v_BKSH, visible_BLS, causal, block_q)
@@ -93,7 +147,8 @@ def _forward_stats(q_BLKGH, k_BKSH, v_BKSH, visible_BLS, causal, block_q):
     num_keys = k_BKSH.shape[2]
     outs, maxes, norms = [], [], []
     for rows, keys in _blocks(q_BLKGH.shape[1], num_keys, causal, block_q):
-        scores_BKGLS = masked_scores(q_BLKGH[:, rows], k_BKSH[:, :, :keys], visible_BLS[:, rows, :keys])
+        visible_BRS = _block_visibility(visible_BLS, rows, keys, q_BLKGH.shape[1], causal)
+        scores_BKGLS = masked_scores(q_BLKGH[:, rows], k_BKSH[:, :, :keys], visible_BRS)
         max_BKGL1 = jnp.max(scores_BKGLS, axis=-1, keepdims=True)
         unnormalized_BKGLS = jnp.exp(scores_BKGLS - max_BKGL1)
         norm_BKGL1 = jnp.sum(unnormalized_BKGLS, axis=-1, keepdims=True)
@@ -130,7 +185,8 @@ def _attend_bwd(causal, block_q, residuals, dout_BLKGH):
     dk_BKSH = jnp.zeros(k_BKSH.shape, jnp.float32)
     dv_BKSH = jnp.zeros(v_BKSH.shape, jnp.float32)
     for rows, keys in _blocks(q_BLKGH.shape[1], num_keys, causal, block_q):
-        q_blk, dout_blk, visible_blk = q_BLKGH[:, rows], dout_BLKGH[:, rows], visible_BLS[:, rows, :keys]
+        q_blk, dout_blk = q_BLKGH[:, rows], dout_BLKGH[:, rows]
+        visible_blk = _block_visibility(visible_BLS, rows, keys, q_BLKGH.shape[1], causal)
         k_blk, v_blk = k_BKSH[:, :, :keys], v_BKSH[:, :, :keys]
         max_blk, norm_blk = max_BKGL1[:, :, :, rows], norm_BKGL1[:, :, :, rows]
         scores_BKGLS = masked_scores(q_blk, k_blk, visible_blk)

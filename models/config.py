@@ -13,6 +13,7 @@ _NORMS = ("pre", "post", "siamese", "siamese_hybrid")
 SIAMESE_NORMS = ("siamese", "siamese_hybrid")  # two residual streams (x, y), merged by norm_x/norm_y
 _DTYPES = ("float32", "bfloat16")
 _REMATS = ("none", "full", "dots")
+_ATTENTIONS = ("xla", "cudnn")  # jaxrl.models.attention_fused.KERNELS
 _FAMILIES = ("llama", "qwen2", "qwen3")
 
 
@@ -63,6 +64,9 @@ class TransformerConfig:
     param_dtype: str = "float32"
     remat: str = "none"
     scan_layers: bool = True  # False: unroll the layer loop (execution only; parameters are the same)
+    # attention kernel of the full-sequence forward (execution only): "xla", the blocked core
+    # (`jaxrl.models.attention`); "cudnn", cuDNN flash attention (`jaxrl.models.attention_fused`, GPU, bf16)
+    attention: str = "xla"
     max_position_embeddings: int = 4096
     family: str = "llama"
     bos_token_id: Optional[int] = None
@@ -91,7 +95,7 @@ class TransformerConfig:
                 f"TransformerConfig.rope_scaling must be None or Llama3RopeScaling, got {self.rope_scaling!r}"
             )
         for name, allowed in (("norm", _NORMS), ("dtype", _DTYPES), ("param_dtype", _DTYPES),
-                              ("remat", _REMATS), ("family", _FAMILIES)):
+                              ("remat", _REMATS), ("family", _FAMILIES), ("attention", _ATTENTIONS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"TransformerConfig.{name}={getattr(self, name)!r}; allowed: {allowed}")
         if not isinstance(self.scan_layers, bool):

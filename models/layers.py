@@ -201,8 +201,8 @@ class Attention(nnx.Module):
         Args:
           x_BLD: [B, L, D] input.
           cos_BLH, sin_BLH: [B, L, H] RoPE tables of the query/new-key positions.
-          visible: without a cache, [B, L, L] bool (which keys each query sees; causal: no query sees a later
-            key), or a `shared_prompt.GroupVisibility` (rows are [prompt | G completions] groups); with a
+          visible: without a cache, a causal `attention.KeyMask` (or [B, L, L] bool: which keys each query
+            sees, no query seeing a later key), or a `shared_prompt.GroupVisibility` (rows are [prompt | G completions] groups); with a
             cache, the pair ([B, L, S] visible old slots, [B, L, L] visible new keys).
           cache_kv: None, or (k_BKSH, v_BKSH) of this layer.
           norm: None, or the pre-norm applied to `x_BLD` first.

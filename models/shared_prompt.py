@@ -38,22 +38,23 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from jaxrl.models.attention import attend
+from jaxrl.models.attention import KeyMask, attend
 
 
 class GroupVisibility(NamedTuple):
-    """Which keys each query of the grouped layout sees (the `visible` argument of `Attention`).
+    """Which keys each query of the grouped layout sees (the `visible` argument of `Attention`), as causal
+    `KeyMask`s (no [.., L, S] tensor; their `kernel` picks the attention kernel).
 
-    prompt_PWW: [P, W, W] bool, prompt query i sees prompt key j (real and j <= i).
-    completion_BTS: [B, T, W + T] bool, completion query t of row b sees [its group's prompt keys (real) |
-      its own completion keys u (real and u <= t)].
+    prompt: over [P, W] keys: prompt query i sees prompt key j (real and j <= i).
+    completion: over [B, W + T] keys: completion query t of row b (at key slot W + t) sees [its group's
+      prompt keys (real) | its own completion keys u (real and u <= t)].
     """
 
-    prompt_PWW: jax.Array
-    completion_BTS: jax.Array
+    prompt: KeyMask
+    completion: KeyMask
 
 
-def layout(prompt_PW, prompt_mask_PW, completion_BT, completion_mask_BT):
+def layout(prompt_PW, prompt_mask_PW, completion_BT, completion_mask_BT, *, kernel: str = "xla"):
     """(tokens_PS, positions_PS, GroupVisibility) of P prompts and their B = P·G completions (rows of a group
     consecutive), S = W + G·T.
 
@@ -61,6 +62,7 @@ def layout(prompt_PW, prompt_mask_PW, completion_BT, completion_mask_BT):
       prompt_PW: [P, W] int, left-padded prompts; prompt_mask_PW: [P, W] bool, real prompt tokens.
       completion_BT: [B, T] int; completion_mask_BT: [B, T] bool, real completion tokens (the forward's mask,
         not the loss mask).
+      kernel: the attention kernel (`TransformerConfig.attention`).
     """
     chex.assert_rank([prompt_PW, prompt_mask_PW, completion_BT, completion_mask_BT], 2)
     chex.assert_equal_shape([prompt_PW, prompt_mask_PW])
@@ -75,10 +77,9 @@ def layout(prompt_PW, prompt_mask_PW, completion_BT, completion_mask_BT):
     comp_pos_BT = jnp.maximum(count_B1 + jnp.cumsum(cmask_BT, axis=-1, dtype=jnp.int32) - 1, 0)
     tokens_PS = jnp.concatenate([prompt_PW, completion_BT.reshape(p, g * t).astype(prompt_PW.dtype)], axis=1)
     positions_PS = jnp.concatenate([prompt_pos_PW, comp_pos_BT.reshape(p, g * t)], axis=1)
-    prompt_PWW = pmask_PW[:, None, :] & jnp.tril(jnp.ones((w, w), bool))[None]
-    shared_BTW = jnp.broadcast_to(jnp.repeat(pmask_PW, g, axis=0)[:, None, :], (b, t, w))
-    own_BTT = cmask_BT[:, None, :] & jnp.tril(jnp.ones((t, t), bool))[None]
-    return tokens_PS, positions_PS, GroupVisibility(prompt_PWW, jnp.concatenate([shared_BTW, own_BTT], -1))
+    keys_BS = jnp.concatenate([jnp.repeat(pmask_PW, g, axis=0), cmask_BT], axis=-1)
+    visible = GroupVisibility(KeyMask(pmask_PW, kernel=kernel), KeyMask(keys_BS, kernel=kernel))
+    return tokens_PS, positions_PS, visible
 
 
 def attend_groups(q_PSKGH, k_PKSH, v_PKSH, visible: GroupVisibility) -> jax.Array:
@@ -89,19 +90,19 @@ def attend_groups(q_PSKGH, k_PKSH, v_PKSH, visible: GroupVisibility) -> jax.Arra
       visible: the layout's `GroupVisibility`.
     """
     p, s, kv, gq, h = q_PSKGH.shape
-    w = visible.prompt_PWW.shape[-1]
-    b, t = visible.completion_BTS.shape[:2]
+    w = visible.prompt.key_mask_BS.shape[-1]
+    b, t = visible.completion.key_mask_BS.shape[0], visible.completion.key_mask_BS.shape[1] - w
     g = b // p
     chex.assert_shape([k_PKSH, v_PKSH], (p, kv, s, h))
     chex.assert_equal(s, w + g * t)
-    out_PWKGH = attend(q_PSKGH[:, :w], k_PKSH[:, :, :w], v_PKSH[:, :, :w], visible.prompt_PWW, causal=True)
+    out_PWKGH = attend(q_PSKGH[:, :w], k_PKSH[:, :, :w], v_PKSH[:, :, :w], visible.prompt, causal=True)
 
     def completion_keys(x_PKSH):  # [B, K, W + T, H]: the group's prompt keys, then the row's own
         own_BKTH = x_PKSH[:, :, w:].reshape(p, kv, g, t, h).transpose(0, 2, 1, 3, 4).reshape(b, kv, t, h)
         return jnp.concatenate([jnp.repeat(x_PKSH[:, :, :w], g, axis=0), own_BKTH], axis=2)
 
     q_BTKGH = q_PSKGH[:, w:].reshape(b, t, kv, gq, h)
-    out_BTKGH = attend(q_BTKGH, completion_keys(k_PKSH), completion_keys(v_PKSH), visible.completion_BTS,
+    out_BTKGH = attend(q_BTKGH, completion_keys(k_PKSH), completion_keys(v_PKSH), visible.completion,
                        causal=True)
     return jnp.concatenate([out_PWKGH, out_BTKGH.reshape(p, g * t, kv, gq, h)], axis=1)
 

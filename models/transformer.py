@@ -34,6 +34,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxrl.models import shared_prompt, siamese
+from jaxrl.models.attention import KeyMask
 from jaxrl.models.config import TransformerConfig
 from jaxrl.models.kv_cache import KVCache
 from jaxrl.models.layers import MLP, Attention, Embed, Proj, RMSNorm, rope_inv_freq, rope_tables
@@ -184,7 +185,7 @@ class Transformer(nnx.Module):
         if cache is not None and (cache.batch != batch or length > cache.capacity):
             raise ValueError(f"forward of tokens {tokens_BL.shape} does not fit a cache of "
                              f"{cache.batch} rows x {cache.capacity} slots")
-        visible, valid_BS, prior_B = _visibility(mask_BL, cache)
+        visible, valid_BS, prior_B = _visibility(mask_BL, cache, self.cfg.attention)
         if segment_BL is not None:
             if cache is not None:
                 raise ValueError("packed rows (segment_BL) are a full-sequence forward: no KV cache")
@@ -217,7 +218,7 @@ class Transformer(nnx.Module):
           hidden_BTD, equal to `forward(...).hidden[:, W - 1:W + T - 1]` of the rows [prompt | completion].
         """
         tokens_PS, positions_PS, visible = shared_prompt.layout(prompt_PW, prompt_mask_PW, completion_BT,
-                                                                completion_mask_BT)
+                                                                completion_mask_BT, kernel=self.cfg.attention)
         hidden_PSD, _ = self._hidden(tokens_PS, positions_PS, visible)
         group = completion_BT.shape[0] // prompt_PW.shape[0]
         return shared_prompt.prediction_hidden(hidden_PSD, prompt_PW.shape[1], group)
@@ -272,16 +273,16 @@ class Transformer(nnx.Module):
         return jax.lax.scan(body, carry, (state, jnp.arange(self.cfg.num_layers, dtype=jnp.int32), kv))
 
 
-def _visibility(mask_BL, cache):
+def _visibility(mask_BL, cache, kernel: str = "xla"):
     """(visible, valid_BS after this call, #valid slots before this call per row).
 
-    `visible` is [B, L, L] without a cache; with one, the pair ([B, L, S] visible old slots — valid and before
-    `index` — , [B, L, L] visible new keys), matching `Attention`'s separate old/new scores.
+    `visible` is a causal `KeyMask` over the row's real tokens without a cache (no [B, L, L] tensor; `kernel`
+    picks the attention kernel); with one, the pair ([B, L, S] visible old slots — valid and before `index`
+    — , [B, L, L] visible new keys), matching `Attention`'s separate old/new scores.
     """
     batch, length = mask_BL.shape
     if cache is None:
-        causal_LS = jnp.arange(length)[:, None] >= jnp.arange(length)[None, :]
-        return mask_BL[:, None, :] & causal_LS[None], None, jnp.zeros((batch,), jnp.int32)
+        return KeyMask(mask_BL, kernel=kernel), None, jnp.zeros((batch,), jnp.int32)
     prior_B = jnp.sum(cache.valid_BS, axis=-1, dtype=jnp.int32)
     valid_BS = jax.lax.dynamic_update_slice_in_dim(cache.valid_BS, mask_BL, cache.index, axis=1)
     old_BS = cache.valid_BS & (jnp.arange(cache.capacity) < cache.index)[None, :]
@@ -290,21 +291,21 @@ def _visibility(mask_BL, cache):
     return (visible_old_BLS, mask_BL[:, None, :] & causal_LL[None]), valid_BS, prior_B
 
 
-def _segmented(visible_BLL, mask_BL, segment_BL):
+def _segmented(visible: KeyMask, mask_BL, segment_BL):
     """(visibility, positions) of packed rows: keys of the query's own segment only; positions counted from
     the segment's first real token,
 
         pos[b, i] = #real tokens in row b up to i  −  #real tokens before the segment of i  −  1.
     """
     chex.assert_shape(segment_BL, mask_BL.shape)
-    same_BLL = segment_BL[:, :, None] == segment_BL[:, None, :]
     counts_BL = jnp.cumsum(mask_BL, axis=-1, dtype=jnp.int32)
     starts_BL = jnp.concatenate([jnp.ones_like(segment_BL[:, :1], bool),
                                  segment_BL[:, 1:] != segment_BL[:, :-1]], axis=-1)
     # counts are non-decreasing along a row, so the running max of (count before the segment) at segment
     # starts is the count before the current segment
     before_BL = jax.lax.cummax(jnp.where(starts_BL, counts_BL - mask_BL.astype(jnp.int32), 0), axis=1)
-    return visible_BLL & same_BLL, jnp.maximum(counts_BL - before_BL - 1, 0)
+    packed = visible.replace(query_segment_BL=segment_BL, key_segment_BS=segment_BL)
+    return packed, jnp.maximum(counts_BL - before_BL - 1, 0)
 
 
 def set_params(model: Transformer, params: dict) -> None:

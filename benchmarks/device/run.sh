@@ -2,18 +2,21 @@
 # The accelerator suite in one command (benchmarks/device/README.md), from the repository root:
 #   bash benchmarks/device/run.sh [--out DIR]        on a lent GPU: <= 8 minutes, wheels carried in .whl/
 #   bash benchmarks/device/run.sh --cpu-dry-run      the same code at tiny shapes on CPU (CI: about a minute)
+#   bash benchmarks/device/run.sh --attention [--out DIR]   attention.py instead of the suite (~3 minutes)
 # DIR defaults to $OUT if set, else benchmarks/device/out. PYTHON picks the interpreter (default python3).
 set -euo pipefail
 START=$(date +%s)
 cd "$(dirname "$0")/../.."
 DRY=0
+MAIN=benchmarks/device/suite.py
 OUT_DIR="${OUT:-benchmarks/device/out}"
 while [ $# -gt 0 ]; do
   case "$1" in
     --cpu-dry-run) DRY=1 ;;
+    --attention) MAIN=benchmarks/device/attention.py ;;
     --out) OUT_DIR="$2"; shift ;;
     --out=*) OUT_DIR="${1#--out=}" ;;
-    -h|--help) sed -n 2,5p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,6p "$0"; exit 0 ;;
     *) echo "run.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -54,4 +57,5 @@ export JAX_COMPILATION_CACHE_DIR="${JAX_COMPILATION_CACHE_DIR:-/tmp/jaxrl-device
 export XLA_PYTHON_CLIENT_MEM_FRACTION="${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.90}"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || true
 echo "run.sh: installed in $(( $(date +%s) - START )) s; $("$PY" -c 'import jax; print(jax.__version__, jax.devices())')"
+if [ "$MAIN" = benchmarks/device/attention.py ]; then exec "$PY" "$MAIN" --out "$OUT_DIR"; fi
 exec "$PY" benchmarks/device/suite.py --out "$OUT_DIR" --started "$START"

@@ -31,6 +31,14 @@ def test_config_json_round_trip_with_nested_and_tuple_fields():
     assert model_io.config_from_json(data) == cfg
 
 
+def test_the_attention_kernel_is_not_saved():
+    """It belongs to the machine (cuDNN on a GPU): a checkpoint written there loads on a CPU with "xla", and
+    `jaxrl.build.build_model` applies the loading machine's `model.attention`."""
+    data = model_io.config_to_json(TransformerConfig.tiny(attention="cudnn"))
+    assert "attention" not in data
+    assert model_io.config_from_json(data).attention == "xla"
+
+
 def test_config_json_rejects_unknown_and_invalid_fields():
     data = model_io.config_to_json(TransformerConfig.tiny())
     with pytest.raises(CheckpointError, match=r"x.json: unknown TransformerConfig fields \['hiden_size'\]"):

@@ -16,11 +16,13 @@ from flax import nnx
 
 from jaxrl.models import Transformer, TransformerConfig, layers
 from jaxrl.models.attention import attend, masked_scores
+from tests.models._dense_attention import dense_visibility
 
 B, L, K, G, H = 4, 13, 2, 3, 8
 
 
 def _dense(q_BLKGH, k_BKSH, v_BKSH, visible_BLS, causal=False):  # reads all keys whatever `causal`
+    visible_BLS = dense_visibility(visible_BLS, q_BLKGH.shape[1])
     probs_BKGLS = jax.nn.softmax(masked_scores(q_BLKGH, k_BKSH, visible_BLS), axis=-1).astype(v_BKSH.dtype)
     return jnp.einsum("BKGLS,BKSH->BLKGH", probs_BKGLS, v_BKSH)
 

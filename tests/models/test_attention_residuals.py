@@ -1,7 +1,7 @@
 """What a training forward keeps for the backward pass: no [.., L, L] float tensor (attention scores or
 probabilities) with or without remat. The dense softmax kept two [B, K, G, L, L] float32 tensors per layer;
-`jaxrl.models.attention.attend` keeps q, k, v, the [B, L, L] bool visibility and per-query statistics, and
-recomputes the probabilities in the backward pass. This is the memory lever for long sequences
+`jaxrl.models.attention.attend` keeps q, k, v, the [B, L] key mask (`KeyMask`: no [B, L, L] visibility,
+bool or not) and per-query statistics, and recomputes the probabilities in the backward pass. This is the memory lever for long sequences
 (benchmarks/RESULTS.md, long prompts); its values and gradients are checked in test_attention_core.py, remat's
 in test_dtypes_remat.py."""
 
@@ -15,6 +15,7 @@ from flax import nnx
 
 from jaxrl.models import Transformer, TransformerConfig, layers
 from jaxrl.models.attention import masked_scores
+from tests.models._dense_attention import dense_visibility
 
 L = 24
 
@@ -36,8 +37,9 @@ def _residuals(remat: str, scan_layers: bool, **changes) -> list[tuple[tuple[int
 
 
 def _square(kept):
-    """Residuals with two axes of length L other than the bool visibility mask ([B, L, L] or [Y, B, L, L])."""
-    return [(s, d) for s, d in kept if list(s).count(L) >= 2 and d != jnp.bool_]
+    """Residuals with two axes of length L, the visibility mask included ([B, L, L] bool was kept per layer
+    before `KeyMask`: 1 GiB per row at 32k tokens)."""
+    return [(s, d) for s, d in kept if list(s).count(L) >= 2]
 
 
 @pytest.mark.parametrize("scan_layers", [True, False])
@@ -51,6 +53,7 @@ def test_no_square_attention_residuals(remat, scan_layers):
 def test_the_check_sees_square_residuals(monkeypatch):
     """The dense softmax (the path `attend` replaced) keeps [B, K, G, L, L] floats; `_square` finds them."""
     def dense(q_BLKGH, k_BKSH, v_BKSH, visible_BLS, causal=False):
+        visible_BLS = dense_visibility(visible_BLS, q_BLKGH.shape[1])
         probs = jax.nn.softmax(masked_scores(q_BLKGH, k_BKSH, visible_BLS), axis=-1).astype(v_BKSH.dtype)
         return jnp.einsum("BKGLS,BKSH->BLKGH", probs, v_BKSH)
 

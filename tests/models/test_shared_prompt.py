@@ -22,6 +22,7 @@ from flax import nnx
 from jaxrl.models import Transformer, TransformerConfig, lora, shared_prompt
 from jaxrl.models.attention import attend, masked_scores
 from jaxrl.models.lora_forward import attach
+from tests.models._dense_attention import dense_visibility
 
 P, G, W, T = 3, 3, 6, 5
 VALUES = dict(rtol=1e-5, atol=1e-6)
@@ -137,6 +138,7 @@ def _float64_layers(monkeypatch):
         return self.weight[...].astype(x.dtype) * (x * inv)
 
     def dense(q, k, v, visible, causal=False, block_q=None):
+        visible = dense_visibility(visible, q.shape[1])
         scores = jnp.einsum("BLKGH,BKSH->BKGLS", q, k) / np.sqrt(q.shape[-1])
         probs = jax.nn.softmax(jnp.where(visible[:, None, None], scores, -1e300), axis=-1)
         return jnp.einsum("BKGLS,BKSH->BLKGH", probs, v)
@@ -202,8 +204,8 @@ def test_the_check_sees_off_by_one_errors(monkeypatch):
     want = np.asarray(unshared_hidden(model, *rows))
     layout, prediction = shared_prompt.layout, shared_prompt.prediction_hidden
 
-    def shifted(*args):
-        tokens, positions, visible = layout(*args)
+    def shifted(*args, **kwargs):
+        tokens, positions, visible = layout(*args, **kwargs)
         return tokens, positions.at[:, W:].add(1), visible
 
     monkeypatch.setattr(shared_prompt, "layout", shifted)

@@ -1,10 +1,14 @@
 """`jaxrl train` checks its inputs before building anything (`jaxrl.run_checks.validate_train`): an HF model
 without tokenizer files (it used to train silently with the 102-character built-in tokenizer), a run
-directory that is a file or lies under one; each is one line, exit 2, and nothing is created."""
+directory that is a file or lies under one, an attention kernel this machine or dtype lacks; each is one
+line, exit 2, and nothing is created."""
 
 import pytest
 
+from jaxrl.build import attention_kernel
 from jaxrl.cli import main
+from jaxrl.config import ModelConfig
+from jaxrl.errors import ConfigError
 from tests.hf._tiny_hf import make_tiny_hf
 from tests.runtime import _trainer as T
 
@@ -45,3 +49,27 @@ def test_run_dir_that_cannot_be_a_directory(tmp_path, capsys, layout, message):
     err = _one_line(capsys)
     assert err.startswith("jaxrl train: error: run directory") and message in err
     assert (tmp_path / "afile").read_text() == "x"
+
+
+@pytest.mark.parametrize("dtype,message", [
+    ("bfloat16", "model.attention: 'cudnn' needs a GPU; this process runs JAX on 'cpu' (allowed here: auto, xla)"),
+    ("float32", "cuDNN flash attention has no float32 kernel: set model.dtype: bfloat16, or model.attention: xla"),
+])
+def test_cudnn_attention_where_it_cannot_run(tmp_path, capsys, dtype, message):
+    cfg = T.write_config(tmp_path)
+    argv = ["train", str(cfg), "--run-dir", str(tmp_path / "run"), "--set", "model.attention=cudnn",
+            "--set", f"model.dtype={dtype}"]
+    assert main(argv) == 2
+    assert message in _one_line(capsys)
+    assert not (tmp_path / "run").exists()
+
+
+def test_auto_attention_picks_cudnn_on_a_gpu_in_bfloat16_only():
+    pick = lambda dtype, backend, attention="auto": attention_kernel(  # noqa: E731
+        ModelConfig(dtype=dtype, attention=attention), backend)
+    assert pick("bfloat16", "gpu") == "cudnn"
+    assert pick("float32", "gpu") == "xla"  # no float32 flash kernel
+    assert pick("bfloat16", "cpu") == pick("bfloat16", "tpu") == "xla"
+    assert pick("bfloat16", "gpu", "xla") == "xla"
+    with pytest.raises(ConfigError, match="allowed values|allowed"):
+        ModelConfig(attention="flash")

@@ -1,0 +1,155 @@
+"""`model.attention: cudnn` (`jaxrl.models.attention_fused`) computes jaxrl's attention, checked on CPU.
+
+cuDNN itself runs only on a GPU (benchmarks/device/attention.py compares it with the blocked core there).
+Here `jax.nn.dot_product_attention(implementation="xla")`, JAX's reference of the same call (same
+arguments: causal, lengths), stands in for the kernel, so that everything jaxrl adds around it is tested
+in float32 against the blocked core (`attention.attend`): the compaction of left-padded, right-padded and
+holed rows, queries after their prompt keys (the shared-prompt completions), GQA head order, the
+unpermutation, and gradients through all of it, for single calls and whole models. Padding queries: 0 here,
+finite garbage in the blocked core; only real positions are compared (nothing reads the others).
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxrl.models import Transformer, TransformerConfig, attention_fused
+from jaxrl.models.attention import KeyMask, attend
+from jaxrl.models.attention_fused import attend_fused, compaction_BS
+from tests.models.test_shared_prompt import _random_model, grouped_rows, unshared_hidden
+
+B, S, K, G, H = 5, 13, 2, 3, 8
+VALUES = dict(rtol=1e-5, atol=1e-6)
+
+
+def _key_mask_BS() -> np.ndarray:
+    """Full; left-padded by 4; right-padded by 5; a hole at 6 (an environment turn's padding); no real key."""
+    mask = np.ones((B, S), bool)
+    mask[1, :4] = False
+    mask[2, -5:] = False
+    mask[3, 6] = False
+    mask[4] = False
+    return mask
+
+
+def _inputs(length: int, seed=0):
+    rng = np.random.default_rng(seed)
+    q = jnp.asarray(rng.normal(size=(B, length, K, G, H)), jnp.float32)
+    k, v = (jnp.asarray(rng.normal(size=(B, K, S, H)), jnp.float32) for _ in range(2))
+    return q, k, v, jnp.asarray(_key_mask_BS())
+
+
+def _fused(q, k, v, mask):
+    return attend_fused(q, k, v, mask, causal=True, kernel="cudnn", implementation="xla")
+
+
+def _blocked(q, k, v, mask):
+    return attend(q, k, v, KeyMask(mask), causal=True, block_q=4)
+
+
+@pytest.mark.parametrize("length", [S, 5, 1])  # self-attention; completions after 8 / 12 prompt keys
+def test_values_and_gradients_equal_the_blocked_core(length):
+    q, k, v, mask = _inputs(length)
+    real_BL = np.asarray(mask[:, S - length:])
+    weights = jnp.asarray(np.random.default_rng(1).normal(size=q.shape), jnp.float32) * real_BL[..., None, None,
+                                                                                                 None]
+
+    def value_and_grads(fn):
+        return jax.jit(jax.value_and_grad(lambda *a: jnp.sum(weights * fn(*a, mask)), argnums=(0, 1, 2)))(q, k, v)
+
+    got_out, want_out = jax.jit(_fused)(q, k, v, mask), jax.jit(_blocked)(q, k, v, mask)
+    np.testing.assert_allclose(np.asarray(got_out)[real_BL], np.asarray(want_out)[real_BL], **VALUES)
+    assert not np.any(np.asarray(got_out)[~real_BL]), "padding queries are 0"
+    (got, got_grads), (want, want_grads) = value_and_grads(_fused), value_and_grads(_blocked)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    for a, b in zip(got_grads, want_grads, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-5)
+        assert np.all(np.isfinite(a))
+    assert float(jnp.max(jnp.abs(want_grads[1]))) > 1e-3  # key gradients are part of the comparison
+
+
+def test_the_check_sees_a_missing_compaction(monkeypatch):
+    """Without compaction the lengths mask the wrong keys of a left-padded or holed row: the values differ."""
+    def identity(mask_BS):
+        perm_BS = jnp.broadcast_to(jnp.arange(mask_BS.shape[1]), mask_BS.shape)
+        return perm_BS, perm_BS, jnp.maximum(jnp.sum(mask_BS, axis=1, dtype=jnp.int32), 1)
+
+    q, k, v, mask = _inputs(S)
+    monkeypatch.setattr(attention_fused, "compaction_BS", identity)
+    real_BL = np.asarray(mask)
+    fused = jax.jit(lambda *a: _fused(*a))  # a new function: jit's cache holds the unpatched trace of _fused
+    diff = np.abs(np.asarray(fused(q, k, v, mask)) - np.asarray(jax.jit(_blocked)(q, k, v, mask)))
+    assert diff[real_BL].max() > 1e-2
+
+
+def test_compaction_puts_real_keys_first_in_order():
+    mask = jnp.asarray(_key_mask_BS())
+    perm, inverse, count = (np.asarray(x) for x in compaction_BS(mask))
+    for row, real in enumerate(np.asarray(mask)):
+        n = int(real.sum())
+        np.testing.assert_array_equal(perm[row, :n], np.flatnonzero(real))
+        np.testing.assert_array_equal(perm[row][inverse[row]], np.arange(S))
+        assert count[row] == max(n, 1)
+
+
+def test_refuses_what_it_cannot_compute():
+    q, k, v, mask = _inputs(S)
+    with pytest.raises(ValueError, match="causal"):
+        attend_fused(q, k, v, mask, causal=False, kernel="cudnn")
+    with pytest.raises(ValueError, match="key slot"):
+        attend_fused(q, k[:, :, :4], v[:, :, :4], mask[:, :4], causal=True, kernel="cudnn")
+
+
+@pytest.fixture
+def cudnn_as_reference(monkeypatch):
+    """`TransformerConfig.attention="cudnn"` runs JAX's XLA reference of the fused call."""
+    monkeypatch.setitem(attention_fused.IMPLEMENTATIONS, "cudnn", "xla")
+
+
+@pytest.mark.parametrize("name,cfg", [
+    ("qwen3_gqa_remat_dots", TransformerConfig.tiny(family="qwen3", qk_norm=True, num_heads=6, num_kv_heads=3,
+                                                   remat="dots")),
+])
+def test_whole_model_unshared_and_shared_prompt(name, cfg, cudnn_as_reference):
+    """Hidden states at real positions and parameter gradients of the unshared forward (left-padded prompts,
+    right-padded completions) and of `forward_groups` (completions after their shared prompt) equal the
+    blocked core's, and both paths still equal each other."""
+    _, params = _random_model(cfg, seed=1)
+    rows = [jnp.asarray(x) for x in grouped_rows(seed=2)]
+    cmask = rows[3]
+    weights = jax.random.normal(jax.random.key(3), (*cmask.shape, cfg.hidden_size))
+
+    def run(kernel, fn):
+        def scalar(p):
+            h = fn(Transformer.from_params(cfg.replace(attention=kernel), p), *rows)
+            return jnp.sum(jnp.where(cmask[:, :, None], weights * h, 0.0)), h
+
+        (_, h), grads = jax.jit(jax.value_and_grad(scalar, has_aux=True))(params)
+        return np.asarray(h)[np.asarray(cmask)], grads
+
+    for fn in (unshared_hidden, Transformer.forward_groups):
+        (h, grads), (want_h, want_grads) = run("cudnn", fn), run("xla", fn)
+        np.testing.assert_allclose(h, want_h, **VALUES, err_msg=f"{name} {fn.__name__}")
+        jax.tree_util.tree_map_with_path(_close, grads, want_grads)
+
+
+def _close(path, got, want):
+    """Gradient atol 1e-6 of the leaf's largest entry, as test_shared_prompt.py (|g| reaches ~50 there)."""
+    scale = max(float(np.max(np.abs(want))), 1.0)
+    np.testing.assert_allclose(got, want, atol=1e-6 * scale, rtol=1e-5, err_msg=jax.tree_util.keystr(path))
+
+
+def test_packed_rows_stay_on_the_blocked_core(cudnn_as_reference):
+    """Segment ids have no `jax.nn.dot_product_attention` argument: packed rows run the blocked core whatever
+    the kernel, so "cudnn" and "xla" give identical bits."""
+    cfg = TransformerConfig.tiny()
+    model = Transformer(cfg, rngs=nnx.Rngs(0))
+    tokens = jnp.asarray(np.random.default_rng(0).integers(3, 64, (2, 12)), jnp.int32)
+    segments = jnp.asarray([[0] * 5 + [1] * 7, [0] * 9 + [1] * 3], jnp.int32)
+    outs = []
+    for kernel in ("cudnn", "xla"):
+        model.cfg = cfg.replace(attention=kernel)
+        outs.append(np.asarray(model.forward(tokens, segment_BL=segments).logits))
+    np.testing.assert_array_equal(*outs)
