@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxrl.models import Transformer, TransformerConfig, layers
-from jaxrl.models.attention import attend, masked_scores
+from jaxrl.models import Transformer, TransformerConfig, attention, layers
+from jaxrl.models.attention import KeyMask, attend, masked_scores
 from tests.models._dense_attention import dense_visibility
 
 B, L, K, G, H = 4, 13, 2, 3, 8
@@ -131,3 +131,40 @@ def test_model_logprobs_and_gradients_equal_the_dense_path(scan_layers, monkeypa
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-5), grad, ref_grad)
     q_grad = grad["layers"]["self_attn"]["q_proj"]["kernel"]
     assert float(jnp.max(jnp.abs(q_grad))) > 1e-4  # attention gradients are part of the comparison
+
+
+@pytest.mark.parametrize("max_groups", [1, 3])
+@pytest.mark.parametrize("visibility,causal", [("dense", False), ("dense", True), ("key_mask_segments", True)])
+def test_blocks_in_loops_equal_the_dense_path(max_groups, visibility, causal, monkeypatch):
+    """More blocks than `MAX_GROUPS` (6 full blocks of 2 queries and a partial one): the blocks of a group run
+    in a `lax.scan`, a causal group reading the keys of its last block; values and gradients are still the
+    dense path's, for a dense visibility and for a `KeyMask` of packed rows."""
+    monkeypatch.setattr(attention, "MAX_GROUPS", max_groups)
+    q, k, v, visible, weights = _inputs(seed=3)
+    if visibility == "key_mask_segments":
+        segment_BL = jnp.asarray(np.repeat(np.arange(3), [5, 4, 4])[None].repeat(B, 0))
+        visible = KeyMask(jnp.asarray(_mask_BL()), segment_BL, segment_BL)
+    fn = functools.partial(attend, block_q=2, causal=causal)
+    np.testing.assert_allclose(_jit_apply(fn, q, k, v, visible), _jit_apply(_dense, q, k, v, visible),
+                               rtol=1e-6, atol=1e-6)
+    val, grads = _jit_value_and_grads(fn, q, k, v, visible, weights)
+    ref_val, ref_grads = _jit_value_and_grads(_dense, q, k, v, visible, weights)
+    np.testing.assert_allclose(val, ref_val, rtol=1e-6)
+    for name, got, want in zip("qkv", grads, ref_grads):
+        assert np.max(np.abs(want)) > 1e-2, name
+        np.testing.assert_allclose(got, want, atol=1e-6, rtol=1e-5, err_msg=name)
+
+
+def test_the_program_stops_growing_with_length():
+    """Forward + backward of 8 blocks has one block body per block; 32 and 128 blocks have `MAX_GROUPS` loop
+    bodies each, so the same number of dots: the compile time no longer grows with L (64 unrolled blocks took
+    70 s to compile on a 2-core CPU at L = 8192)."""
+    def dots(length):
+        q = jax.ShapeDtypeStruct((1, length, 1, 1, 8), jnp.float32)
+        k = jax.ShapeDtypeStruct((1, 1, length, 8), jnp.float32)
+        mask = jax.ShapeDtypeStruct((1, length), jnp.bool_)
+        loss = lambda q, k, v, m: jnp.sum(attend(q, k, v, KeyMask(m), causal=True, block_q=2))  # noqa: E731
+        text = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(q, k, k, mask).as_text()
+        return text.count("dot_general")
+
+    assert dots(16) < dots(64) == dots(256)
