@@ -82,11 +82,13 @@ def model_config(cfg: ModelConfig) -> TransformerConfig:
 
 def attention_kernel(cfg: ModelConfig, backend: str | None = None) -> str:
     """`TransformerConfig.attention` for `model.attention` on `backend` (default: JAX's default backend):
-    "auto" is cuDNN flash attention on a GPU in bfloat16, else jaxrl's blocked XLA core."""
+    "auto" is cuDNN flash attention on a GPU in bfloat16, else jaxrl's blocked XLA core ("splash" on a TPU is
+    opt-in: it is tested in Pallas' interpret mode on CPU, not yet on a TPU)."""
     backend = jax.default_backend() if backend is None else backend
-    if cfg.attention == "cudnn" and backend != "gpu":
-        raise ConfigError(f"model.attention: 'cudnn' needs a GPU; this process runs JAX on {backend!r} "
-                          "(allowed here: auto, xla)")
+    needs = {"cudnn": "gpu", "splash": "tpu"}.get(cfg.attention)
+    if needs is not None and backend != needs:
+        raise ConfigError(f"model.attention: {cfg.attention!r} needs a {needs.upper()}; this process runs JAX on "
+                          f"{backend!r} (allowed here: auto, xla)")
     if cfg.attention == "auto":
         return "cudnn" if backend == "gpu" and cfg.dtype == "bfloat16" else "xla"
     return cfg.attention

@@ -86,7 +86,8 @@ class ModelConfig:
     remat: str = "none"
     scan_layers: bool = True
     # Attention kernel of the full-sequence forward (training, scoring): "xla", jaxrl's blocked core; "cudnn",
-    # cuDNN flash attention (GPU, model.dtype bfloat16); "auto", cudnn on a GPU in bfloat16, else xla.
+    # cuDNN flash attention (GPU, model.dtype bfloat16); "splash", Pallas splash attention (TPU); "auto",
+    # cudnn on a GPU in bfloat16, else xla.
     attention: str = "auto"
     # Upcycle the loaded pre-norm weights into this SiameseNorm variant (same logits at step 0 up to the
     # double-norm factor of `jaxrl.models.upcycle`): "siamese" (post-pre) or "siamese_hybrid" (hybrid-pre).
@@ -109,7 +110,7 @@ class ModelConfig:
         if self.norm is not None:
             _check_choice("model.norm", self.norm, NORMS)
         _check_choice("model.remat", self.remat, REMATS)
-        _check_choice("model.attention", self.attention, ("auto", "xla", "cudnn"))
+        _check_choice("model.attention", self.attention, ("auto", "xla", "cudnn", "splash"))
         _check(self.attention != "cudnn" or self.dtype == "bfloat16", "model.attention", self.attention,
                "cuDNN flash attention has no float32 kernel: set model.dtype: bfloat16, or model.attention: "
                "xla")

@@ -58,8 +58,8 @@ class KeyMask:
     32k tokens the dense mask is 1 GiB per row).
 
     `kernel` picks the attention kernel (`Transformer.forward` sets it from `TransformerConfig.attention`):
-    "xla", the blocked core below; "cudnn", `jax.nn.dot_product_attention`'s fused kernel
-    (`jaxrl.models.attention_fused`; packed segments stay on "xla").
+    "xla", the blocked core below; "cudnn", `jax.nn.dot_product_attention`'s fused kernel (packed segments
+    stay on "xla"); "splash", Pallas splash attention on TPU (`jaxrl.models.attention_fused`).
     """
 
     key_mask_BS: jax.Array
@@ -121,11 +121,14 @@ def attend(q_BLKGH: jax.Array, k_BKSH: jax.Array, v_BKSH: jax.Array, visible_BLS
     if isinstance(visible_BLS, KeyMask):
         chex.assert_shape(visible_BLS.key_mask_BS, (b, k_BKSH.shape[2]))
         chex.assert_type(visible_BLS.key_mask_BS, bool)
-        if visible_BLS.kernel != "xla" and visible_BLS.query_segment_BL is None:
-            from jaxrl.models.attention_fused import attend_fused
+        segmented = visible_BLS.query_segment_BL is not None
+        if visible_BLS.kernel != "xla":
+            from jaxrl.models import attention_fused
 
-            return attend_fused(q_BLKGH, k_BKSH, v_BKSH, visible_BLS.key_mask_BS, causal=causal,
-                                kernel=visible_BLS.kernel)
+            if attention_fused.handles(visible_BLS.kernel, segmented):
+                return attention_fused.attend_fused(q_BLKGH, k_BKSH, v_BKSH, visible_BLS.key_mask_BS,
+                                                    causal=causal, kernel=visible_BLS.kernel,
+                                                    segment_BS=visible_BLS.key_segment_BS)
     else:
         chex.assert_rank(visible_BLS, 3)
         chex.assert_shape(visible_BLS, (b, length, k_BKSH.shape[2]))

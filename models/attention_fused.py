@@ -17,6 +17,15 @@ the query sequence is padded in front with S − L zero queries, whose outputs a
 garbage instead. No real position reads either, so hidden states at real positions agree.
 
 Packed rows (segment ids) stay on the blocked core: `jax.nn.dot_product_attention` takes no segment ids.
+
+**Splash** (TPU): Pallas splash attention (`jax.experimental.pallas.ops.tpu.splash_attention`, the kernel
+MaxText and Tunix use) takes segment ids and a causal mask with an offset, so no compaction is needed: a real
+token's segment is its packed segment (0 in an unpacked row), padding is segment −1, and query l sits at
+key slot S − L + l (`CausalMask(offset=S − L)`). A real query then sees exactly the real keys of its segment
+at slots ≤ its own; a padding query sees padding keys only (output dropped: 0, as with cuDNN). Sequences are
+padded at the end to whole blocks of SPLASH_BLOCK (padding segment), GQA runs as multi-query attention per kv
+head (`make_splash_mqa`), and q is scaled by 1/√H before the kernel, which scales nothing itself. On CPU the
+same kernel runs in Pallas' interpret mode (tests/models/test_attention_fused.py).
 """
 
 from __future__ import annotations
@@ -25,10 +34,17 @@ import chex
 import jax
 import jax.numpy as jnp
 
-KERNELS = ("xla", "cudnn")  # TransformerConfig.attention; "xla" is the blocked core of `attention.attend`
+KERNELS = ("xla", "cudnn", "splash")  # TransformerConfig.attention; "xla": the blocked `attention.attend`
 HALF_DTYPES = ("bfloat16", "float16")  # what cuDNN flash attention computes in
 # what `jax.nn.dot_product_attention` runs for each fused kernel (tests on CPU swap in "xla", JAX's reference)
 IMPLEMENTATIONS = {"cudnn": "cudnn"}
+SPLASH_BLOCK = 128  # query and key block of the splash kernel (TPU lanes); sequences are padded to a multiple
+SPLASH_INTERPRET = {"interpret": False}  # Pallas interpret mode: tests on CPU set True
+
+
+def handles(kernel: str, segmented: bool) -> bool:
+    """Whether `attend_fused` computes this visibility with `kernel` (else the blocked core does)."""
+    return kernel == "splash" or (kernel == "cudnn" and not segmented)
 
 
 def compaction_BS(key_mask_BS: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -46,7 +62,7 @@ def _rows(x_BS__, index_BS):
 
 
 def attend_fused(q_BLKGH, k_BKSH, v_BKSH, key_mask_BS, *, causal: bool, kernel: str,
-                 implementation: str | None = None) -> jax.Array:
+                 implementation: str | None = None, segment_BS=None) -> jax.Array:
     """softmax(q kᵀ / √H + mask) v with `jax.nn.dot_product_attention`, the visibility of a `KeyMask`
     without segments (see the module docstring).
 
@@ -55,9 +71,10 @@ def attend_fused(q_BLKGH, k_BKSH, v_BKSH, key_mask_BS, *, causal: bool, kernel: 
       k_BKSH, v_BKSH: [B, K, S, H] keys (after RoPE) and values, S ≥ L.
       key_mask_BS: [B, S] bool, the real keys.
       causal: must be True (every full-sequence forward of a causal LM).
-      kernel: "cudnn".
+      kernel: "cudnn" or "splash".
       implementation: what `jax.nn.dot_product_attention` runs, default the kernel's own; tests on CPU pass
-        "xla" (JAX's reference of the same call) to check the compaction.
+        "xla" (JAX's reference of the same call) to check the compaction. Not used by splash.
+      segment_BS: None, or [B, S] int segment ids of packed rows (splash only; queries and keys share them).
 
     Returns:
       [B, L, K, G, H] in v's dtype; 0 at padding queries.
@@ -71,6 +88,10 @@ def attend_fused(q_BLKGH, k_BKSH, v_BKSH, key_mask_BS, *, causal: bool, kernel: 
     chex.assert_shape(key_mask_BS, (b, slots))
     if slots < length:
         raise ValueError(f"{length} queries over {slots} keys: a query needs its own key slot")
+    if kernel == "splash":
+        return _attend_splash(q_BLKGH, k_BKSH, v_BKSH, key_mask_BS, segment_BS)
+    if segment_BS is not None:
+        raise ValueError("cudnn attention takes no segment ids: packed rows run the blocked core")
     perm_BS, inverse_BS, count_B = compaction_BS(key_mask_BS)
     q_BLNH = q_BLKGH.reshape(b, length, kv * g, h)  # head n = k·G + g, the grouping jax.nn uses
     if slots > length:
@@ -84,3 +105,38 @@ def attend_fused(q_BLKGH, k_BKSH, v_BKSH, key_mask_BS, *, causal: bool, kernel: 
     real_BL = key_mask_BS[:, slots - length:]
     out_BLNH = jnp.where(real_BL[:, :, None, None], out_BLNH, jnp.zeros((), out_BLNH.dtype))
     return out_BLNH.reshape(b, length, kv, g, h).astype(v_BKSH.dtype)
+
+
+def _attend_splash(q_BLKGH, k_BKSH, v_BKSH, key_mask_BS, segment_BS):
+    """Splash attention of a causal `KeyMask` (module docstring), [B, L, K, G, H], 0 at padding queries."""
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as splash_mask
+
+    b, length, kv, g, h = q_BLKGH.shape
+    slots = k_BKSH.shape[2]
+    padded_l, padded_s = (-(-n // SPLASH_BLOCK) * SPLASH_BLOCK for n in (length, slots))
+    segment_BS = jnp.zeros(key_mask_BS.shape, jnp.int32) if segment_BS is None else segment_BS.astype(jnp.int32)
+    segment_BS = jnp.pad(jnp.where(key_mask_BS, segment_BS, -1), ((0, 0), (0, padded_s - slots)),
+                         constant_values=-1)
+    query_segment_BL = jnp.pad(segment_BS[:, slots - length:slots], ((0, 0), (0, padded_l - length)),
+                               constant_values=-1)
+    scale = jnp.asarray(1.0 / float(h) ** 0.5, q_BLKGH.dtype)
+    q_BKGLH = jnp.pad((q_BLKGH * scale).transpose(0, 2, 3, 1, 4),
+                      ((0, 0), (0, 0), (0, 0), (0, padded_l - length), (0, 0)))
+    k_BKSH, v_BKSH = (jnp.pad(x, ((0, 0), (0, 0), (0, padded_s - slots), (0, 0))) for x in (k_BKSH, v_BKSH))
+    causal = splash_mask.CausalMask((padded_l, padded_s), offset=slots - length)
+    sizes = splash.BlockSizes(block_q=SPLASH_BLOCK, block_kv=SPLASH_BLOCK, block_kv_compute=SPLASH_BLOCK,
+                              block_q_dkv=SPLASH_BLOCK, block_kv_dkv=SPLASH_BLOCK,
+                              block_kv_dkv_compute=SPLASH_BLOCK, block_q_dq=SPLASH_BLOCK, block_kv_dq=SPLASH_BLOCK)
+    kernel = splash.make_splash_mqa(splash_mask.MultiHeadMask([causal] * g), block_sizes=sizes, head_shards=1,
+                                    q_seq_shards=1, interpret=SPLASH_INTERPRET["interpret"])
+
+    def row(q_KGLH, k_KSH, v_KSH, q_seg_L, kv_seg_S):
+        ids = splash.SegmentIds(q=q_seg_L, kv=kv_seg_S)
+        return jax.vmap(lambda q_GLH, k_SH, v_SH: kernel(q_GLH, k_SH, v_SH, segment_ids=ids))(q_KGLH, k_KSH, v_KSH)
+
+    out_BKGLH = jax.vmap(row)(q_BKGLH, k_BKSH, v_BKSH, query_segment_BL, segment_BS)
+    out_BLKGH = out_BKGLH[:, :, :, :length].transpose(0, 3, 1, 2, 4)
+    real_BL = key_mask_BS[:, slots - length:]
+    return jnp.where(real_BL[:, :, None, None, None], out_BLKGH, jnp.zeros((), out_BLKGH.dtype)).astype(
+        v_BKSH.dtype)

@@ -13,7 +13,7 @@ _NORMS = ("pre", "post", "siamese", "siamese_hybrid")
 SIAMESE_NORMS = ("siamese", "siamese_hybrid")  # two residual streams (x, y), merged by norm_x/norm_y
 _DTYPES = ("float32", "bfloat16")
 _REMATS = ("none", "full", "dots")
-_ATTENTIONS = ("xla", "cudnn")  # jaxrl.models.attention_fused.KERNELS
+_ATTENTIONS = ("xla", "cudnn", "splash")  # jaxrl.models.attention_fused.KERNELS
 _FAMILIES = ("llama", "qwen2", "qwen3")
 
 
@@ -65,7 +65,8 @@ class TransformerConfig:
     remat: str = "none"
     scan_layers: bool = True  # False: unroll the layer loop (execution only; parameters are the same)
     # attention kernel of the full-sequence forward (execution only): "xla", the blocked core
-    # (`jaxrl.models.attention`); "cudnn", cuDNN flash attention (`jaxrl.models.attention_fused`, GPU, bf16)
+    # (`jaxrl.models.attention`); "cudnn", cuDNN flash attention (GPU, bf16); "splash", Pallas splash
+    # attention (TPU) (`jaxrl.models.attention_fused`)
     attention: str = "xla"
     max_position_embeddings: int = 4096
     family: str = "llama"

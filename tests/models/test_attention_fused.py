@@ -1,6 +1,7 @@
-"""`model.attention: cudnn` (`jaxrl.models.attention_fused`) computes jaxrl's attention, checked on CPU.
+"""`model.attention: cudnn | splash` (`jaxrl.models.attention_fused`) compute jaxrl's attention, on CPU.
 
-cuDNN itself runs only on a GPU (benchmarks/device/attention.py compares it with the blocked core there).
+cuDNN itself runs only on a GPU (benchmarks/device/attention.py compares it with the blocked core there);
+Pallas splash attention (TPU) runs here in Pallas' interpret mode, the kernel's own code.
 Here `jax.nn.dot_product_attention(implementation="xla")`, JAX's reference of the same call (same
 arguments: causal, lengths), stands in for the kernel, so that everything jaxrl adds around it is tested
 in float32 against the blocked core (`attention.attend`): the compaction of left-padded, right-padded and
@@ -41,16 +42,23 @@ def _inputs(length: int, seed=0):
     return q, k, v, jnp.asarray(_key_mask_BS())
 
 
-def _fused(q, k, v, mask):
-    return attend_fused(q, k, v, mask, causal=True, kernel="cudnn", implementation="xla")
+def _fused(q, k, v, mask, kernel="cudnn"):
+    return attend_fused(q, k, v, mask, causal=True, kernel=kernel, implementation="xla")
+
+
+@pytest.fixture(autouse=True)
+def splash_interpreted(monkeypatch):
+    """Pallas splash attention runs in interpret mode on CPU."""
+    monkeypatch.setitem(attention_fused.SPLASH_INTERPRET, "interpret", True)
 
 
 def _blocked(q, k, v, mask):
     return attend(q, k, v, KeyMask(mask), causal=True, block_q=4)
 
 
+@pytest.mark.parametrize("kernel", ["cudnn", "splash"])
 @pytest.mark.parametrize("length", [S, 5, 1])  # self-attention; completions after 8 / 12 prompt keys
-def test_values_and_gradients_equal_the_blocked_core(length):
+def test_values_and_gradients_equal_the_blocked_core(length, kernel):
     q, k, v, mask = _inputs(length)
     real_BL = np.asarray(mask[:, S - length:])
     weights = jnp.asarray(np.random.default_rng(1).normal(size=q.shape), jnp.float32) * real_BL[..., None, None,
@@ -59,10 +67,11 @@ def test_values_and_gradients_equal_the_blocked_core(length):
     def value_and_grads(fn):
         return jax.jit(jax.value_and_grad(lambda *a: jnp.sum(weights * fn(*a, mask)), argnums=(0, 1, 2)))(q, k, v)
 
-    got_out, want_out = jax.jit(_fused)(q, k, v, mask), jax.jit(_blocked)(q, k, v, mask)
+    fused = lambda q, k, v, mask: _fused(q, k, v, mask, kernel)  # noqa: E731
+    got_out, want_out = jax.jit(fused)(q, k, v, mask), jax.jit(_blocked)(q, k, v, mask)
     np.testing.assert_allclose(np.asarray(got_out)[real_BL], np.asarray(want_out)[real_BL], **VALUES)
     assert not np.any(np.asarray(got_out)[~real_BL]), "padding queries are 0"
-    (got, got_grads), (want, want_grads) = value_and_grads(_fused), value_and_grads(_blocked)
+    (got, got_grads), (want, want_grads) = value_and_grads(fused), value_and_grads(_blocked)
     np.testing.assert_allclose(got, want, rtol=1e-5)
     for a, b in zip(got_grads, want_grads, strict=True):
         np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-5)
@@ -112,7 +121,8 @@ def cudnn_as_reference(monkeypatch):
     ("qwen3_gqa_remat_dots", TransformerConfig.tiny(family="qwen3", qk_norm=True, num_heads=6, num_kv_heads=3,
                                                    remat="dots")),
 ])
-def test_whole_model_unshared_and_shared_prompt(name, cfg, cudnn_as_reference):
+@pytest.mark.parametrize("kernel", ["cudnn", "splash"])
+def test_whole_model_unshared_and_shared_prompt(name, cfg, kernel, cudnn_as_reference):
     """Hidden states at real positions and parameter gradients of the unshared forward (left-padded prompts,
     right-padded completions) and of `forward_groups` (completions after their shared prompt) equal the
     blocked core's, and both paths still equal each other."""
@@ -130,7 +140,7 @@ def test_whole_model_unshared_and_shared_prompt(name, cfg, cudnn_as_reference):
         return np.asarray(h)[np.asarray(cmask)], grads
 
     for fn in (unshared_hidden, Transformer.forward_groups):
-        (h, grads), (want_h, want_grads) = run("cudnn", fn), run("xla", fn)
+        (h, grads), (want_h, want_grads) = run(kernel, fn), run("xla", fn)
         np.testing.assert_allclose(h, want_h, **VALUES, err_msg=f"{name} {fn.__name__}")
         jax.tree_util.tree_map_with_path(_close, grads, want_grads)
 
@@ -141,15 +151,18 @@ def _close(path, got, want):
     np.testing.assert_allclose(got, want, atol=1e-6 * scale, rtol=1e-5, err_msg=jax.tree_util.keystr(path))
 
 
-def test_packed_rows_stay_on_the_blocked_core(cudnn_as_reference):
-    """Segment ids have no `jax.nn.dot_product_attention` argument: packed rows run the blocked core whatever
-    the kernel, so "cudnn" and "xla" give identical bits."""
+def test_packed_rows(cudnn_as_reference):
+    """Segment ids have no `jax.nn.dot_product_attention` argument: with "cudnn" packed rows run the blocked
+    core (identical bits to "xla"); splash takes them (segment ids and padding as segment -1), within 1e-5."""
     cfg = TransformerConfig.tiny()
     model = Transformer(cfg, rngs=nnx.Rngs(0))
     tokens = jnp.asarray(np.random.default_rng(0).integers(3, 64, (2, 12)), jnp.int32)
     segments = jnp.asarray([[0] * 5 + [1] * 7, [0] * 9 + [1] * 3], jnp.int32)
-    outs = []
-    for kernel in ("cudnn", "xla"):
+    mask = jnp.asarray(np.arange(12)[None] < np.array([[12], [10]]))  # the second row ends in padding
+    logits = {}
+    for kernel in ("cudnn", "splash", "xla"):
         model.cfg = cfg.replace(attention=kernel)
-        outs.append(np.asarray(model.forward(tokens, segment_BL=segments).logits))
-    np.testing.assert_array_equal(*outs)
+        logits[kernel] = np.asarray(model.forward(tokens, mask_BL=mask, segment_BL=segments).logits)
+    np.testing.assert_array_equal(logits["cudnn"], logits["xla"])
+    real = np.asarray(mask)
+    np.testing.assert_allclose(logits["splash"][real], logits["xla"][real], **VALUES)

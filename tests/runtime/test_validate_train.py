@@ -71,5 +71,8 @@ def test_auto_attention_picks_cudnn_on_a_gpu_in_bfloat16_only():
     assert pick("float32", "gpu") == "xla"  # no float32 flash kernel
     assert pick("bfloat16", "cpu") == pick("bfloat16", "tpu") == "xla"
     assert pick("bfloat16", "gpu", "xla") == "xla"
+    assert pick("bfloat16", "tpu", "splash") == "splash"
+    with pytest.raises(ConfigError, match="'splash' needs a TPU; this process runs JAX on 'gpu'"):
+        pick("bfloat16", "gpu", "splash")
     with pytest.raises(ConfigError, match="allowed values|allowed"):
         ModelConfig(attention="flash")
