@@ -80,15 +80,21 @@ def model_config(cfg: ModelConfig) -> TransformerConfig:
     return out.replace(norm=cfg.upcycle) if cfg.upcycle else out  # what build_model returns after upcycling
 
 
-def attention_kernel(cfg: ModelConfig, backend: str | None = None) -> str:
+def attention_kernel(cfg: ModelConfig, backend: str | None = None, devices: int | None = None) -> str:
     """`TransformerConfig.attention` for `model.attention` on `backend` (default: JAX's default backend):
     "auto" is cuDNN flash attention on a GPU in bfloat16, else jaxrl's blocked XLA core ("splash" on a TPU is
-    opt-in: it is tested in Pallas' interpret mode on CPU, not yet on a TPU)."""
+    opt-in: it is tested in Pallas' interpret mode on CPU, not yet on a TPU, and runs on one device only: a
+    Pallas call is not partitioned by GSPMD, and wrapping it in `shard_map` over the batch and head axes, as
+    MaxText does, is not done yet)."""
     backend = jax.default_backend() if backend is None else backend
     needs = {"cudnn": "gpu", "splash": "tpu"}.get(cfg.attention)
     if needs is not None and backend != needs:
         raise ConfigError(f"model.attention: {cfg.attention!r} needs a {needs.upper()}; this process runs JAX on "
                           f"{backend!r} (allowed here: auto, xla)")
+    devices = jax.device_count() if devices is None else devices
+    if cfg.attention == "splash" and devices > 1:  # a pallas_call is not partitioned by GSPMD
+        raise ConfigError(f"model.attention: 'splash' runs on one device until it is wrapped in shard_map; this "
+                          f"run has {devices} devices (use auto or xla)")
     if cfg.attention == "auto":
         return "cudnn" if backend == "gpu" and cfg.dtype == "bfloat16" else "xla"
     return cfg.attention

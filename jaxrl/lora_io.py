@@ -24,6 +24,7 @@ B_peftᵀ, with the input / output axes flattened in the order of `jaxrl.models.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -401,7 +402,10 @@ def _rebuild_base(config_file: Path):
 
     cfg = load_config(config_file)
     tokenizer = build.build_tokenizer(cfg.model, cfg.tokenizer)
-    model = build.build_model(cfg.model, vocab_size=len(tokenizer), seed=cfg.train.seed)
+    # the attention kernel the run used (say cudnn on its GPU) is this machine's choice here: it changes no
+    # parameter
+    model_cfg = dataclasses.replace(cfg.model, attention="auto")
+    model = build.build_model(model_cfg, vocab_size=len(tokenizer), seed=cfg.train.seed)
     what = cfg.model.preset or cfg.model.hf_path or cfg.model.checkpoint
     return model, tokenizer, f"{what} (train.seed {cfg.train.seed}, rebuilt from {config_file})"
 

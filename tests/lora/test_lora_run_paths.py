@@ -76,3 +76,15 @@ def test_what_cannot_be_resolved_is_one_line(run, tmp_path, capsys):
     assert main(["sample", "--checkpoint", str(run_dir / "checkpoints" / "5"), "--prompt", "x"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and f"--checkpoint {run_dir}" in err, err
+
+
+def test_a_run_trained_with_cudnn_attention_exports_on_a_cpu(run, tmp_path):
+    """The attention kernel of the run's config (cuDNN on its GPU) changes no parameter: rebuilding the preset
+    base here picks this machine's kernel instead of refusing the config."""
+    run_dir, _ = run
+    gpu_run = tmp_path / "gpu_run"
+    shutil.copytree(run_dir, gpu_run)
+    cfg = load_config(gpu_run / "config.yaml", ["model.attention=cudnn", "model.dtype=bfloat16"])
+    (gpu_run / "config.yaml").write_text(dump_config(cfg))
+    model, _ = lora_io.merged_model(gpu_run)  # the base fingerprint still matches
+    assert model.cfg.attention == "xla"

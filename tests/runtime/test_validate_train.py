@@ -65,8 +65,8 @@ def test_cudnn_attention_where_it_cannot_run(tmp_path, capsys, dtype, message):
 
 
 def test_auto_attention_picks_cudnn_on_a_gpu_in_bfloat16_only():
-    pick = lambda dtype, backend, attention="auto": attention_kernel(  # noqa: E731
-        ModelConfig(dtype=dtype, attention=attention), backend)
+    pick = lambda dtype, backend, attention="auto", devices=1: attention_kernel(  # noqa: E731
+        ModelConfig(dtype=dtype, attention=attention), backend, devices)
     assert pick("bfloat16", "gpu") == "cudnn"
     assert pick("float32", "gpu") == "xla"  # no float32 flash kernel
     assert pick("bfloat16", "cpu") == pick("bfloat16", "tpu") == "xla"
@@ -74,5 +74,8 @@ def test_auto_attention_picks_cudnn_on_a_gpu_in_bfloat16_only():
     assert pick("bfloat16", "tpu", "splash") == "splash"
     with pytest.raises(ConfigError, match="'splash' needs a TPU; this process runs JAX on 'gpu'"):
         pick("bfloat16", "gpu", "splash")
+    with pytest.raises(ConfigError, match="'splash' runs on one device until it is wrapped in shard_map; this "
+                                          "run has 8 devices"):
+        pick("bfloat16", "tpu", "splash", devices=8)
     with pytest.raises(ConfigError, match="allowed values|allowed"):
         ModelConfig(attention="flash")
