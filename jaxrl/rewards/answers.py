@@ -153,18 +153,25 @@ def gold_answer(reference: object) -> str:
 
 def math_answer(
     prompts: list[str], completions: list[str], *, answer: list, use_math_verify: bool = True,
-    tags_only: bool = False
+    tags_only: bool = False, literal: bool = True
 ) -> list[float]:
     """1.0 where the completion's final answer equals the `answer` field mathematically, else 0.0.
 
-    `tags_only`: only an answer inside `<answer></answer>` counts (untagged text scores 0)."""
+    `tags_only`: only an answer inside `<answer></answer>` counts (untagged text scores 0).
+    `literal` (default): where the reference is a number, the answer must be a number too (`parse_number`: an
+    integer, decimal, fraction or percentage); an expression equal in value scores 0. Without it math-verify
+    evaluates the expression, and a policy can copy the question into the answer: SmolLM2-135M on
+    reasoning-gym arithmetic learned "<answer>-4 + -4 * 4</answer>" for "Calculate -4 + -4 * 4." within 40
+    GRPO steps (configs/smollm2_basic_arithmetic.yaml). References that are not numbers (expressions, sets,
+    intervals) are compared by math-verify either way."""
     del prompts
     out = []
     for completion, ref in zip(completions, answer, strict=True):
-        pred = extract_answer(completion, tags_only=tags_only)
-        out.append(
-            float(pred is not None and math_equal(gold_answer(ref), pred, use_math_verify=use_math_verify))
-        )
+        pred, gold = extract_answer(completion, tags_only=tags_only), gold_answer(ref)
+        if pred is not None and literal and parse_number(gold) is not None and parse_number(pred) is None:
+            out.append(0.0)
+            continue
+        out.append(float(pred is not None and math_equal(gold, pred, use_math_verify=use_math_verify)))
     return out
 
 

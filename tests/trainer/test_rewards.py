@@ -114,6 +114,18 @@ def test_math_and_exact_answer():
     assert exact_answer([""], ["<answer> Paris </answer>"], answer=["paris"]) == [1.0]
 
 
+def test_math_answer_does_not_reward_the_question_copied_as_an_expression():
+    """SmolLM2 on reasoning-gym arithmetic learned to answer "Calculate -4 + -4 * 4." with the expression
+    itself, which math-verify evaluates to the reference. With a numeric reference the answer must be a
+    number (`literal`, the default); `literal: false` keeps math-verify's evaluation; a reference that is not
+    a number is still compared by math-verify."""
+    copied = ["<answer>-4 + -4 * 4</answer>", "<answer>-20</answer>", "<answer>-20.0</answer>",
+              "<answer>\\frac{-40}{2}</answer>"]
+    assert math_answer([""] * 4, copied, answer=["-20"] * 4) == [0.0, 1.0, 1.0, 1.0]
+    assert math_answer([""] * 4, copied, answer=["-20"] * 4, literal=False) == [1.0, 1.0, 1.0, 1.0]
+    assert math_answer([""], ["<answer>x^2 + 2x + 1</answer>"], answer=["(x+1)^2"]) == [1.0]
+
+
 def test_format_reward():
     c = [
         "<think>x</think><answer>1</answer>",
