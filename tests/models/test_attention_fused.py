@@ -164,3 +164,21 @@ def test_packed_rows(cudnn_as_reference):
     np.testing.assert_array_equal(logits["cudnn"], logits["xla"])
     real = np.asarray(mask)
     np.testing.assert_allclose(logits["splash"][real], logits["xla"][real], **VALUES)
+
+
+def test_splash_queries_padded_past_a_whole_block_of_real_keys():
+    """S = SPLASH_BLOCK real keys and L = 5 queries: the 123 queries padded up to the block see no key of their
+    own (padding) segment at all. Their rows must not turn into NaN that the backward pass would spread into
+    dK and dV: values and gradients equal the blocked core's."""
+    rng = np.random.default_rng(4)
+    slots, length = attention_fused.SPLASH_BLOCK, 5
+    q = jnp.asarray(rng.normal(size=(1, length, 1, 2, H)), jnp.float32)
+    k, v = (jnp.asarray(rng.normal(size=(1, 1, slots, H)), jnp.float32) for _ in range(2))
+    mask = jnp.ones((1, slots), bool)
+
+    def grads(kernel):
+        loss = lambda q, k, v: jnp.sum(jnp.sin(attend(q, k, v, KeyMask(mask, kernel=kernel), causal=True)))  # noqa
+        return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
+
+    for got, want in zip(grads("splash"), grads("xla"), strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-6, rtol=1e-5)
