@@ -65,14 +65,17 @@ def report(runs: Path, methods, seeds, steps: int) -> str:
         evals = sorted({r["step"] for rows in done.values() for r in rows if "eval/accuracy" in r})
         acc_SE = np.asarray([[next(r["eval/accuracy"] for r in rows if r["step"] == e and "eval/accuracy" in r)
                               for e in evals] for rows in done.values()])
-        reward_ST = np.asarray([[next(r["reward/answer/mean"] for r in rows if r["step"] == t
-                                      and "reward/answer/mean" in r) for t in range(1, steps + 1)]
-                                for rows in done.values()])
+        series = {key: np.asarray([[next(r[key] for r in rows if r["step"] == t and key in r)
+                                    for t in range(1, steps + 1)] for rows in done.values()])
+                  for key in ("reward/answer/mean", "reward/format/mean", "response_length/mean")}
+        reward_ST = series["reward/answer/mean"]
         step_s = [np.median([r["time/step"] for r in rows if "time/step" in r]) for rows in done.values()]
         accs[method] = acc_SE
-        curves[method] = reward_ST
+        curves[method] = series
         raw[method] = {"seeds": sorted(done), "eval_steps": evals, "accuracy": acc_SE.tolist(),
-                       "train_answer_reward": reward_ST.tolist(), "median_step_s": step_s}
+                       "train_answer_reward": reward_ST.tolist(),
+                       "train_format_reward": series["reward/format/mean"].tolist(),
+                       "response_length": series["response_length/mean"].tolist(), "median_step_s": step_s}
         for e, column in zip(evals, acc_SE.T):
             table.append([method, e, len(done), seed_stats(column).cell()])
         gain = acc_SE[:, -1] - acc_SE[:, 0]
@@ -80,14 +83,19 @@ def report(runs: Path, methods, seeds, steps: int) -> str:
     write_text(DOCS / "smollm2_reasoning.json", json.dumps(raw, indent=1))
     if curves:
         window = lambda v: np.stack([np.convolve(r, np.ones(5) / 5, mode="valid") for r in v])  # noqa: E731
-        plot_curves(DOCS / "smollm2_reasoning.png",
-                    {"training answer reward (5-step mean)": {m: window(v) for m, v in curves.items()}},
+        panels = {f"training {title} (5-step mean)": {m: window(v[key]) for m, v in curves.items()}
+                  for title, key in (("answer reward", "reward/answer/mean"),
+                                     ("format reward", "reward/format/mean"),
+                                     ("completion tokens", "response_length/mean"))}
+        plot_curves(DOCS / "smollm2_reasoning.png", panels,
                     xlabel="step (end of the 5-step window)", x=np.arange(5, steps + 1),
                     note="SmolLM2-135M-Instruct, GRPO, reasoning-gym basic_arithmetic; band = min..max over seeds")
     text = ("# SmolLM2-135M-Instruct on reasoning-gym basic_arithmetic (issue 32 item 4)\n\n"
             f"`python experiments/smollm2_reasoning.py` ({CONFIG}); held-out greedy accuracy on 64 problems, "
             "mean ± std [min, max] over seeds.\n\n"
-            + markdown_table(["method", "eval step", "seeds", "held-out accuracy"], table))
+            + markdown_table(["method", "eval step", "seeds", "held-out accuracy"], table)
+            + "\nTraining curves (answer and format rewards, completion length): smollm2_reasoning.png; every "
+            "number per seed: smollm2_reasoning.json. The README's \"A real model\" section reads them.\n")
     write_text(DOCS / "smollm2_reasoning.md", text)
     return text
 
