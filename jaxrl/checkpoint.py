@@ -143,6 +143,7 @@ class Checkpointer:
         except Exception as e:  # noqa: BLE001 -- re-raised unless it is a full disk
             if not disk_full(e):
                 raise
+            _drain_background_writers()
             kept = [n for n in self.manager.all_steps() if n != step]
             intact = f"step {max(kept)} is the newest intact checkpoint" if kept else "no earlier checkpoint"
             raise CheckpointError(
@@ -249,6 +250,22 @@ class Checkpointer:
 
 
 _NO_SPACE = ("No space left on device", "Disk quota exceeded")
+_DRAIN_S = 60.0
+
+
+def _drain_background_writers(timeout_s: float = _DRAIN_S) -> None:
+    """Waits (at most `timeout_s` in all) for orbax's save threads that are still running after one of them failed.
+
+    Orbax stops waiting at the first failed commit; the others (e.g. `write_metadata_after_commits`) keep going.
+    Left running, they meet interpreter shutdown after jaxrl has exited with its one line, and print a traceback
+    ("cannot schedule new futures after interpreter shutdown"): Python stops thread pools before it joins
+    non-daemon threads.
+    """
+    deadline = time.monotonic() + timeout_s
+    for thread in threading.enumerate():
+        if thread is threading.current_thread() or not type(thread).__module__.startswith("orbax."):
+            continue
+        thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def disk_full(exc: BaseException) -> bool:
