@@ -44,4 +44,5 @@ print(json.dumps({
     "global_devices": jax.device_count(), "psum": float(np.asarray(psum.addressable_data(0))),
     "local_rows": local_rows, "restored_ok": bool(restored_ok), "primary": distributed.is_primary(),
 }), flush=True)
+ckptr.close()  # no orbax thread left running into interpreter shutdown
 jax.distributed.shutdown()

@@ -77,17 +77,22 @@ def _run_two(worker: Path, tmp_path, timeout: float) -> list[dict]:
         )
         for pid in range(2)
     ]
-    outs = []
+    deadline = time.monotonic() + timeout
+    done = []
     for p in procs:
         try:
-            out, err = p.communicate(timeout=timeout)
+            done.append(p.communicate(timeout=max(1.0, deadline - time.monotonic())))
         except subprocess.TimeoutExpired:
             for q in procs:
                 q.kill()
-            raise
-        assert p.returncode == 0, err[-3000:]
-        outs.append(json.loads(out.strip().splitlines()[-1]))
-    return outs
+            tails = [f"process {i}: {q.communicate()[1][-1500:]}" for i, q in enumerate(procs)]
+            raise AssertionError(f"the 2-process group did not finish within {timeout} s; " + "\n".join(tails))
+    for pid, (p, (out, err)) in enumerate(zip(procs, done)):  # both processes' logs on any failure
+        assert p.returncode == 0, f"process {pid} exited {p.returncode}: " + "\n".join(
+            f"process {i} stderr: {e[-1500:]}" for i, (_, e) in enumerate(done))
+        lines = out.strip().splitlines()
+        assert lines, f"process {pid} printed nothing: {err[-1500:]}"
+    return [json.loads(out.strip().splitlines()[-1]) for out, _ in done]
 
 
 def test_two_processes_psum_and_orbax_roundtrip(tmp_path):
