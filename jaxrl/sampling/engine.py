@@ -170,12 +170,22 @@ def _pin_cache(cache: KVCache, pin) -> KVCache:
 
 _STATIC = ("graphdef", "num_samples", "gen_width", "greedy", "top_k", "use_top_p", "per_layer", "constrain")
 rollout = jax.jit(_rollout, static_argnames=_STATIC)
-# Region-based copy insertion: per-layer decode step 37 -> 33 ms for SmolLM2 at B=16 on a 2-core CPU (no more
-# per-step copies of the per-layer cache buffers; benchmarks/RESULTS.md). It made the layer scan no faster.
-_CPU_PER_LAYER_OPTIONS = {"xla_cpu_copy_insertion_use_region_analysis": True}
-_rollout_cpu_per_layer = jax.jit(_rollout, static_argnames=_STATIC, compiler_options=_CPU_PER_LAYER_OPTIONS)
+# XLA:CPU options of the decode programs (benchmarks/RESULTS.md, "CPU decode"):
+# * YNNPACK library fusions off: XLA:CPU hands each decode-step dot to YNNPACK, whose MLP down projection of a
+#   few rows ([B, 384] x [384, 128] on the 4-layer test model) took 23 ms a call inside the decode loop, where
+#   XLA's own dot takes well under 1 ms; a 56-token rollout of 128 rows 5.7 -> 1.1 s, a tiny-model RL step
+#   7.3 -> 1.9 s of generation (2-core AMD EPYC); SmolLM2-135M at 16 rows 7.0 -> 6.4 s. Training programs
+#   keep YNNPACK (their dots have thousands of rows; the warm start is as fast either way).
+# * Region-based copy insertion (per-layer programs): per-layer decode step 37 -> 33 ms for SmolLM2 at B=16 on
+#   a 2-core CPU (no more per-step copies of the per-layer cache buffers). It made the layer scan no faster.
+CPU_DECODE_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
+CPU_PER_LAYER_OPTIONS = {**CPU_DECODE_OPTIONS, "xla_cpu_copy_insertion_use_region_analysis": True}
+_rollout_cpu = jax.jit(_rollout, static_argnames=_STATIC, compiler_options=CPU_DECODE_OPTIONS)
+_rollout_cpu_per_layer = jax.jit(_rollout, static_argnames=_STATIC, compiler_options=CPU_PER_LAYER_OPTIONS)
 
 
 def rollout_for(*, on_cpu: bool, per_layer: bool):
-    """The compiled `rollout` to call: the CPU per-layer program has its own compiler options."""
-    return _rollout_cpu_per_layer if on_cpu and per_layer else rollout
+    """The compiled `rollout` to call: CPU programs have their own compiler options."""
+    if not on_cpu:
+        return rollout
+    return _rollout_cpu_per_layer if per_layer else _rollout_cpu

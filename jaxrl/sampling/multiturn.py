@@ -52,7 +52,7 @@ from flax import nnx
 from jaxrl.models import KVCache
 from jaxrl.sampling import filters
 from jaxrl.sampling.batching import DEFAULT_GEN_BUCKETS, DEFAULT_PROMPT_BUCKETS, bucket, left_pad
-from jaxrl.sampling.engine import _CPU_PER_LAYER_OPTIONS, _last_logits, _pin_cache
+from jaxrl.sampling.engine import CPU_DECODE_OPTIONS, CPU_PER_LAYER_OPTIONS, _last_logits, _pin_cache
 from jaxrl.sharding import hosts
 
 MODES = ("reprefill", "continue")
@@ -171,8 +171,9 @@ def _turn(graphdef, state, cache, chunk_NW, chunk_mask_NW, key, rows_N, temperat
 
 _STATIC = ("graphdef", "gen_width", "greedy", "top_k", "use_top_p", "per_layer", "capacity", "keep_cache")
 _turn_jit = jax.jit(_turn, static_argnames=_STATIC, donate_argnames=("cache",))
-_turn_cpu = jax.jit(_turn, static_argnames=_STATIC, donate_argnames=("cache",),
-                    compiler_options=_CPU_PER_LAYER_OPTIONS)
+_turn_cpu = jax.jit(_turn, static_argnames=_STATIC, donate_argnames=("cache",), compiler_options=CPU_DECODE_OPTIONS)
+_turn_cpu_per_layer = jax.jit(_turn, static_argnames=_STATIC, donate_argnames=("cache",),
+                              compiler_options=CPU_PER_LAYER_OPTIONS)
 
 
 class TurnDecoder:
@@ -227,7 +228,7 @@ class TurnDecoder:
         devices = leaf.devices() if isinstance(leaf, jax.Array) else jax.devices()
         on_cpu = all(d.platform == "cpu" for d in devices)
         self.per_layer = on_cpu if per_layer is None else bool(per_layer)
-        self._fn = _turn_cpu if on_cpu and self.per_layer else _turn_jit
+        self._fn = (_turn_cpu_per_layer if self.per_layer else _turn_cpu) if on_cpu else _turn_jit
         self._cache, self._index = None, 0
         self._fed: list[list[int]] = [[] for _ in range(self.num_rows)]  # tokens in each row's cache
         self.stats = {"prefill_tokens": 0, "compactions": 0}  # prefill: the owned rows' tokens

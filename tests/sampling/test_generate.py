@@ -219,3 +219,24 @@ def test_same_tokens_on_one_and_eight_devices(model):
 def test_bad_input_is_a_clear_error(model, prompts, kwargs, match):
     with pytest.raises(ValueError, match=match):
         sampling.generate(model, prompts, **{"max_new_tokens": 4, **kwargs})
+
+
+
+def test_cpu_decode_programs_leave_dots_to_xla(model):
+    """The CPU rollout programs (per-layer and layer scan) are compiled without YNNPACK library fusions
+    (`engine.CPU_DECODE_OPTIONS`): inside the decode loop YNNPACK took 23 ms per few-row MLP dot that XLA's own
+    dot does in well under 1 ms (benchmarks/RESULTS.md). The default program, as a control, does hand dots to
+    YNNPACK on this CPU."""
+    from jaxrl.sampling import engine
+
+    graphdef, state = nnx.split(model)
+    args = (graphdef, state, jnp.ones((2, 8), jnp.int32), jnp.ones((2, 8), bool), jax.random.key(0),
+            jnp.float32(1.0), jnp.float32(1.0), jnp.int32(4), jnp.asarray([1], jnp.int32), jnp.int32(0))
+    static = dict(num_samples=2, gen_width=4, greedy=False, top_k=None, use_top_p=False)
+
+    def hlo(fn, per_layer: bool) -> str:
+        return fn.lower(*args, per_layer=per_layer, **static).compile().as_text()
+
+    for per_layer in (True, False):
+        assert "ynn_fusion" not in hlo(engine.rollout_for(on_cpu=True, per_layer=per_layer), per_layer)
+    assert "ynn_fusion" in hlo(engine.rollout, False)
