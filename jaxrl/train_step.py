@@ -282,7 +282,7 @@ def train_step(state: TrainState, batch: TrainBatch, base=None, *, graphdef, spe
 # XLA:CPU: let YNNPACK fuse each dot with its elementwise neighbours (the default calls the library for the
 # bare dot). The weight-gradient dots then read their token-major operands through the fusion instead of
 # after a separate transposing elementwise pass: 13% faster update of the benchmark model on a 2-core CPU.
-# The sampler keeps the default, under which decode measured faster (benchmarks/RESULTS.md).
+# The decode programs compile with no YNNPACK fusion (`jaxrl.sampling.engine.CPU_DECODE_OPTIONS`: its few-row dots).
 _CPU_UPDATE_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_DOT"}
 # Shared-prompt batches (`TrainBatch.group` > 1) compile with no YNNPACK fusion at all: with it (the option
 # above or XLA's default set) jaxlib 0.10.2 segfaults inside a YNNPACK dot kernel for some grouped shapes

@@ -174,8 +174,8 @@ rollout = jax.jit(_rollout, static_argnames=_STATIC)
 # * YNNPACK library fusions off: XLA:CPU hands each decode-step dot to YNNPACK, whose MLP down projection of a
 #   few rows ([B, 384] x [384, 128] on the 4-layer test model) took 23 ms a call inside the decode loop, where
 #   XLA's own dot takes well under 1 ms; a 56-token rollout of 128 rows 5.7 -> 1.1 s, a tiny-model RL step
-#   7.3 -> 1.9 s of generation (2-core AMD EPYC); SmolLM2-135M at 16 rows 7.0 -> 6.4 s. Training programs
-#   keep YNNPACK (their dots have thousands of rows; the warm start is as fast either way).
+#   7.3 -> 1.9 s of generation (2-core AMD EPYC); SmolLM2-135M's shape at 16 rows 5.0 -> 4.5 s, at 64 rows
+#   the same. Training programs keep YNNPACK dot fusions (`train_step.update_compiler_options`).
 # * Region-based copy insertion (per-layer programs): per-layer decode step 37 -> 33 ms for SmolLM2 at B=16 on
 #   a 2-core CPU (no more per-step copies of the per-layer cache buffers). It made the layer scan no faster.
 CPU_DECODE_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
