@@ -5,7 +5,8 @@
 
 Both programs are the same `jaxrl.sampling.engine._rollout` (per-layer decode, as on CPU by default, both with
 region-based copy insertion), compiled once each, then timed round-robin for `--repeats` rounds on the same
-prompts and seed; the best round of each is reported, with their ratio. Random-init weights: decode cost does not depend on the values (the tokens may).
+prompts and seed; the best round of each is reported, with their ratio. Random-init weights: decode cost does
+not depend on the values (the tokens may).
 """
 
 from __future__ import annotations
