@@ -18,7 +18,8 @@ from tests._xla import xla_flags
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
-CACHE = ROOT / ".cache" / "jax_train_tests"
+# the suite's one compilation cache (the Makefile sets it), or a cache of its own when run without `make test`
+CACHE = Path(os.environ.get("JAX_COMPILATION_CACHE_DIR") or ROOT / ".cache" / "jax")
 
 # Two rewards (so gdpo/gd2po apply) that vary inside a group on an untrained model.
 REWARDS = ("rewards=[{name: digits, type: function, function: '_train_rewards:digit_frac'},"
@@ -45,7 +46,9 @@ def env(fast_compile: bool = True) -> dict[str, str]:
              JAX_PLATFORMS="cpu",
              JAX_COMPILATION_CACHE_DIR=str(CACHE), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
              JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-             HF_DATASETS_OFFLINE="1", PYTHONPATH=os.pathsep.join([str(HERE), e.get("PYTHONPATH", "")]))
+             HF_DATASETS_OFFLINE="1",
+             # the helpers here and the repository (`tests._xla`) first, then the caller's path, if any
+             PYTHONPATH=os.pathsep.join([str(HERE), str(ROOT), *filter(None, [e.get("PYTHONPATH")])]))
     return e
 
 
