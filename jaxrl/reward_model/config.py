@@ -2,7 +2,7 @@
 
 The model, tokenizer, optimiser, checkpoint and logging sections are the same dataclasses as `jaxrl train`'s
 (`jaxrl.config`); `data`, `debias` and `train` are specific to reward-model training. The YAML <-> dataclass
-machinery (unknown keys with close matches, dotted overrides, type checks) is `jaxrl._config_io`.
+machinery (unknown keys with close matches, dotted overrides, type checks) is `jaxrl.config.io`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 
-from jaxrl._config_io import dump_yaml_config, load_yaml_config
+from jaxrl.config.io import dump_yaml_config, load_yaml_config
 from jaxrl.config import CheckpointConfig, LoggingConfig, ModelConfig, OptimizerConfig, TokenizerConfig
 from jaxrl.errors import ConfigError
 

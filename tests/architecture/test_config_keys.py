@@ -20,7 +20,7 @@ from jaxrl.config import ExperimentConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 READERS = ("jaxrl", "models", "losses", "sharding")
-CONFIG_MODULES = {"jaxrl/config.py", "jaxrl/algorithm_config.py", "jaxrl/_config_io.py"}
+CONFIG_MODULES = {f"jaxrl/config/{m}.py" for m in ("__init__", "io", "model", "sources", "algorithm", "training", "experiment")}
 
 
 def schema_keys(cls, prefix: str = "") -> list[tuple[str, str]]:

@@ -1,4 +1,5 @@
-"""Generic mapping between nested YAML data and frozen config dataclasses (private helper of `jaxrl.config`).
+"""Generic mapping between nested YAML data and frozen config dataclasses: the machinery of `jaxrl.config` and of
+`jaxrl train-rm`'s config (`jaxrl.reward_model.config`).
 
 Supported field types: `bool`, `int`, `float`, `str`, `Enum` subclasses, `X | None`, `tuple[X, ...]`,
 `dict[str, Any]`, `Any` and nested dataclasses. Every error is a `ConfigError` naming the full dotted key.
