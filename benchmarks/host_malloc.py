@@ -1,4 +1,5 @@
-"""Peak RSS and step time of short `jaxrl train` runs under each `JAXRL_HOST_MALLOC` mode (jaxrl/host_memory.py).
+"""Peak RSS and step time of short `jaxrl train` runs under each `JAXRL_HOST_MALLOC` mode
+(jaxrl/runtime/host_memory.py).
 
     .venv/bin/python benchmarks/host_malloc.py [CONFIG] [--steps 2] [--rounds 1] [--modes keep,default]
         [--set KEY=VALUE ...]
@@ -39,7 +40,7 @@ def run_once(config: str, mode: str, steps: int, overrides: list[str], workdir: 
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     rows = [r for r in rows if r["step"] > 0]
     stages = ("generation", "reward", "env", "old_logprobs", "ref_logprobs", "update", "weight_sync")
-    step_s = [sum(r[f"time/{k}"] for k in stages) for r in rows]  # the step's stages (`jaxrl.step_time`)
+    step_s = [sum(r[f"time/{k}"] for k in stages) for r in rows]  # the step's stages (`jaxrl.runtime.step_time`)
     rollout_s = [r["time/generation"] + r["time/reward"] + r["time/env"] for r in rows]
     return dict(mode=mode, peak_rss_gib=usage.ru_maxrss / 2**20, step_s=step_s,
                 update_s=[r["time/update"] for r in rows], rollout_s=rollout_s)

@@ -25,7 +25,7 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from jaxrl import host_memory  # noqa: E402
+from jaxrl.runtime import host_memory  # noqa: E402
 
 host_memory.configure_from_env()  # what the `jaxrl` CLI does before importing jax
 
@@ -53,7 +53,7 @@ def hf_model(name: str):
 
     torch.manual_seed(0)
     if name == "smollm2":
-        from jaxrl.gguf import ensure_smollm2_hf_dir
+        from jaxrl.io.gguf import ensure_smollm2_hf_dir
 
         path = ensure_smollm2_hf_dir("float32")
         return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval(), path
@@ -135,7 +135,7 @@ def decode_bytes(hf, batch: int, avg_context: float) -> tuple[int, int]:
 
 def load_both(name: str):
     """(torch model, jaxrl model) with identical fp32 weights; a random model goes through a saved HF dir."""
-    from jaxrl.model_io import load_model
+    from jaxrl.io.model_io import load_model
 
     hf, path = hf_model(name)
     if path is None:

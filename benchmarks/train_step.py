@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/train_step.py [--batch 16] [--prompt 32] [--completion 96] [--group 1]
         [--steps 5] [--rounds 1] [--shape tiny|smollm2]
 
-Same model (a Llama-architecture transformer written once with `jaxrl.hf.save_pretrained` and loaded by both
+Same model (a Llama-architecture transformer written once with `jaxrl.io.hf.save_pretrained` and loaded by both
 sides), same batch (B rows of prompt + completion tokens, random advantages, old log-probs, masks), same loss
 (token-mean clipped surrogate, ε = 0.2, β = 0: TRL `loss_type="bnpo"`), same optimiser (AdamW, clip norm 1).
 With `--group G` > 1 the batch is GRPO-shaped: G consecutive rows share one prompt (same tokens, same left
@@ -117,13 +117,13 @@ def _peak_rss_mib() -> float:
 
 
 def run_jaxrl(model_dir: str, args, out) -> None:
-    from jaxrl import host_memory
+    from jaxrl.runtime import host_memory
 
     host_memory.configure_from_env()  # what the `jaxrl` CLI does before importing jax
     import jax
     from flax import nnx
 
-    from jaxrl import hf
+    from jaxrl.io import hf
     from jaxrl.train_step import LossSpec
 
     model = hf.from_pretrained(model_dir)
@@ -268,7 +268,7 @@ def main(argv=None) -> int:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     from flax import nnx
 
-    from jaxrl import hf
+    from jaxrl.io import hf
     from jaxrl.models import Transformer, TransformerConfig
 
     with tempfile.TemporaryDirectory() as tmp:

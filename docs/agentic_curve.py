@@ -30,7 +30,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from jaxrl.metrics import read_metrics  # noqa: E402
+from jaxrl.runtime.metrics import read_metrics  # noqa: E402
 
 
 def series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:

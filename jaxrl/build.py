@@ -66,7 +66,7 @@ def model_config(cfg: ModelConfig) -> TransformerConfig:
     """The TransformerConfig a `model:` section describes, read without loading any weights."""
     if cfg.preset is not None:
         return preset_config(cfg)
-    from jaxrl import model_io
+    from jaxrl.io import model_io
 
     if cfg.hf_path is not None:
         file = Path(cfg.hf_path).expanduser() / "config.json"
@@ -103,7 +103,8 @@ def attention_kernel(cfg: ModelConfig, backend: str | None = None, devices: int 
 def build_tokenizer(model_cfg: ModelConfig, tok_cfg: TokenizerConfig):
     """The tokenizer: the config's, else the one saved with the HF directory / jaxrl checkpoint, else the
     built-in one."""
-    from jaxrl import model_io, tokenizer as tokenizer_lib
+    from jaxrl import tokenizer as tokenizer_lib
+    from jaxrl.io import model_io
 
     if tok_cfg.kind == "hf":
         return tokenizer_lib.load_tokenizer("hf", tok_cfg.path)
@@ -124,7 +125,7 @@ def build_model(cfg: ModelConfig, *, vocab_size: int, seed: int, constrain: Cons
     With `model.upcycle` the loaded pre-norm model becomes that SiameseNorm variant
     (`jaxrl.models.upcycle.siamese_from_prenorm`: the same logits at step 0, up to its double-norm factor).
     """
-    from jaxrl import hf, model_io
+    from jaxrl.io import hf, model_io
     from jaxrl.models.upcycle import siamese_from_prenorm
 
     kernel = attention_kernel(cfg)

@@ -8,7 +8,7 @@ dependencies (torch for export checks, gcloud for launch) are never touched by a
 User errors raise `jaxrl.errors.UserError`; they are printed as one line on stderr and exit with code 2, as
 are filesystem errors (`FILESYSTEM_ERRNOS`); Ctrl-C outside a training loop prints one line and exits 130
 (exit codes: `jaxrl.errors`).
-Before anything imports jax, `jaxrl.host_memory.configure_from_env()` sets the host allocator up for XLA:CPU.
+Before anything imports jax, `jaxrl.runtime.host_memory.configure_from_env()` sets the host allocator up for XLA:CPU.
 Third-party warnings that are false for jaxrl are dropped before any subcommand imports their library
 (`FALSE_WARNINGS`).
 """
@@ -23,7 +23,7 @@ import logging
 import os
 import sys
 
-from jaxrl import host_memory
+from jaxrl.runtime import host_memory
 from jaxrl.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, UserError
 
 # Filesystem errors at the edges (a run dir that is a file, unwritable, full disk, ...) are the user's to fix:
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     _set_offline_defaults()
     _drop_false_warnings()
     try:
-        host_memory.configure_from_env()  # before any subcommand imports jax (see jaxrl.host_memory)
+        host_memory.configure_from_env()  # before any subcommand imports jax (see jaxrl.runtime.host_memory)
     except ValueError as e:
         print(f"jaxrl: error: {e}", file=sys.stderr)
         return 2

@@ -16,7 +16,7 @@ import numpy as np
 
 from jaxrl import losses
 from jaxrl.data.pipeline import eval_batches
-from jaxrl.progress import tracked
+from jaxrl.runtime.progress import tracked
 from jaxrl.sampling import SamplingSpec
 
 

@@ -7,7 +7,7 @@ Flow of `jaxrl launch CONFIG --tpu NAME --zone ZONE --accelerator-type v5p-64`:
 3. `tpu-vm scp` the tarball and the config to every worker; `tpu-vm ssh --worker=all` unpacks it into
    `~/jaxrl`, builds `~/jaxrl-venv` (Python 3.11 via uv) and installs jaxrl plus `jax[tpu]` at our pin.
 4. start `python -m jaxrl.cli train` on all workers with nohup (log `~/jaxrl-run/train.log`, exit code
-   `train.rc`); `jax.distributed` initialises itself from the TPU metadata (`jaxrl.distributed`).
+   `train.rc`); `jax.distributed` initialises itself from the TPU metadata (`jaxrl.runtime.distributed`).
 5. stream worker 0's log until training ends. If the stream breaks and the VM is PREEMPTED (or gone), delete,
    re-create, re-install and restart: the trainer resumes from the last checkpoint in `--run-dir`, which
    must be on GCS (`gs://...`) to survive a re-created VM.

@@ -1,7 +1,7 @@
 """PNG plots of training curves from one or more run directories (several runs overlaid, one line per run).
 
 Panels: reward, held-out accuracy, KL, entropy, response length, the per-reward means, and `step_time.png`: each
-run's step time stacked by stage (`time/*`, `jaxrl.step_time`; an asynchronous run's collection as the part the
+run's step time stacked by stage (`time/*`, `jaxrl.runtime.step_time`; an asynchronous run's collection as the part the
 trainer waited for), one row of the figure per run. A panel no run
 has data for is skipped. A metric a run did not measure is not drawn for it, even where an older run logged a
 placeholder: KL when the run's `config.yaml` has the KL coefficient at 0 (earlier versions logged `kl: 0.0`
@@ -17,7 +17,7 @@ from typing import Sequence
 import yaml
 
 from jaxrl.errors import UserError
-from jaxrl.metrics import METRICS_FILE, read_metrics
+from jaxrl.runtime.metrics import METRICS_FILE, read_metrics
 
 # file stem -> (title, metric keys tried in order; the first one a run has is drawn)
 PANELS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -29,7 +29,7 @@ PANELS: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 
 
-# stages of `step_time.png`, bottom to top (`time/<stage>`; `jaxrl.step_time`, `jaxrl.rl.loop`)
+# stages of `step_time.png`, bottom to top (`time/<stage>`; `jaxrl.runtime.step_time`, `jaxrl.rl.loop`)
 BREAKDOWN = ("generation", "reward", "env", "old_logprobs", "ref_logprobs", "teacher_logprobs", "update",
              "weight_sync", "eval", "checkpoint", "other")
 # an asynchronous run (`train.async`) collects while it updates: its bars stack the collection time the trainer

@@ -274,7 +274,7 @@ def _eos(value):
 def config_to_hf(cfg: TransformerConfig) -> dict[str, Any]:
     """The HF `config.json` dict of a pre-norm `cfg` (standard architecture of `cfg.family`).
 
-    Post-norm / SiameseNorm configs get the same keys; `jaxrl.hf` swaps in our remote-code architecture.
+    Post-norm / SiameseNorm configs get the same keys; `jaxrl.io.hf` swaps in our remote-code architecture.
     Raises ValueError when switches cannot be expressed by the family's HF class (e.g. qk_norm on Llama).
     """
     needs = {"llama": (False, False), "qwen2": (True, False), "qwen3": (False, True)}[cfg.family]

@@ -95,7 +95,7 @@ def siamese_from_prenorm(model: Transformer, norm: str = "siamese") -> Transform
     """A SiameseNorm `Transformer` whose logits equal the pre-norm `model`'s at step 0 (up to κ; module doc).
 
     Args:
-      model: a pre-norm `Transformer` (e.g. loaded with `jaxrl.hf.from_pretrained`).
+      model: a pre-norm `Transformer` (e.g. loaded with `jaxrl.io.hf.from_pretrained`).
       norm: "siamese" (post-pre) or "siamese_hybrid" (hybrid-pre).
 
     Returns:

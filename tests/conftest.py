@@ -51,7 +51,7 @@ def train_cli():
     """`train_cli(config, run_dir, overrides, timeout)`: runs `jaxrl train CONFIG --run-dir RUN_DIR --set k=v
     ...` from the repository root in a subprocess on one CPU device (no fake devices, no compile cache),
     offline; asserts exit 0 (showing the log's tail otherwise) and returns the run's metrics rows."""
-    from jaxrl.metrics import read_metrics
+    from jaxrl.runtime.metrics import read_metrics
 
     def run(config: str, run_dir: Path, overrides: dict, timeout: float) -> list[dict]:
         env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAXRL_CACHE")}

@@ -10,7 +10,7 @@ source (a .jsonl/.parquet file, a built-in generator, or `reasoning_gym:<task>`)
 records are scored. Evaluation runs the run's own collector (single-turn completions, its environment's
 episodes, its multi-agent system's held-out rows) in batches of `data.prompts_per_step`, so a run's checkpoint
 reproduces the training-time `eval/*` numbers of its step. Prints one JSON object (also written to `--out`
-when given). A LoRA run's adapters are merged into their base on the fly (`jaxrl.lora_io.merged_model`).
+when given). A LoRA run's adapters are merged into their base on the fly (`jaxrl.io.lora_io.merged_model`).
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     from jaxrl.data.pipeline import Encoder, make_splits
     from jaxrl.data.tasks import load_records
     from jaxrl.evaluate import evaluate
-    from jaxrl.model_io import load_model
+    from jaxrl.io.model_io import load_model
     from jaxrl.rl.setup import sampling_spec
 
     d = cfg.data
@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     records = records[: args.limit] if args.limit else records
     if not records:
         raise UserError(f"--data {args.data or d.source}: no records to evaluate")
-    from jaxrl import lora_io
+    from jaxrl.io import lora_io
     from jaxrl.rl.setup import eval_collector
 
     adapters = lora_io.find_adapters(checkpoint)  # a LoRA run: its adapters merged into the base on the fly

@@ -4,7 +4,7 @@
     jaxrl export-hf --checkpoint ADAPTERS --out DIR --merge|--peft [--base BASE]   # LoRA adapter checkpoint
 
 A LoRA run directory stands for its adapters (RUN/adapters), merged by default; a preset base is rebuilt from
-the run's config.yaml (`jaxrl.lora_io.load_base`).
+the run's config.yaml (`jaxrl.io.lora_io.load_base`).
 
 Pre-norm models become standard Llama/Qwen2/Qwen3 directories; post-norm and SiameseNorm models carry our own
 modeling files and load with `AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)`.
@@ -23,7 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True,
                         help="output HF directory (new or empty; never a run or checkpoint directory)")
     parser.add_argument("--max-shard-size", default="5GB", help="largest safetensors shard, e.g. 5GB, 500MB")
-    lora = parser.add_mutually_exclusive_group()  # LoRA: jaxrl.lora_io
+    lora = parser.add_mutually_exclusive_group()  # LoRA: jaxrl.io.lora_io
     lora.add_argument("--merge", action="store_true",
                       help="--checkpoint is a LoRA adapter checkpoint or run: write base + adapters merged "
                            "(the default for a LoRA run)")
@@ -35,7 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from jaxrl import hf, lora_io, model_io, run_dir
+    from jaxrl.io import hf, lora_io, model_io
+    from jaxrl.runtime import run_dir
 
     if not Path(args.checkpoint).exists():
         raise UserError(f"--checkpoint {args.checkpoint}: no such directory")

@@ -30,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _import_dir(hf_dir: Path, args: argparse.Namespace) -> None:
-    from jaxrl import hf, model_io
+    from jaxrl.io import hf, model_io
 
     model = hf.from_pretrained(hf_dir, dtype=args.dtype)
     model_io.save_model_checkpoint(model, args.out, tokenizer=model_io.load_tokenizer(hf_dir),
@@ -38,7 +38,7 @@ def _import_dir(hf_dir: Path, args: argparse.Namespace) -> None:
 
 
 def _import_peft(args: argparse.Namespace) -> int:
-    from jaxrl import lora_io
+    from jaxrl.io import lora_io
 
     if args.hf is None:
         raise UserError("--peft needs --hf BASE (the HF directory the adapter was trained on)")
@@ -53,13 +53,13 @@ def _import_peft(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     if args.peft is not None:
         return _import_peft(args)
-    from jaxrl import run_dir
+    from jaxrl.runtime import run_dir
 
     # Before loading any model: --out must be new, empty, or (with --overwrite) a previous import.
     run_dir.check_output_dir(args.out, owns=run_dir.owns_model_checkpoint, overwrite=args.overwrite,
                              what="--out")
     if args.gguf is not None:
-        from jaxrl.gguf import gguf_to_hf_dir
+        from jaxrl.io.gguf import gguf_to_hf_dir
 
         with tempfile.TemporaryDirectory(prefix="jaxrl-gguf-") as tmp:
             hf_dir = gguf_to_hf_dir(args.gguf, Path(tmp) / "hf", dtype="float32")

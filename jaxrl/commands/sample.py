@@ -3,7 +3,7 @@
     jaxrl sample --checkpoint DIR --prompt "What is 2+3?" --chat --num-samples 4 --max-new-tokens 64
 
 DIR may be a LoRA run directory or adapter checkpoint: the adapters are merged into their base on the fly
-(`jaxrl.lora_io.merged_model`).
+(`jaxrl.io.lora_io.merged_model`).
 
 The tokenizer (and chat template) saved with the model are used; `--chat` wraps each prompt as a single user
 turn with the generation prompt appended. Generation stops at the tokenizer's EOS token and at the
@@ -59,12 +59,12 @@ def stop_ids(tokenizer, checkpoint: Path) -> tuple[int, ...]:
 
 def run(args: argparse.Namespace) -> int:
     from jaxrl import sampling
-    from jaxrl.model_io import load_model
+    from jaxrl.io.model_io import load_model
 
     checkpoint = Path(args.checkpoint)
     if not checkpoint.exists():
         raise UserError(f"--checkpoint {checkpoint}: no such file or directory")
-    from jaxrl import lora_io
+    from jaxrl.io import lora_io
 
     adapters = lora_io.find_adapters(checkpoint)  # a LoRA run: its adapters merged into the base on the fly
     model, tokenizer = lora_io.merged_model(adapters) if adapters is not None else load_model(checkpoint)

@@ -3,9 +3,9 @@ config.
 
 A fresh run never mixes with an earlier one: `checkpoint.resume: false` in a run directory that holds an
 earlier run's checkpoints or metrics is refused (exit 2), and `--overwrite-run` moves that run aside to
-`RUN.old-<timestamp>` first (`jaxrl.run_dir.start_fresh_run`; nothing is deleted). Before anything is
-written, `jaxrl.run_checks.validate_train` checks the run directory (writable, tokenizer present, an existing
-run resumable by this config); then the trainer holds the run directory's lock (`jaxrl.run_lock`) for the
+`RUN.old-<timestamp>` first (`jaxrl.runtime.run_dir.start_fresh_run`; nothing is deleted). Before anything is
+written, `jaxrl.runtime.run_checks.validate_train` checks the run directory (writable, tokenizer present, an existing
+run resumable by this config); then the trainer holds the run directory's lock (`jaxrl.runtime.run_lock`) for the
 whole run. Exit codes (`jaxrl.errors`): 0 finished; 2 a user error (one line);
 75 stopped by SIGTERM and 130 stopped by SIGINT, in both cases after saving a checkpoint when training steps
 had started, so the same command resumes (`jaxrl launch` restarts on 75).
@@ -34,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overwrite-run", action="store_true",
                         help="start a fresh run: move an existing run in the run directory aside to "
                              "RUN.old-<timestamp> (never deleted)")
-    from jaxrl import distributed
+    from jaxrl.runtime import distributed
 
     distributed.add_arguments(parser)
 
@@ -63,7 +63,7 @@ def exit_code(signum: int | None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from jaxrl import distributed, run_summary, step_time
+    from jaxrl.runtime import distributed, run_summary, step_time
     from jaxrl.config import load_config
 
     cfg = load_config(args.config, args.overrides)  # config errors exit 2 before anything heavy starts
@@ -74,7 +74,8 @@ def run(args: argparse.Namespace) -> int:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     import jax
 
-    from jaxrl import checkpoint, run_checks, run_dir as run_dirs, run_lock
+    from jaxrl.io import checkpoint
+    from jaxrl.runtime import run_checks, run_dir as run_dirs, run_lock
 
     name = Path(args.config).stem if args.config else "quickstart"
     local = Path("runs") / name

@@ -2,7 +2,7 @@
 DIR-debiased.
 
 Without CONFIG the embedded `configs/rm_length_bt.yaml` is used. Config errors (unknown key, bad value)
-exit 2. Like `jaxrl train`, it holds the run directory's lock (`jaxrl.run_lock`) for the whole run: a second
+exit 2. Like `jaxrl train`, it holds the run directory's lock (`jaxrl.runtime.run_lock`) for the whole run: a second
 trainer on the same directory exits 2 naming the holder.
 """
 
@@ -16,7 +16,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", nargs="?", help="RM experiment YAML (default: embedded rm_length_bt.yaml)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
     parser.add_argument("--run-dir", default="runs/rm", help="run directory (metrics, checkpoints, eval)")
-    from jaxrl import distributed
+    from jaxrl.runtime import distributed
 
     distributed.add_arguments(parser)  # N processes: data-parallel over every device (`jaxrl.reward_model.run`)
 
@@ -24,13 +24,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from jaxrl.reward_model.config import load_rm_config
 
-    from jaxrl import distributed
+    from jaxrl.runtime import distributed
 
     cfg = load_rm_config(args.config, args.set)
     distributed.initialize_from_args(args)
     import jax
 
-    from jaxrl import run_lock
+    from jaxrl.runtime import run_lock
     from jaxrl.reward_model.run import train_rm
 
     with run_lock.hold(args.run_dir, primary=jax.process_index() == 0):

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 from flax import nnx
 
-from jaxrl._safetensors_dir import TensorReader, atomic_output_dir, parse_size, write_tensors
+from jaxrl.io._safetensors_dir import TensorReader, atomic_output_dir, parse_size, write_tensors
 from jaxrl.errors import CheckpointError
 from jaxrl.models import hf_io
 from jaxrl.reward_model.model import RewardModel, rm_backbone_config
@@ -62,7 +62,7 @@ def export_reward_model(model: RewardModel, path: str | os.PathLike, tokenizer=N
 
 def import_reward_model(path: str | os.PathLike, *, dtype: str = "float32") -> RewardModel:
     """A `RewardModel` from an HF `{Llama,Qwen2,Qwen3}ForSequenceClassification` directory with one label."""
-    from jaxrl.hf import read_hf_config
+    from jaxrl.io.hf import read_hf_config
 
     hf = read_hf_config(path)
     arch = (hf.get("architectures") or [None])[0]

@@ -27,8 +27,8 @@ import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from flax import nnx
 
-from jaxrl import model_io
-from jaxrl._safetensors_dir import atomic_output_dir
+from jaxrl.io import model_io
+from jaxrl.io._safetensors_dir import atomic_output_dir
 from jaxrl.errors import CheckpointError
 from jaxrl.models import Transformer, TransformerConfig
 

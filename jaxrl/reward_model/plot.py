@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from jaxrl.metrics import read_metrics
+from jaxrl.runtime.metrics import read_metrics
 
 
 def plot_runs(runs: dict[str, str | Path], out: str | Path, attribute: str = "length") -> Path:

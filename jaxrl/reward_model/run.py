@@ -29,12 +29,12 @@ import numpy as np
 from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
-from jaxrl import model_io
-from jaxrl.checkpoint import Checkpointer
+from jaxrl.io import model_io
+from jaxrl.io.checkpoint import Checkpointer
 from jaxrl.errors import ConfigError
 from jaxrl.config import config_dict
-from jaxrl.metrics import MetricsWriter
-from jaxrl.trackers import make_trackers
+from jaxrl.runtime.metrics import MetricsWriter
+from jaxrl.runtime.trackers import make_trackers
 from jaxrl.optim import build_optimizer
 from jaxrl.reward_model import data as data_lib
 from jaxrl.reward_model.config import RMExperimentConfig, dump_rm_config

@@ -3,7 +3,7 @@
 A judge spec is a mapping from a reward's `params` (the OpenRS `pairwise` judge, the Proxy-GRM proxy):
 
 * `{model: PATH, max_new_tokens: 256, batch_size: 8, dtype: null, chat: true}`: a local causal LM (a jaxrl
-  checkpoint or run directory, or an HF safetensors directory: `jaxrl.model_io.load_model`; `~` is expanded)
+  checkpoint or run directory, or an HF safetensors directory: `jaxrl.io.model_io.load_model`; `~` is expanded)
   with its saved tokenizer. Requests are encoded (through the tokenizer's chat template as one user message
   when `chat`), decoded greedily (temperature 0, as the references' judges) with the jitted KV-cache sampler
   `jaxrl.sampling.generate_from_state`, `batch_size` rows per call (a short last batch is padded with copies
@@ -74,7 +74,7 @@ def _load(path: str, dtype: str | None) -> _Judge:
     """The split model, tokenizer, stop ids, pad id and context length of a judge checkpoint."""
     from flax import nnx
 
-    from jaxrl.model_io import load_model
+    from jaxrl.io.model_io import load_model
 
     model, tokenizer = load_model(path, dtype=dtype)
     if tokenizer is None:

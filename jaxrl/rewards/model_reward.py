@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 def load_scorer_model(path: str | os.PathLike):
     """(reward model, tokenizer) from a train-rm run dir, an RM checkpoint or an HF sequence-cls directory."""
-    from jaxrl.model_io import load_tokenizer
+    from jaxrl.io.model_io import load_tokenizer
 
     p = Path(path)
     if (p / "config.json").is_file():

@@ -44,7 +44,8 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from jaxrl import rollout as rollout_lib, step_time
+from jaxrl import rollout as rollout_lib
+from jaxrl.runtime import step_time
 from jaxrl.train_step import TrainState
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl import losses, step_time
+from jaxrl import losses
+from jaxrl.runtime import step_time
 from jaxrl.errors import UserError
 from jaxrl.rl.run import Run
 from jaxrl.sharding import batch_shardings, hosts, logical_to_spec, rows as rows_lib

@@ -16,7 +16,7 @@ and the student is trained to make it small, either
   (the +1 of the exact gradient has expectation 0); k3 there would follow the forward KL's gradient.
 
 Task rewards still give the estimator's advantages (mixed); with every task reward's weight 0 the teacher is
-the only signal. The teacher is any checkpoint `jaxrl.model_io.load_model` reads (run or checkpoint
+the only signal. The teacher is any checkpoint `jaxrl.io.model_io.load_model` reads (run or checkpoint
 directory, HF safetensors directory) whose tokenizer is the student's (checked at setup), sharded on the
 run's mesh like the policy; its log-probs are taken at temperature 1 (its own distribution).
 """
@@ -30,9 +30,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxrl import model_io, step_time
+from jaxrl.io import model_io
+from jaxrl.runtime import step_time
 from jaxrl.errors import CheckpointError, ConfigError
-from jaxrl.run_checks import check_teacher
+from jaxrl.runtime.run_checks import check_teacher
 from jaxrl.sharding import hosts, state_shardings
 from jaxrl.train_step import LossSpec, TrainBatch, jitted_logprob_pass
 

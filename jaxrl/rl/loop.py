@@ -28,11 +28,13 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxrl import checkpoint as ckpt_lib, distributed, rewards as rewards_lib, run_summary, step_time
+from jaxrl import rewards as rewards_lib
+from jaxrl.io import checkpoint as ckpt_lib
+from jaxrl.runtime import distributed, run_summary, step_time
 from jaxrl.config import ExperimentConfig, config_dict
 from jaxrl.data.pipeline import Encoder, PromptLimit, make_splits, train_iterator
 from jaxrl.evaluate import evaluate
-from jaxrl.metrics import MetricsWriter
+from jaxrl.runtime.metrics import MetricsWriter
 from jaxrl.rl import setup as setup_lib
 from jaxrl.rl.run import NonFiniteError
 from jaxrl.rl.step import rl_step, total_reward
@@ -49,7 +51,7 @@ def train(cfg: ExperimentConfig, run_dir: str | Path, checkpoint_dir: str | None
 
     `checkpoint_dir` (default RUN/checkpoints) may be an object-store URL such as gs://bucket/run/checkpoints.
     `profile` (first, last): write a `jax.profiler` trace of those steps into RUN/profile (`step_time`).
-    In a multi-host job the peers are told whether this process finished or failed (`jaxrl.distributed`),
+    In a multi-host job the peers are told whether this process finished or failed (`jaxrl.runtime.distributed`),
     so a failure on one host stops the others instead of leaving them waiting in a collective.
     """
     try:
@@ -243,7 +245,7 @@ def _train(cfg: ExperimentConfig, run_dir: str | Path, checkpoint_dir: str | Non
 def _write_summary(cfg: ExperimentConfig, run_dir: Path, ckpt: ckpt_lib.Checkpointer, start: int,
                    last: dict[str, Any], phases: step_time.StageClock, stage_sums: dict[str, float],
                    t_start: float, t_loop: float) -> None:
-    """RUN/run_summary.json (`jaxrl.run_summary`) of this invocation."""
+    """RUN/run_summary.json (`jaxrl.runtime.run_summary`) of this invocation."""
     wall = dict(phases.seconds)
     stages = dict(stage_sums)
     eval_before_loop = wall.get("eval", 0.0) - stages.get("eval", 0.0)

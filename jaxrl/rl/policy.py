@@ -105,7 +105,7 @@ class LoRA(Dense):
     Args:
       base: the frozen base (int8 / nf4 kernels under QLoRA).
       cfg: the adapters' rank, α and targets.
-      base_sha256: fingerprint of the dense base (`jaxrl.lora_io.base_fingerprint`), checkpointed and checked
+      base_sha256: fingerprint of the dense base (`jaxrl.io.lora_io.base_fingerprint`), checkpointed and checked
         on resume.
       base_path: where the base came from, recorded next to exported adapters ("" for a preset).
       kl: whether the run needs a reference.
@@ -134,10 +134,10 @@ class LoRA(Dense):
                                   f"(sha256 {saved[:12]}..., this run's base {self.base_sha256[:12]}...)")
 
     def export(self, trained, out: Path) -> None:
-        """The latest adapters in the `jaxrl.lora_io` layout with their base's path and sha256, so that
+        """The latest adapters in the `jaxrl.io.lora_io` layout with their base's path and sha256, so that
         `jaxrl export-hf --checkpoint RUN/adapters --merge | --peft` exports them (a preset base has no path:
         pass --base)."""
-        from jaxrl import lora_io
+        from jaxrl.io import lora_io
 
         ref = {"path": self.base_path, "sha256": self.base_sha256}
         lora_io.save_adapters(out, trained, self.cfg, ref, overwrite=True)

@@ -22,7 +22,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxrl import build, checkpoint as ckpt_lib, model_io, rewards as rewards_lib, step_time
+from jaxrl import build, rewards as rewards_lib
+from jaxrl.io import checkpoint as ckpt_lib, model_io
+from jaxrl.runtime import step_time
 from jaxrl.algorithms import ALGORITHMS, Algorithm, AlgoSettings, KLRewardPenalty
 from jaxrl.config import DistillMode, ExperimentConfig, KLWhere, dump_config
 from jaxrl.errors import ConfigError, UserError
@@ -299,7 +301,7 @@ def _check_role_groups(sizes: dict[str, int], algorithm: Algorithm, system: str,
 def _lora_setup(cfg: ExperimentConfig, params, mesh, rules):
     """(base, adapters, adapter shardings, base sha256): the frozen base (int8 / nf4 kernels under QLoRA) and
     fresh adapters (B = 0, so step 0 is the base model)."""
-    from jaxrl import lora_io
+    from jaxrl.io import lora_io
     from jaxrl.models import quant
     from jaxrl.sharding.lora import adapter_shardings
 

@@ -4,7 +4,7 @@
             -> the update schedule: assemble (+ extra rows: SFT-aux) -> update, jointly or per role
 
 Which optional stages run is the algorithm record's business (`jaxrl.algorithms`); this function never names
-an algorithm. Each stage is timed between device syncs (`jaxrl.step_time`): the step's metrics hold
+an algorithm. Each stage is timed between device syncs (`jaxrl.runtime.step_time`): the step's metrics hold
 `time/<stage>` for every stage of `step_time.STAGES`, tokens/s per device of generation and update, and the
 update's MFU where the device's peak FLOP/s is known.
 """
@@ -16,7 +16,8 @@ import functools
 import jax
 import numpy as np
 
-from jaxrl import rollout as rollout_lib, step_time
+from jaxrl import rollout as rollout_lib
+from jaxrl.runtime import step_time
 from jaxrl.algorithms import combined_reward, segment_advantages, zero_std_group_frac
 from jaxrl.rl.run import Run
 from jaxrl.train_step import TrainState

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Protocol
 
 import numpy as np
 
-from jaxrl import rollout as rollout_lib, step_time
+from jaxrl import rollout as rollout_lib
+from jaxrl.runtime import step_time
 from jaxrl.multi_agent.adapters import role_params
 from jaxrl.train_step import TrainBatch, TrainState
 

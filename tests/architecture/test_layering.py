@@ -167,3 +167,43 @@ def test_the_checker_sees_real_edges():
     assert "jaxrl.rl.run" in top["jaxrl.rl.step"]
     assert _cycles({"a": {"b"}, "b": {"a"}, "c": set()}) == [["a", "b"]]
     assert _cycles({"p": {"p.x"}, "p.x": set()}) == []
+
+
+# The layer order (issue 26 item 5), lowest first: a module imports only from its own layer or below, lazily or
+# not. Modules of no layer here (the rest of the flat top level: build, evaluate, rollout, train_step, ...) are
+# not constrained yet.
+LAYERS = (
+    ("jaxrl.errors", "jaxrl._checks", "jaxrl._imports"),
+    ("jaxrl.config", "jaxrl.io", "jaxrl.runtime"),
+    ("jaxrl.sampling", "jaxrl.algorithms", "jaxrl.envs", "jaxrl.rewards", "jaxrl.multi_agent", "jaxrl.data",
+     "jaxrl.reward_model"),  # the plug-ins and what they read
+    ("jaxrl.rl",),
+    ("jaxrl.commands", "jaxrl.cli"),
+)
+# Known upward edges, each with its reason; the test fails when one disappears, so the list cannot go stale.
+UPWARD_ALLOWED = {
+    # `ExperimentConfig` resolves `algorithm.name` through the registry at load, so that a misspelt or
+    # incompatible algorithm exits 2 before anything heavy (a lazy import inside `__post_init__`)
+    ("jaxrl.config.experiment", "jaxrl.algorithms"),
+}
+
+
+def _layer(module: str) -> int | None:
+    for i, packages in enumerate(LAYERS):
+        if any(module == p or module.startswith(p + ".") for p in packages):
+            return i
+    return None
+
+
+def _upward_edges(every: dict[str, set[str]]) -> set[tuple[str, str]]:
+    return {(m, d) for m, deps in every.items() if _layer(m) is not None
+            for d in deps if _layer(d) is not None and _layer(d) > _layer(m)}
+
+
+def test_layers_import_only_downward():
+    _, _, every = _graph()
+    assert _upward_edges(every) == UPWARD_ALLOWED
+    # the checker sees real downward edges and would see an upward one
+    assert "jaxrl.runtime.step_time" in every["jaxrl.rl.step"] and _layer("jaxrl.rl.step") == 3
+    assert _upward_edges({"jaxrl.runtime.metrics": {"jaxrl.rl.loop"}, "jaxrl.rl.loop": set()}) == {
+        ("jaxrl.runtime.metrics", "jaxrl.rl.loop")}

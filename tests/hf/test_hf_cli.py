@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from jaxrl import hf, model_io
+from jaxrl.io import hf, model_io
 from jaxrl.cli import main
 from tests.hf._tiny_hf import make_tiny_hf
 

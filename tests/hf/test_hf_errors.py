@@ -7,7 +7,7 @@ import pytest
 from flax import nnx
 from safetensors.numpy import load_file, save_file
 
-from jaxrl import hf
+from jaxrl.io import hf
 from jaxrl.errors import CheckpointError
 from jaxrl.models import Transformer, TransformerConfig
 from tests.hf._tiny_hf import make_tiny_hf

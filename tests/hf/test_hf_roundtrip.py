@@ -7,8 +7,8 @@ import pytest
 import torch
 from safetensors.numpy import load_file
 
-from jaxrl import hf
-from jaxrl._safetensors_dir import TensorReader
+from jaxrl.io import hf
+from jaxrl.io._safetensors_dir import TensorReader
 from tests.hf._tiny_hf import FAMILIES, make_tiny_hf
 
 TOKENS = np.array([[1, 7, 33, 12, 5, 60, 2, 9, 14, 3], [4, 4, 51, 8, 1, 0, 27, 63, 30, 11]])

@@ -12,14 +12,14 @@ from jaxrl.models import TransformerConfig
 
 _CHILD = """
 import resource, sys
-from jaxrl import hf
+from jaxrl.io import hf
 model = hf.from_pretrained(sys.argv[1], dtype="bfloat16")
 print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 """
 _BASELINE = """
 import resource
 import jax, jax.numpy as jnp, flax, numpy, safetensors, orbax.checkpoint
-from jaxrl import hf
+from jaxrl.io import hf
 jnp.zeros(3).block_until_ready()
 print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 """
@@ -30,7 +30,7 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 def test_qwen3_0_6b_import_peak_rss(tmp_path):
     from safetensors.numpy import save_file
 
-    from jaxrl.hf import hf_config_dict
+    from jaxrl.io.hf import hf_config_dict
     from jaxrl.models import hf_io
 
     cfg = TransformerConfig.qwen3_0_6b().replace(param_dtype="bfloat16", dtype="bfloat16")

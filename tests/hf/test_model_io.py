@@ -9,7 +9,7 @@ import orbax.checkpoint as ocp
 import pytest
 from flax import nnx
 
-from jaxrl import model_io
+from jaxrl.io import model_io
 from jaxrl.errors import CheckpointError
 from jaxrl.models import Llama3RopeScaling, Transformer, TransformerConfig
 

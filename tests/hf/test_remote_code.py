@@ -7,7 +7,7 @@ import pytest
 import torch
 from flax import nnx
 
-from jaxrl import hf
+from jaxrl.io import hf
 from jaxrl.models import Llama3RopeScaling, Transformer, TransformerConfig, set_params
 
 TOKENS = np.array([[1, 7, 33, 12, 5, 60, 2, 9, 14, 3], [4, 4, 51, 8, 1, 0, 27, 63, 30, 11]])

@@ -6,7 +6,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from jaxrl._safetensors_dir import TensorReader, atomic_output_dir, parse_size, write_tensors
+from jaxrl.io._safetensors_dir import TensorReader, atomic_output_dir, parse_size, write_tensors
 from jaxrl.errors import CheckpointError
 
 

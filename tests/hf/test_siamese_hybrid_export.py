@@ -11,7 +11,7 @@ import pytest
 import torch
 from flax import nnx
 
-from jaxrl import hf
+from jaxrl.io import hf
 from jaxrl.models import Transformer, TransformerConfig, set_params
 from jaxrl.models.upcycle import siamese_from_prenorm
 

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from jaxrl import hf
+from jaxrl.io import hf
 
 
 def _fp32_dot_error_ratio() -> float:

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from flax import nnx
 
-from jaxrl import hf, lora_io
+from jaxrl.io import hf, lora_io
 from jaxrl.cli import main
 from jaxrl.models import Transformer, lora
 from tests.hf._tiny_hf import make_tiny_hf

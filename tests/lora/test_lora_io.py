@@ -11,7 +11,7 @@ import pytest
 import torch
 from flax import nnx
 
-from jaxrl import hf, lora_io
+from jaxrl.io import hf, lora_io
 from jaxrl.errors import CheckpointError
 from jaxrl.models import Transformer
 from jaxrl.models import lora

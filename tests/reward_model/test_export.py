@@ -72,7 +72,7 @@ def test_siamese_rm_cannot_be_exported(tmp_path):
 
 
 def test_import_rejects_causal_lm(tmp_path):
-    from jaxrl.hf import save_pretrained
+    from jaxrl.io.hf import save_pretrained
     from jaxrl.models import Transformer
 
     save_pretrained(Transformer(TransformerConfig.tiny(), rngs=nnx.Rngs(0)), tmp_path / "lm")

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxrl import model_io, sampling
+from jaxrl import sampling
+from jaxrl.io import model_io
 from jaxrl.config import RewardSpec
 from jaxrl.errors import ConfigError
 from jaxrl.models import Transformer, TransformerConfig

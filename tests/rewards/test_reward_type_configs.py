@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from flax import nnx
 
-from jaxrl import model_io
+from jaxrl.io import model_io
 from jaxrl.cli import main
 from jaxrl.config import load_config
 from jaxrl.models import Transformer, TransformerConfig

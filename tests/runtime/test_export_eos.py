@@ -17,7 +17,7 @@ import torch
 from flax import nnx
 from safetensors.numpy import load_file, save_file
 
-from jaxrl import model_io
+from jaxrl.io import model_io
 from jaxrl.cli import main
 from jaxrl.models import Transformer, TransformerConfig
 from jaxrl.tokenizer import builtin_tokenizer

@@ -9,8 +9,8 @@ import pytest
 
 from jaxrl.cli import main
 from jaxrl.errors import RunDirError
-from jaxrl.run_dir import earlier_run, start_fresh_run
-from jaxrl.run_lock import RunLock
+from jaxrl.runtime.run_dir import earlier_run, start_fresh_run
+from jaxrl.runtime.run_lock import RunLock
 from tests.runtime import _trainer as T
 
 
@@ -19,7 +19,8 @@ def _model_config() -> str:
     import tempfile
     from pathlib import Path
 
-    from jaxrl import build, model_io
+    from jaxrl import build
+    from jaxrl.io import model_io
     from jaxrl.config import load_config
 
     cfg = load_config(str(T.write_config(Path(tempfile.mkdtemp()))), [])

@@ -2,7 +2,7 @@
 
 import pytest
 
-from jaxrl import host_memory
+from jaxrl.runtime import host_memory
 
 
 @pytest.fixture

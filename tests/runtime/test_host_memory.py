@@ -1,4 +1,5 @@
-"""jaxrl.host_memory: with the buffers kept, repeated XLA:CPU executions stop page-faulting their temporaries."""
+"""jaxrl.runtime.host_memory: with the buffers kept, repeated XLA:CPU executions stop page-faulting their
+temporaries."""
 
 import json
 import os
@@ -7,7 +8,8 @@ import sys
 
 import pytest
 
-from jaxrl import cli, host_memory
+from jaxrl import cli
+from jaxrl.runtime import host_memory
 
 # tests/suite.py runs these alone: page-fault counts depend on what else runs on the machine.
 pytestmark = pytest.mark.serial
@@ -15,7 +17,7 @@ pytestmark = pytest.mark.serial
 # Two 64 MiB temporaries per call (sin(x) and cos(x)ᵀ feed dots), freed at the end of each execution.
 _PROBE = r"""
 import json, resource, statistics
-from jaxrl import host_memory
+from jaxrl.runtime import host_memory
 kept = host_memory.configure_from_env()
 import jax, jax.numpy as jnp
 x = jnp.ones((4096, 4096), jnp.float32)

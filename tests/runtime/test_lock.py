@@ -1,4 +1,4 @@
-"""One trainer per run directory (`jaxrl.run_lock`): a second one exits 2 naming the holder; a lock left by a
+"""One trainer per run directory (`jaxrl.runtime.run_lock`): a second one exits 2 naming the holder; a lock left by a
 killed process is stale and taken over with a warning; a clean release empties the file."""
 
 import json
@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from jaxrl.errors import RunDirError
-from jaxrl.run_lock import LOCK_FILE, RunLock
+from jaxrl.runtime.run_lock import LOCK_FILE, RunLock
 from tests.runtime import _trainer as T
 
 
@@ -30,7 +30,7 @@ def test_second_holder_is_refused_naming_the_first(tmp_path):
 
 def test_lock_of_a_killed_process_is_stale(tmp_path, caplog):
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from jaxrl.run_lock import RunLock; "
+        [sys.executable, "-c", "import sys, time; from jaxrl.runtime.run_lock import RunLock; "
          "RunLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(120)", str(tmp_path / "run")],
         stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"
@@ -38,7 +38,7 @@ def test_lock_of_a_killed_process_is_stale(tmp_path, caplog):
         RunLock(tmp_path / "run").acquire()
     holder.send_signal(signal.SIGKILL)
     holder.wait(timeout=30)
-    with caplog.at_level(logging.WARNING, logger="jaxrl.run_lock"), RunLock(tmp_path / "run"):
+    with caplog.at_level(logging.WARNING, logger="jaxrl.runtime.run_lock"), RunLock(tmp_path / "run"):
         assert json.loads((tmp_path / "run" / LOCK_FILE).read_text())["pid"] == os.getpid()
     assert f"taking over a stale lock left by pid {holder.pid} on host" in caplog.text
 

@@ -8,7 +8,7 @@ import shutil
 import pytest
 from flax import nnx
 
-from jaxrl import model_io
+from jaxrl.io import model_io
 from jaxrl.cli import main
 from jaxrl.models import Transformer, TransformerConfig
 from jaxrl.tokenizer import builtin_tokenizer

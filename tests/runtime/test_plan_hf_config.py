@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 from flax import nnx
 
-from jaxrl import cli, hf
+from jaxrl import cli
+from jaxrl.io import hf
 from jaxrl.commands import plan as plan_cmd
 from jaxrl.models import Transformer, TransformerConfig
 from jaxrl.plan import plan_memory

@@ -1,4 +1,4 @@
-"""Long phases log progress without a terminal (issue 31 item 4): `jaxrl.progress`, and the phases that use it
+"""Long phases log progress without a terminal (issue 31 item 4): `jaxrl.runtime.progress`, and the phases that use it
 (held-out evaluation, HF import and export). A fake clock stands in for a slow phase."""
 
 from __future__ import annotations
@@ -9,7 +9,9 @@ import types
 import numpy as np
 import pytest
 
-from jaxrl import evaluate as evaluate_lib, hf, progress
+from jaxrl import evaluate as evaluate_lib
+from jaxrl.io import hf
+from jaxrl.runtime import progress
 from jaxrl.sampling import SamplingSpec
 
 
@@ -27,11 +29,11 @@ def clock(monkeypatch):
 
 
 def _lines(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "jaxrl.progress"]
+    return [r.getMessage() for r in caplog.records if r.name == "jaxrl.runtime.progress"]
 
 
 def test_a_short_phase_is_silent_and_a_long_one_logs_every_interval(clock, caplog):
-    caplog.set_level(logging.INFO, "jaxrl.progress")
+    caplog.set_level(logging.INFO, "jaxrl.runtime.progress")
     clock[0] = 1.0  # ten units in ~10 s: under the interval after every unit but the last
     assert list(progress.tracked(range(9), "quick", unit="items")) == list(range(9))
     assert _lines(caplog) == []
@@ -42,7 +44,7 @@ def test_a_short_phase_is_silent_and_a_long_one_logs_every_interval(clock, caplo
 
 
 def test_evaluation_logs_its_batches(clock, caplog):
-    caplog.set_level(logging.INFO, "jaxrl.progress")
+    caplog.set_level(logging.INFO, "jaxrl.runtime.progress")
     clock[0] = 6.0
 
     def collect(params, batch, spec, seed):
@@ -61,7 +63,7 @@ def test_hf_export_and_import_log_their_tensors(clock, caplog, tmp_path):
     from tests.hf._tiny_hf import make_tiny_hf
 
     make_tiny_hf("llama", tmp_path / "src")
-    caplog.set_level(logging.INFO, "jaxrl.progress")
+    caplog.set_level(logging.INFO, "jaxrl.runtime.progress")
     clock[0] = 6.0
     model = hf.from_pretrained(tmp_path / "src")
     hf.save_pretrained(model, tmp_path / "out")

@@ -10,10 +10,10 @@ SCRIPT = textwrap.dedent("""
     import logging, sys
     import numpy as np
     import jax.numpy as jnp
-    from jaxrl.checkpoint import Checkpointer
+    from jaxrl.io.checkpoint import Checkpointer
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", force=True)
     if len(sys.argv) > 3:  # the old behaviour, to see the noise this test guards against
-        import jaxrl.checkpoint as c; c.quiet_restore_noise = lambda: None
+        import jaxrl.io.checkpoint as c; c.quiet_restore_noise = lambda: None
     params = {f"w{i}": jnp.full((16, 8), float(i)) for i in range(12)}
     opt = {"m": jnp.zeros((3,))}
     if sys.argv[2] == "save":
@@ -47,7 +47,7 @@ def test_corrupt_step_fallback_is_one_warning_line(tmp_path):
     assert out.returncode == 0 and out.stdout.strip() == "restored 1", out.stderr[-2000:]
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1, f"{len(out.stderr)} bytes of stderr: {out.stderr[:1500]}"
-    assert lines[0].startswith(f"WARNING jaxrl.checkpoint: checkpoint step 2 in {ckpt} cannot be restored (")
+    assert lines[0].startswith(f"WARNING jaxrl.io.checkpoint: checkpoint step 2 in {ckpt} cannot be restored (")
     assert lines[0].endswith("; using step 1 instead")
     assert [p.name.split("-")[0] for p in ckpt.iterdir() if p.name.startswith("corrupt-")] == ["corrupt"]
 
@@ -60,10 +60,10 @@ def test_noise_filters_drop_only_the_leftover_messages(caplog, capsys, monkeypat
     import logging
     import warnings
 
-    import jaxrl.checkpoint
-    from jaxrl.checkpoint import quiet_restore_noise
+    import jaxrl.io.checkpoint
+    from jaxrl.io.checkpoint import quiet_restore_noise
 
-    monkeypatch.setattr(jaxrl.checkpoint, "_noise_filters_installed", False)  # pytest resets warning filters
+    monkeypatch.setattr(jaxrl.io.checkpoint, "_noise_filters_installed", False)  # pytest resets warning filters
 
     def unretrieved_future():
         loop = asyncio.new_event_loop()
@@ -113,7 +113,7 @@ def test_noise_logged_while_a_restore_is_failing_is_dropped(tmp_path, caplog, mo
 
     import jax.numpy as jnp
 
-    from jaxrl.checkpoint import Checkpointer
+    from jaxrl.io.checkpoint import Checkpointer
 
     params, opt = {"w": jnp.ones((4, 2))}, {"m": jnp.zeros((3,))}
     ck = Checkpointer(str(tmp_path / "ckpt"), every=1, keep=3, async_save=False)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from jaxrl import run_checks as run_dir
+from jaxrl.runtime import run_checks as run_dir
 from jaxrl.cli import main
 from jaxrl.config import dump_config, load_config
 from jaxrl.errors import ConfigError

@@ -1,4 +1,4 @@
-"""`jaxrl train` checks its inputs before building anything (`jaxrl.run_checks.validate_train`): an HF model
+"""`jaxrl train` checks its inputs before building anything (`jaxrl.runtime.run_checks.validate_train`): an HF model
 without tokenizer files (it used to train silently with the 102-character built-in tokenizer), a run
 directory that is a file or lies under one, an attention kernel this machine or dtype lacks; each is one
 line, exit 2, and nothing is created."""

@@ -43,8 +43,8 @@ def test_greedy_equals_transformers_on_tiny_models(name):
 def test_greedy_equals_transformers_on_smollm2():
     import transformers
 
-    from jaxrl import hf
-    from jaxrl.gguf import ensure_smollm2_hf_dir
+    from jaxrl.io import hf
+    from jaxrl.io.gguf import ensure_smollm2_hf_dir
 
     path = ensure_smollm2_hf_dir("float32")
     tok = transformers.AutoTokenizer.from_pretrained(path)

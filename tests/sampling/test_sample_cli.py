@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 def model_dir(tmp_path_factory):
     import transformers
 
-    from jaxrl.gguf import ensure_smollm2_hf_dir
+    from jaxrl.io.gguf import ensure_smollm2_hf_dir
 
     src = ensure_smollm2_hf_dir("float32")
     out = tmp_path_factory.mktemp("tiny_smol")
@@ -31,7 +31,7 @@ def model_dir(tmp_path_factory):
 
 def test_sample_prints_the_generated_completions(model_dir, capsys):
     from jaxrl.commands.sample import encode_prompts, stop_ids
-    from jaxrl.model_io import load_model
+    from jaxrl.io.model_io import load_model
 
     rc = cli.main(["sample", "--checkpoint", str(model_dir), "--prompt", "Hello there", "--prompt", "2+2?",
                    "--chat", "--num-samples", "2", "--max-new-tokens", "6", "--temperature", "0.8",

@@ -8,7 +8,7 @@ a third step from the restored state. Prints one JSON line with the three losses
 import json
 import sys
 
-from jaxrl import distributed
+from jaxrl.runtime import distributed
 
 pid, n, port, ckpt_dir = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
 distributed.initialize(f"127.0.0.1:{port}", n, pid, timeout_s=60)

@@ -1,4 +1,4 @@
-"""jaxrl.distributed: resolution of args/env, two real processes on localhost, a peer that never comes."""
+"""jaxrl.runtime.distributed: resolution of args/env, two real processes on localhost, a peer that never comes."""
 
 import json
 import os
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from tests._xla import xla_flags
 
-from jaxrl.distributed import ClusterSpec, resolve
+from jaxrl.runtime.distributed import ClusterSpec, resolve
 from jaxrl.errors import UserError
 
 # tests/suite.py runs these alone: 2-process groups; a missing peer's exit is bounded in wall-clock time.
@@ -114,7 +114,7 @@ def test_two_processes_psum_and_orbax_roundtrip(tmp_path):
 def test_missing_peer_exits_with_clear_message_within_timeout(process_id):
     port = _free_port()
     code = (
-        "from jaxrl import distributed\n"
+        "from jaxrl.runtime import distributed\n"
         f"distributed.initialize('127.0.0.1:{port}', 2, {process_id}, timeout_s=3)\n"
         "print('initialised')\n"
     )

@@ -30,7 +30,7 @@ import numpy as np
 import pytest
 from tests._xla import xla_flags
 
-from jaxrl.distributed import EXIT_PEER_LOST, HEARTBEAT_ENV, peer_verdict
+from jaxrl.runtime.distributed import EXIT_PEER_LOST, HEARTBEAT_ENV, peer_verdict
 
 # tests/suite.py runs these alone: 2-process jax.distributed groups keep both cores busy, and a lost peer
 # must be noticed within a heartbeat.
@@ -212,7 +212,7 @@ def test_only_process_zero_logs_to_the_tracker(tmp_root, monkeypatch):
     """Trackers on several hosts (issue 31 item 1): the 2 x 2 run of CASES["grpo"] (`logging.trackers=[mlflow]`)
     has one MLflow run, the one RUN/trackers.json names, holding every step's loss of metrics.jsonl."""
     pytest.importorskip("mlflow")
-    from jaxrl.trackers import STATE_FILE, mlflow_key
+    from jaxrl.runtime.trackers import STATE_FILE, mlflow_key
 
     two = run_case("grpo", 2, tmp_root)
     ids = json.loads((tmp_root / "grpo-2" / STATE_FILE).read_text())["mlflow"]

@@ -35,7 +35,7 @@ BASE = (
 )
 
 TIMING_KEYS = ()
-TIMING_PREFIX = ("time/", "throughput/")  # wall-clock keys (`jaxrl.step_time`): they differ between runs
+TIMING_PREFIX = ("time/", "throughput/")  # wall-clock keys (`jaxrl.runtime.step_time`): they differ between runs
 
 
 def env(fast_compile: bool = True) -> dict[str, str]:

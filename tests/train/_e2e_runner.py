@@ -68,7 +68,8 @@ class _CompileLog(logging.Handler):
 
 
 def _max_param_change(cfg, run_dir: Path) -> float:
-    from jaxrl import build, model_io
+    from jaxrl import build
+    from jaxrl.io import model_io
 
     tok = build.build_tokenizer(cfg.model, cfg.tokenizer)
     init = nnx.state(build.build_model(cfg.model, vocab_size=len(tok), seed=cfg.train.seed), nnx.Param)

@@ -22,11 +22,11 @@ import pytest
 
 from _common import ROOT, env, metrics, train_cmd
 
-from jaxrl.checkpoint import Restored
+from jaxrl.io.checkpoint import Restored
 from jaxrl.config import load_config
 from jaxrl.errors import ConfigError
 from jaxrl.rl.ahead import Ahead, Synchronous, make_feed
-from jaxrl.step_time import StageClock
+from jaxrl.runtime.step_time import StageClock
 from jaxrl.train_step import TrainState
 
 

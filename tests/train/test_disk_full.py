@@ -19,7 +19,7 @@ import pytest
 from _common import ROOT, env, metrics, train_cmd
 
 from jaxrl.errors import CheckpointError
-from jaxrl.metrics import MetricsWriter
+from jaxrl.runtime.metrics import MetricsWriter
 
 
 def _mount_tmpfs(path: Path, size: int) -> None:
@@ -83,7 +83,7 @@ def test_a_metrics_file_cut_short_is_repaired_on_resume(tmp_path, caplog):
     rows = [{"step": 1, "loss": 0.5}, {"step": 2, "loss": 0.25}]
     text = "".join(json.dumps(r) + "\n" for r in rows)
     (tmp_path / "metrics.jsonl").write_text(text + '{"step": 3, "lo')  # the disk filled mid-line
-    caplog.set_level(logging.WARNING, "jaxrl.metrics")
+    caplog.set_level(logging.WARNING, "jaxrl.runtime.metrics")
     MetricsWriter(tmp_path, resume_step=2, tensorboard=False).close()
     assert (tmp_path / "metrics.jsonl").read_text() == text
     assert any("cut short" in r.getMessage() for r in caplog.records)

@@ -49,7 +49,7 @@ def test_lora_trains_adapters_only_against_the_base(tmp_path):
     rows = metrics(run)
     assert abs(rows[0]["kl"]) < 1e-6 and rows[1]["kl"] > 1e-6
     assert all(r["train/grad_norm"] > 0 for r in rows)
-    from jaxrl import lora_io
+    from jaxrl.io import lora_io
 
     lora_cfg, base = lora_io.read_adapter_config(run / "adapters")  # export-ready copy of the adapters
     assert lora_cfg.rank == 4 and len(base["sha256"]) == 64

@@ -20,7 +20,7 @@ import pytest
 
 from _common import ROOT, env, train_cmd
 
-from jaxrl import step_time
+from jaxrl.runtime import step_time
 from jaxrl.errors import UserError
 
 # logging.basicConfig's format in jaxrl/commands/train.py, from a jaxrl logger
@@ -64,7 +64,7 @@ def test_help_and_train_print_only_jaxrl_lines_on_stderr(run):
 
 def test_plain_lines_every_n_steps_and_one_line_per_phase(run):
     _, proc, run_dir, _ = run
-    steps = re.findall(r"jaxrl\.metrics: (step \d+/3: .*)", proc.stderr)
+    steps = re.findall(r"jaxrl\.runtime\.metrics: (step \d+/3: .*)", proc.stderr)
     assert [s.split(":")[0] for s in steps] == ["step 0/3", "step 2/3", "step 3/3"]  # every 2nd step + the last
     assert "reward/mean" in steps[1] and "loss" in steps[1] and "eval/accuracy" in steps[1]
     assert "time/step" in steps[1] and "eval/accuracy" not in steps[2]

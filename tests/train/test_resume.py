@@ -35,7 +35,7 @@ def _ok(proc: subprocess.CompletedProcess) -> None:
 
 
 def _params(run_dir: Path, step: int | None = None):
-    from jaxrl import model_io
+    from jaxrl.io import model_io
 
     path = run_dir / "checkpoints" / (str(step) if step is not None else "")
     model, _ = model_io.load_model_checkpoint(path)

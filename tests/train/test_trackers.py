@@ -23,7 +23,7 @@ from _common import ROOT, env, train_cmd
 
 from jaxrl.config import load_config
 from jaxrl.errors import ConfigError
-from jaxrl.trackers import STATE_FILE, mlflow_key
+from jaxrl.runtime.trackers import STATE_FILE, mlflow_key
 
 wandb = pytest.importorskip("wandb")
 pytest.importorskip("mlflow")
@@ -248,7 +248,7 @@ def test_tensorboard_writer_does_not_import_torch_and_torch_still_imports_after(
     """tensorboardX tries `import torch` at import (3 s of every start where torch is installed, as in this
     test environment); jaxrl's import of it must not load torch, nor stop a later `import torch`."""
     pytest.importorskip("torch")
-    code = ("import sys; from jaxrl.trackers import summary_writer_class; summary_writer_class(); "
+    code = ("import sys; from jaxrl.runtime.trackers import summary_writer_class; summary_writer_class(); "
             "print('torch' in sys.modules, 'torch' in sys.modules and sys.modules['torch'] is None); "
             "import torch; print(torch.ones(2).sum().item())")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env(), cwd=ROOT,

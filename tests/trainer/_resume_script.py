@@ -14,9 +14,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jaxrl.checkpoint import Checkpointer, key_from_json, key_to_json
+from jaxrl.io.checkpoint import Checkpointer, key_from_json, key_to_json
 from jaxrl.data import Encoder, arithmetic, train_iterator
-from jaxrl.metrics import MetricsWriter
+from jaxrl.runtime.metrics import MetricsWriter
 from jaxrl.tokenizer import builtin_tokenizer
 
 

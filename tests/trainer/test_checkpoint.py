@@ -14,10 +14,10 @@ import numpy as np
 import optax
 import pytest
 
-from jaxrl.checkpoint import Checkpointer, PreemptionGuard, key_from_json, key_to_json
+from jaxrl.io.checkpoint import Checkpointer, PreemptionGuard, key_from_json, key_to_json
 from jaxrl.data import Encoder, arithmetic, train_iterator
 from jaxrl.errors import CheckpointError
-from jaxrl.metrics import read_metrics
+from jaxrl.runtime.metrics import read_metrics
 from jaxrl.tokenizer import builtin_tokenizer
 
 _TX = optax.adamw(1e-2)
@@ -103,7 +103,7 @@ def test_corrupted_step_is_skipped(tmp_path, caplog):
             f.write_bytes(f.read_bytes()[: len(f.read_bytes()) // 2])  # truncated writes
     like_params, like_opt = _state(0)
     ckpt = Checkpointer(tmp_path, every=1, keep=3, async_save=False)
-    with caplog.at_level("WARNING", logger="jaxrl.checkpoint"):
+    with caplog.at_level("WARNING", logger="jaxrl.io.checkpoint"):
         restored = ckpt.restore_latest(like_params, like_opt)
     assert restored.step == 1
     _assert_tree_equal(restored.params, _state(1)[0])
@@ -161,11 +161,11 @@ def test_preemption_guard_turns_sigterm_into_a_flag():
 
 
 def test_trainer_layout_is_readable_by_model_io(tmp_path):
-    """RUN/checkpoints/{model_config.json, tokenizer/, <step>/params} is what `jaxrl.model_io` loads."""
+    """RUN/checkpoints/{model_config.json, tokenizer/, <step>/params} is what `jaxrl.io.model_io` loads."""
     from flax import nnx
     from jaxrl.models import Transformer, TransformerConfig
 
-    from jaxrl import model_io
+    from jaxrl.io import model_io
 
     tok = builtin_tokenizer()
     model = Transformer(TransformerConfig.tiny(vocab_size=len(tok), norm="siamese"), rngs=nnx.Rngs(3))

@@ -11,7 +11,7 @@ import pytest
 from jaxrl import losses
 from jaxrl.errors import ConfigError
 from jaxrl.rl.distill import discounted_future_sum_BT, distill_advantages_BT
-from jaxrl.run_checks import check_same_tokenizer
+from jaxrl.runtime.run_checks import check_same_tokenizer
 
 
 def _tinker_rule(adv, old, teacher, mask, coef, discount):

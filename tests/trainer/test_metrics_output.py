@@ -13,7 +13,7 @@ import pytest
 from jaxrl import cli
 from jaxrl.config import LoggingConfig, WandbConfig, load_config
 from jaxrl.errors import ConfigError
-from jaxrl.metrics import MetricsWriter, plain_line
+from jaxrl.runtime.metrics import MetricsWriter, plain_line
 from jaxrl.plot import plot_runs
 
 
@@ -35,12 +35,12 @@ def test_bar_shows_the_step_just_written(tmp_path):
 
 def test_plain_lines_every_n_steps_without_a_bar(tmp_path, caplog):
     stream = io.StringIO()
-    caplog.set_level(logging.INFO, logger="jaxrl.metrics")
+    caplog.set_level(logging.INFO, logger="jaxrl.runtime.metrics")
     with MetricsWriter(tmp_path, total_steps=5, tensorboard=False, primary=True, progress_bar=False,
                        log_every=2, bar_file=stream) as w:
         for step in range(1, 6):
             w.write(step, {"reward/mean": step / 10, "loss": float(step), "kl": float("nan"), "other": 3.0})
-    lines = [r.getMessage() for r in caplog.records if r.name == "jaxrl.metrics"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "jaxrl.runtime.metrics"]
     assert lines == ["step 2/5: reward/mean 0.2, loss 2, kl nan", "step 4/5: reward/mean 0.4, loss 4, kl nan",
                      "step 5/5: reward/mean 0.5, loss 5, kl nan"]  # every 2nd step, and the last one
     assert stream.getvalue() == ""  # no bar drawn
@@ -49,7 +49,7 @@ def test_plain_lines_every_n_steps_without_a_bar(tmp_path, caplog):
 
 
 def test_from_config_reads_the_logging_section(tmp_path, caplog):
-    caplog.set_level(logging.INFO, logger="jaxrl.metrics")
+    caplog.set_level(logging.INFO, logger="jaxrl.runtime.metrics")
     cfg = LoggingConfig(every=3, progress_bar=False, tensorboard=False)
     with MetricsWriter.from_config(tmp_path, cfg, total_steps=7, primary=True) as w:
         for step in range(1, 8):
@@ -73,7 +73,7 @@ class _FakeTracker:
 
 
 def test_trackers_get_every_numeric_row_and_the_samples(tmp_path):
-    """The writer's side of `jaxrl.trackers` (tests/train/test_trackers.py runs the real W&B and MLflow)."""
+    """The writer's side of `jaxrl.runtime.trackers` (tests/train/test_trackers.py runs the real W&B and MLflow)."""
     tracker = _FakeTracker()
     with MetricsWriter(tmp_path, tensorboard=False, primary=True, progress_bar=False, trackers=[tracker]) as w:
         w.write(1, {"loss": 0.5, "flag": True, "note": "x", "kl": float("nan")})

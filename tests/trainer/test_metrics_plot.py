@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from jaxrl.cli import main
-from jaxrl.metrics import MetricsWriter, read_metrics, reduce_across_hosts
+from jaxrl.runtime.metrics import MetricsWriter, read_metrics, reduce_across_hosts
 
 
 def _write_run(run_dir, steps, scale, resume_step=0, tensorboard=False):

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from jaxrl.metrics import read_metrics
+from jaxrl.runtime.metrics import read_metrics
 
 SUMMARY_FILE = "run_summary.json"
 

@@ -27,9 +27,9 @@ import orbax.checkpoint as ocp
 from flax import nnx
 
 from jaxrl.errors import CheckpointError
-from jaxrl.model_params import model_from_params, token_ids  # noqa: F401 -- re-exported
+from jaxrl.io.model_params import model_from_params, token_ids  # noqa: F401 -- re-exported
 from jaxrl.models import Llama3RopeScaling, Transformer, TransformerConfig
-from jaxrl.run_dir import owns_model_checkpoint, replace_owned_files
+from jaxrl.runtime.run_dir import owns_model_checkpoint, replace_owned_files
 
 CONFIG_FILE = "model_config.json"
 PARAMS_ITEM = "params"
@@ -181,7 +181,7 @@ def load_model(path: str | os.PathLike, *, dtype: str | None = None):
     """(model, tokenizer or None) from an HF directory (config.json) or any jaxrl checkpoint layout."""
     path = Path(path)
     if (path / "config.json").is_file() and not (path / CONFIG_FILE).is_file():
-        from jaxrl import hf
+        from jaxrl.io import hf
 
         return hf.from_pretrained(path, dtype=dtype or "float32"), load_tokenizer(path)
     return load_model_checkpoint(path, dtype=dtype)

@@ -1,5 +1,5 @@
-"""A model from a parameter dict, and the token ids a saved model config records (shared by `jaxrl.model_io`
-and `jaxrl.hf`, which import this module and never each other at load time)."""
+"""A model from a parameter dict, and the token ids a saved model config records (shared by `jaxrl.io.model_io`
+and `jaxrl.io.hf`, which import this module and never each other at load time)."""
 
 from __future__ import annotations
 

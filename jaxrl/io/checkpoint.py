@@ -1,6 +1,6 @@
 """Training checkpoints: orbax `CheckpointManager` with async saves, keep-last-K, corrupted-step fallback.
 
-Layout (read by `jaxrl.model_io.load_model_checkpoint` and `jaxrl export-hf`):
+Layout (read by `jaxrl.io.model_io.load_model_checkpoint` and `jaxrl export-hf`):
 
     RUN/checkpoints/model_config.json     TransformerConfig JSON (written once by the primary process)
     RUN/checkpoints/tokenizer/            optional, `tokenizer.save_pretrained`

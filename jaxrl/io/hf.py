@@ -8,7 +8,7 @@
   (`jaxrl/remote_code/`) copied next to the weights and `auto_map` set, so
   `AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True)` loads them.
 * Writing goes to a temporary directory next to the target; its files then replace only files we wrote
-  (`jaxrl.run_dir.replace_owned_files`).
+  (`jaxrl.runtime.run_dir.replace_owned_files`).
 The name/layout table between HF tensors and jaxrl parameters lives in `jaxrl.models.hf_io`.
 """
 
@@ -23,15 +23,15 @@ from typing import Any
 import numpy as np
 from flax import nnx
 
-from jaxrl._safetensors_dir import TensorReader, parse_size, write_tensors
+from jaxrl.io._safetensors_dir import TensorReader, parse_size, write_tensors
 from jaxrl.errors import CheckpointError
-from jaxrl.model_params import model_from_params, token_ids
-from jaxrl.progress import Progress, tracked
+from jaxrl.io.model_params import model_from_params, token_ids
+from jaxrl.runtime.progress import Progress, tracked
 from jaxrl.models import Transformer, TransformerConfig
 from jaxrl.models import hf_io
-from jaxrl.run_dir import owns_hf_export, replace_owned_files
+from jaxrl.runtime.run_dir import owns_hf_export, replace_owned_files
 
-REMOTE_CODE_DIR = Path(__file__).parent / "remote_code"
+REMOTE_CODE_DIR = Path(__file__).parents[1] / "remote_code"
 REMOTE_CODE_FILES = ("configuration_jaxrl.py", "modeling_jaxrl.py")
 REMOTE_ARCHITECTURE = "JaxrlForCausalLM"
 REMOTE_MODEL_TYPE = "jaxrl_decoder"

@@ -4,7 +4,7 @@ A phase that ends within `every_s` seconds logs nothing here (its caller logs on
 a longer one logs `what: done/total unit (elapsed s)` at most once every `every_s` seconds, and one closing
 line, so a log written without a terminal shows that the run is alive and how far the phase is, never
 progress-bar frames. The SFT warm start and reward-model training log through their own step lines
-(`jaxrl.rl.loop`, `jaxrl.metrics`).
+(`jaxrl.rl.loop`, `jaxrl.runtime.metrics`).
 
     for batch in tracked(batches, "evaluation", unit="batches"):
         ...
@@ -20,7 +20,7 @@ from typing import TypeVar
 T = TypeVar("T")
 EVERY_S = 10.0
 
-_log = logging.getLogger("jaxrl.progress")
+_log = logging.getLogger("jaxrl.runtime.progress")
 _now = time.monotonic  # the clock; tests replace it
 
 

@@ -4,7 +4,7 @@ The run directory is a writable directory, an HF model has its tokenizer files, 
 resumed by this config (`check_resume`). A failure raises a `UserError` naming every differing field, and
 nothing in the run directory has been touched (a failed resume used to rewrite `config.yaml` and
 `model_config.json` first, after which `sample` and `export-hf` failed on the original checkpoints).
-The file-ownership helpers these checks share with the exporters live in `jaxrl.run_dir`.
+The file-ownership helpers these checks share with the exporters live in `jaxrl.runtime.run_dir`.
 """
 
 from __future__ import annotations
@@ -14,15 +14,15 @@ import os
 from pathlib import Path
 from typing import Any
 
-from jaxrl import trackers
+from jaxrl.runtime import trackers
 from jaxrl.errors import ConfigError
-from jaxrl.run_dir import EXECUTION_ONLY, TOKENIZER_FILES, check_writable_dir
+from jaxrl.runtime.run_dir import EXECUTION_ONLY, TOKENIZER_FILES, check_writable_dir
 
 
 def check_tokenizer_source(cfg: Any) -> None:
     """An HF directory or checkpoint as the model needs its own tokenizer files unless `tokenizer:` names one
     (a 49k-vocabulary model must not silently train with the 102-character built-in tokenizer)."""
-    from jaxrl import model_io
+    from jaxrl.io import model_io
 
     if cfg.tokenizer.kind == "hf":
         return
@@ -46,7 +46,7 @@ def check_teacher(path: str, tokenizer) -> Path:
     """The on-policy distillation teacher at `path` (a jaxrl run / checkpoint directory or an HF directory)
     reads the student's token ids: its saved tokenizer is `tokenizer` and its embedding covers it. Reads the
     configs and tokenizer files only; returns the directory. ConfigError (one line) otherwise."""
-    from jaxrl import hf, model_io
+    from jaxrl.io import hf, model_io
     from jaxrl.errors import CheckpointError
 
     where = Path(path).expanduser()
@@ -124,7 +124,8 @@ def _diff(prefix: str, stored: dict, new: dict, keys) -> list[str]:
 
 def _expected_model(cfg: Any, tokenizer) -> dict:
     """The TransformerConfig (as JSON) `jaxrl.build.build_model` would produce, without loading weights."""
-    from jaxrl import build, hf, model_io
+    from jaxrl import build
+    from jaxrl.io import hf, model_io
 
     m = cfg.model
     if m.preset is not None:
@@ -158,7 +159,8 @@ def check_resume(cfg: Any, run_dir: str | os.PathLike, checkpoint_dir: str | Non
     import yaml
     from etils import epath
 
-    from jaxrl import build, model_io
+    from jaxrl import build
+    from jaxrl.io import model_io
 
     ckpt_dir = epath.Path(checkpoint_dir) if checkpoint_dir else epath.Path(Path(run_dir) / "checkpoints")
     stored_file = ckpt_dir / model_io.CONFIG_FILE

@@ -1,4 +1,4 @@
-"""Run-directory logging: `metrics.jsonl`, `samples.jsonl`, experiment trackers (`jaxrl.trackers`:
+"""Run-directory logging: `metrics.jsonl`, `samples.jsonl`, experiment trackers (`jaxrl.runtime.trackers`:
 TensorBoard, W&B, MLflow), a tqdm bar (on a terminal, `interactive`) or plain log lines every `log_every`
 steps; cross-host reduction.
 
@@ -21,7 +21,7 @@ from typing import Any, Mapping, Sequence
 import jax
 import numpy as np
 
-from jaxrl import trackers as trackers_lib
+from jaxrl.runtime import trackers as trackers_lib
 from jaxrl.errors import CheckpointError
 
 METRICS_FILE = "metrics.jsonl"
@@ -95,7 +95,7 @@ class MetricsWriter:
     plain log lines.
 
     Only the primary process writes. With the bar on it shows the step just written and its `postfix_keys`;
-    with it off, one line `step N/TOTAL: key value, ...` is logged (logger `jaxrl.metrics`, INFO) every
+    with it off, one line `step N/TOTAL: key value, ...` is logged (logger `jaxrl.runtime.metrics`, INFO) every
     `log_every` steps and for the last step.
 
     Args:
@@ -108,7 +108,7 @@ class MetricsWriter:
       postfix_keys: metrics shown on the progress bar.
       progress_bar: draw a tqdm bar (needs `total_steps`); False logs plain lines instead.
       log_every: steps between plain log lines.
-      trackers: `jaxrl.trackers.Tracker`s that get every row's numbers and the samples; closed with the
+      trackers: `jaxrl.runtime.trackers.Tracker`s that get every row's numbers and the samples; closed with the
         writer.
       bar_file: stream the bar is drawn on (default stderr).
     """

@@ -1,7 +1,7 @@
 """Run and output directories: what may be written where, checked before any model is built or any
 file is written.
 
-* `check_writable_dir`, `check_output_dir`: the directory checks of `jaxrl train` (`jaxrl.run_checks`) and of
+* `check_writable_dir`, `check_output_dir`: the directory checks of `jaxrl train` (`jaxrl.runtime.run_checks`) and of
   the exporters.
 * `earlier_run`, `start_fresh_run`: a fresh run (`checkpoint.resume: false`, `jaxrl train --overwrite-run`)
   never writes into a directory that holds another run's checkpoints or metrics; `--overwrite-run` moves that
@@ -114,7 +114,7 @@ def start_fresh_run(run_dir: str | os.PathLike, checkpoint_dir: str | None = Non
     Returns:
       Where the earlier run was moved, or None when nothing moved.
     """
-    from jaxrl import run_lock
+    from jaxrl.runtime import run_lock
 
     run_dir = Path(run_dir)
     found = earlier_run(run_dir, checkpoint_dir)

@@ -4,7 +4,7 @@ Each tracker gets the resolved config once, every step's numeric metrics with th
 samples as a table (W&B: a `wandb.Table` under `samples`; MLflow: the artifact `samples.json` via
 `log_table`, one row per completion; TensorBoard: a Markdown table under the text tag `samples`, the config
 under `config`).
-`make_trackers` is the one factory: `jaxrl.metrics.MetricsWriter` calls the trackers it returns; only the
+`make_trackers` is the one factory: `jaxrl.runtime.metrics.MetricsWriter` calls the trackers it returns; only the
 primary process (`jax.process_index() == 0`) gets any.
 
 A resumed run continues the same tracker run: the W&B and MLflow run ids are kept in RUN/trackers.json

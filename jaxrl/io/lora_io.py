@@ -35,7 +35,7 @@ from typing import Any, Mapping
 import numpy as np
 from safetensors.numpy import save_file
 
-from jaxrl.run_dir import replace_owned_files
+from jaxrl.runtime.run_dir import replace_owned_files
 from jaxrl.errors import CheckpointError, ConfigError
 from jaxrl.models import TransformerConfig
 from jaxrl.models import lora
@@ -228,8 +228,8 @@ def export_merged(model_cfg: TransformerConfig, params: Mapping, adapters: Mappi
                   out: str | os.PathLike, *, tokenizer=None, max_shard_size: int | str = "5GB",
                   overwrite: bool = False) -> Path:
     """Write base + adapters merged (W + (α/r)·A·B, `lora.merge`) as a full HF directory."""
-    from jaxrl import hf
-    from jaxrl.model_io import model_from_params
+    from jaxrl.io import hf
+    from jaxrl.io.model_io import model_from_params
 
     merged = lora.merge(params, adapters, cfg)
     model = model_from_params(model_cfg, merged, where="merged LoRA model")
@@ -375,7 +375,7 @@ def load_base(adapter_dir: str | os.PathLike, base: str | os.PathLike | None = N
     """(model, tokenizer, description) of the base of the adapters in `adapter_dir`: `base` when given, else
     the recorded path, else (a preset base, recorded without a path) rebuilt from the run's `config.yaml`
     beside the adapters. `load_adapters` then checks it against the recorded fingerprint."""
-    from jaxrl import model_io
+    from jaxrl.io import model_io
 
     adapter_dir = Path(adapter_dir)
     _, ref = read_adapter_config(adapter_dir)
@@ -416,7 +416,7 @@ def merged_model(adapter_dir: str | os.PathLike, base: str | os.PathLike | None 
     a LoRA run."""
     from flax import nnx
 
-    from jaxrl.model_io import model_from_params
+    from jaxrl.io.model_io import model_from_params
 
     adapter_dir = find_adapters(adapter_dir) or adapter_dir
     model, tokenizer, _ = load_base(adapter_dir, base)
@@ -437,7 +437,7 @@ def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, *, 
     """
     from flax import nnx
 
-    from jaxrl import run_dir
+    from jaxrl.runtime import run_dir
 
     if mode not in ("merge", "peft"):
         raise ValueError(f"mode must be 'merge' or 'peft', got {mode!r}")
@@ -461,7 +461,8 @@ def import_peft_checkpoint(peft_dir: str | os.PathLike, hf_dir: str | os.PathLik
     """
     from flax import nnx
 
-    from jaxrl import hf, run_dir
+    from jaxrl.io import hf
+    from jaxrl.runtime import run_dir
 
     run_dir.check_output_dir(out, owns=owns_adapter_checkpoint, overwrite=overwrite, what="--out")
     params = nnx.state(hf.from_pretrained(hf_dir), nnx.Param).to_pure_dict()
