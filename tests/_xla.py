@@ -13,6 +13,7 @@ another CPU. A comparison inside a test runs both of its sides with the same fla
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 FAST_COMPILE = "" if os.environ.get("JAXRL_TEST_XLA_DEFAULTS") == "1" else "--xla_backend_optimization_level=1"
 
@@ -21,3 +22,9 @@ def xla_flags(devices: int | None = None) -> str:
     """`XLA_FLAGS` for a suite process: `devices` fake CPU devices (None: XLA's one device) and FAST_COMPILE."""
     count = "" if devices is None else f"--xla_force_host_platform_device_count={devices}"
     return f"{count} {FAST_COMPILE}".strip()
+
+
+def suite_cache_dir() -> Path:
+    """The suite's one persistent compilation cache (`JAX_COMPILATION_CACHE_DIR`, set by `make test`; else the
+    clone's `.cache/jax`), for CLI subprocesses that set their own environment."""
+    return Path(os.environ.get("JAX_COMPILATION_CACHE_DIR") or Path(__file__).resolve().parents[1] / ".cache" / "jax")

@@ -17,10 +17,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests._xla import xla_flags
+from tests._xla import suite_cache_dir, xla_flags
 
 ROOT = Path(__file__).resolve().parents[2]
-CACHE = Path(os.environ.get("JAX_COMPILATION_CACHE_DIR") or ROOT / ".cache" / "jax")  # the suite's cache
+CACHE = suite_cache_dir()
 SHORT = ("sft_warmup.steps=4", "sft_warmup.batch_size=6", "train.steps=2", "train.eval_every=2",
          "data.prompts_per_step=2", "data.eval_size=4", "rollout.group_size=2", "rollout.max_new_tokens=40",
          "rollout.gen_buckets=[40]", "logging.progress_bar=false", "logging.tensorboard=false",

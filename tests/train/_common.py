@@ -14,12 +14,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests._xla import xla_flags
+from tests._xla import suite_cache_dir, xla_flags
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 # the suite's one compilation cache (the Makefile sets it), or a cache of its own when run without `make test`
-CACHE = Path(os.environ.get("JAX_COMPILATION_CACHE_DIR") or ROOT / ".cache" / "jax")
+CACHE = suite_cache_dir()
 
 # Two rewards (so gdpo/gd2po apply) that vary inside a group on an untrained model.
 REWARDS = ("rewards=[{name: digits, type: function, function: '_train_rewards:digit_frac'},"
