@@ -93,7 +93,8 @@ def test_sigkill_then_restart_reproduces_the_uninterrupted_run(reference, tmp_pa
 
 def test_sigterm_saves_and_exits_75_then_resumes_exactly(reference, tmp_path):
     """SIGTERM (preemption) saves the step it stopped after and exits 75 (EX_TEMPFAIL), so a supervisor
-    restarts the run instead of treating it as finished; the restart resumes bit-identically."""
+    restarts the run instead of treating it as finished; stderr ends with one line saying so (no traceback),
+    the run's lock is released, and the restart resumes bit-identically. (SIGINT: tests/runtime/test_signals.py.)"""
     overrides = (*RESUME, "checkpoint.every=5")  # no periodic checkpoint before step 5
     proc = subprocess.Popen(train_cmd(tmp_path, *overrides), cwd=ROOT, env=env(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
@@ -104,8 +105,14 @@ def test_sigterm_saves_and_exits_75_then_resumes_exactly(reference, tmp_path):
     stopped = max(r["step"] for r in metrics(tmp_path))
     assert stopped < STEPS
     assert _steps(tmp_path) == [stopped], "SIGTERM must save the step it stopped after"
-    assert "preemption" in err and f"stopped by SIGTERM after step {stopped}" in err
-    _ok(run_train(tmp_path, *overrides))
+    assert "preemption" in err and "Traceback" not in err
+    assert err.strip().splitlines()[-1] == (
+        f"jaxrl train: stopped by SIGTERM after step {stopped}; checkpoint saved in {tmp_path}; run the same "
+        f"command to resume (exit 75)")
+    assert (tmp_path / ".jaxrl-train.lock").read_text() == ""  # released cleanly
+    restarted = run_train(tmp_path, *overrides)
+    _ok(restarted)
+    assert f"resumed from step {stopped}" in restarted.stderr
     assert metrics(tmp_path) == metrics(reference)
 
 
