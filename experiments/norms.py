@@ -34,7 +34,7 @@ NORMS = ("pre", "post", "siamese")
 def corpus_rows(seq_len: int, *, size: str = "tiny", seed: int = 0) -> tuple[np.ndarray, int]:
     """Token rows [R, seq_len] of the entity world's documents, and the vocabulary size of the tokenizer."""
     from jaxrl.data.entities import build_world
-    from jaxrl.tokenizer import builtin_tokenizer
+    from jaxrl.io.tokenizer import builtin_tokenizer
 
     tok = builtin_tokenizer()
     ids: list[int] = []

@@ -103,7 +103,7 @@ def attention_kernel(cfg: ModelConfig, backend: str | None = None, devices: int 
 def build_tokenizer(model_cfg: ModelConfig, tok_cfg: TokenizerConfig):
     """The tokenizer: the config's, else the one saved with the HF directory / jaxrl checkpoint, else the
     built-in one."""
-    from jaxrl import tokenizer as tokenizer_lib
+    from jaxrl.io import tokenizer as tokenizer_lib
     from jaxrl.io import model_io
 
     if tok_cfg.kind == "hf":

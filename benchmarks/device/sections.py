@@ -11,7 +11,7 @@ Sections (SHAPE names a model shape where one applies):
   `jaxrl.sampling.generate` / transformers `generate` (the runners of `benchmarks/sampling.py`), random bf16
   weights; `decode_hf_static` the same with transformers' static cache.
 * `update`: jaxrl's GRPO update (`jaxrl.train_step.train_step`, set up by `benchmarks/train_step.py`) in bf16
-  compute over float32 master weights and AdamW moments, and its model FLOPs; `jaxrl.plan` picks the
+  compute over float32 master weights and AdamW moments, and its model FLOPs; `jaxrl.plan.memory` picks the
   gradient-accumulation micro-batch that fits.
 * `train_cli`: `jaxrl plan` and then `jaxrl train` (2 steps) of `smollm2_grpo.yaml`, in this process.
 Every JAX section reports its process's peak memory (`memory_stats()["peak_bytes_in_use"]`, or the host's
@@ -229,10 +229,10 @@ def model_flops(cfg, rows: int, prompt: int, completion: int) -> float:
 
 
 def _grad_accum(cfg, s: Settings, limit: int | None, accelerator: str):
-    """(micro-batches, `jaxrl.plan.plan_memory` of one micro-batch): the fewest micro-batches, at least
+    """(micro-batches, `jaxrl.plan.memory.plan_memory` of one micro-batch): the fewest micro-batches, at least
     `s.min_grad_accum`, whose planned peak is at most half the device's memory limit (the plan leaves out
     XLA's temporaries, the accumulated gradients and the bf16 copy of the weights)."""
-    from jaxrl.plan import plan_memory
+    from jaxrl.plan.memory import plan_memory
     from jaxrl.sharding import MeshConfig
 
     accum = s.min_grad_accum

@@ -1,6 +1,6 @@
 """`jaxrl launch CONFIG --tpu NAME --zone ZONE --accelerator-type v5p-64`: run a config on a Cloud TPU pod.
 
-See `jaxrl.launch` for the flow. `--dry-run` prints every command and runs nothing (it reads the HEAD id).
+See `jaxrl.runtime.launch` for the flow. `--dry-run` prints every command and runs nothing (it reads the HEAD id).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from jaxrl import launch
+from jaxrl.runtime import launch
 from jaxrl.errors import UserError
 
 

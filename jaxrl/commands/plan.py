@@ -18,7 +18,7 @@ yet), and `--set model.hf_path=null --set model.preset=NAME` from a built-in pre
 
 `--compile` also lowers and compiles the run's train step, log-prob pass and sampler at these shapes on `--devices`
 fake CPU devices from abstract weights and prints XLA's per-device memory, FLOPs and collectives per program
-(`jaxrl.plan_compile`), with the analytic peak beside; a compiled program over the HBM, or XLA's "Involuntary
+(`jaxrl.plan.compiled`), with the analytic peak beside; a compiled program over the HBM, or XLA's "Involuntary
 full rematerialization" (a tensor replicated because it could not be resharded), exits 2 with one line.
 
 Exit code 0 when the peak fits the accelerator's HBM, 1 when it does not.
@@ -33,7 +33,7 @@ from jaxrl.errors import ConfigError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from jaxrl.plan import HBM_GIB, REMATS
+    from jaxrl.plan.memory import HBM_GIB, REMATS
 
     parser.add_argument("config", help="experiment YAML")
     parser.add_argument("--devices", type=int, required=True, help="number of accelerator devices (chips)")
@@ -55,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also lower and compile the train step, log-prob pass and sampler at these shapes on "
                              "--devices fake CPU devices (abstract weights) and print XLA's per-device "
                              "memory, "
-                             "FLOPs and collectives (jaxrl.plan_compile)")
+                             "FLOPs and collectives (jaxrl.plan.compiled)")
 
 
 def model_config(model, hf_config: str | None = None):
@@ -158,7 +158,7 @@ def lora_plan(plan, model_cfg, lora_cfg, quantize: str, mesh_cfg, num_devices: i
 
 def run(args: argparse.Namespace) -> int:
     from jaxrl.config import load_config
-    from jaxrl.plan import GIB, plan_memory
+    from jaxrl.plan.memory import GIB, plan_memory
 
     if args.devices < 1:
         raise ConfigError(f"--devices={args.devices}: must be >= 1")
@@ -212,12 +212,12 @@ def _fake_devices(n: int) -> None:
 
 
 def _compile(cfg, model_cfg, plan, devices: int) -> None:
-    """Compiles the run's programs (`jaxrl.plan_compile`) and prints their table; a program over the HBM, or
+    """Compiles the run's programs (`jaxrl.plan.compiled`) and prints their table; a program over the HBM, or
     a compile that replicated a tensor it could not reshard, is a ConfigError (exit 2)."""
     import jax
 
-    from jaxrl import plan_compile
-    from jaxrl.plan import GIB
+    from jaxrl.plan import compiled as plan_compile
+    from jaxrl.plan.memory import GIB
     from jaxrl.sharding import RULES, make_mesh
 
     if len(jax.devices()) != devices:
@@ -241,12 +241,12 @@ def _compile(cfg, model_cfg, plan, devices: int) -> None:
 
 def _host_plan(cfg, plan, checkpointed_params: int, model_cfg, chips_per_host: int, *, rollout_rows: int,
                completion_len: int):
-    """`jaxrl.plan_host.plan_host` of this run: what one host's RAM holds (the checkpoint stages the trained
+    """`jaxrl.plan.host.plan_host` of this run: what one host's RAM holds (the checkpoint stages the trained
     parameters, i.e. the adapters alone under LoRA, and their AdamW moments; the initial load reads the whole
     model in its stored dtype; every host holds the whole rollout batch)."""
     import jax.numpy as jnp
 
-    from jaxrl.plan_host import plan_host
+    from jaxrl.plan.host import plan_host
 
     if chips_per_host < 1:
         raise ConfigError(f"--chips-per-host={chips_per_host}: must be >= 1")

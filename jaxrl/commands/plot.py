@@ -15,7 +15,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from jaxrl.plot import plot_runs
+    from jaxrl.runtime.plot import plot_runs
 
     out = Path(args.out) if args.out else Path(args.run_dirs[0]) / "plots"
     written = plot_runs(args.run_dirs, out)

@@ -83,7 +83,7 @@ class ModelConfig:
 
 @dataclasses.dataclass(frozen=True)
 class TokenizerConfig:
-    """`builtin` is the tiny character tokenizer of `jaxrl.tokenizer`; `path` an HF tokenizer directory."""
+    """`builtin` is the tiny character tokenizer of `jaxrl.io.tokenizer`; `path` an HF tokenizer directory."""
 
     kind: str = "builtin"
     path: str | None = None

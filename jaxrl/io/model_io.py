@@ -138,7 +138,7 @@ def load_tokenizer(directory: str | os.PathLike):
     directory = Path(directory)
     for candidate in (directory / TOKENIZER_DIR, directory):
         if (candidate / "tokenizer.json").is_file() or (candidate / "tokenizer_config.json").is_file():
-            from jaxrl.tokenizer import from_pretrained_dir
+            from jaxrl.io.tokenizer import from_pretrained_dir
 
             return from_pretrained_dir(candidate)
     return None

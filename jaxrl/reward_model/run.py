@@ -43,7 +43,7 @@ from jaxrl.reward_model.model import RM_MARKER, RewardModel, load_reward_model, 
 from jaxrl.reward_model.train import (Batch, RMState, debias_gamma, init_classifier,
                                       make_train_step)
 from jaxrl.sharding.hosts import host_to_global
-from jaxrl.tokenizer import load_tokenizer
+from jaxrl.io.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
 EVAL_FILE = "eval_rm.json"

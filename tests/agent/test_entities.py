@@ -10,7 +10,7 @@ import pytest
 from jaxrl.data.entities import build_world
 from jaxrl.envs import EpisodeSpec, Search, make_env, oracle_actions, scripted_episodes
 from jaxrl.envs.search import demonstrations
-from jaxrl.tokenizer import builtin_tokenizer
+from jaxrl.io.tokenizer import builtin_tokenizer
 
 
 @pytest.mark.serial  # a wall-clock bound: tests/suite.py runs it alone

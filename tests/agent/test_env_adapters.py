@@ -23,7 +23,7 @@ from jaxrl.data.tasks import arithmetic
 from jaxrl.envs import Action, EpisodeSpec, make_env, scripted_episodes
 from jaxrl.envs.adapters import messages_ids
 from jaxrl.errors import ConfigError, EnvError
-from jaxrl.tokenizer import builtin_tokenizer
+from jaxrl.io.tokenizer import builtin_tokenizer
 from adapter_envs import INVALID
 
 TOK = builtin_tokenizer()

@@ -21,7 +21,7 @@ from jaxrl.envs.contract import dry_run
 from jaxrl.errors import ConfigError, EnvError, UserError
 from jaxrl.rewards import RewardFailureTracker
 from jaxrl.sampling import SamplingSpec
-from jaxrl.tokenizer import builtin_tokenizer
+from jaxrl.io.tokenizer import builtin_tokenizer
 
 TOK = builtin_tokenizer()
 REPO = Path(__file__).resolve().parents[2]

@@ -17,7 +17,7 @@ from jaxrl.data.entities import build_world
 from jaxrl.envs import EpisodeSpec, SearchEnv, scripted_episodes
 from jaxrl.errors import ConfigError, EnvError
 from jaxrl.multi_agent.march import MarchSystem
-from jaxrl.tokenizer import builtin_tokenizer
+from jaxrl.io.tokenizer import builtin_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
 TOK = builtin_tokenizer()

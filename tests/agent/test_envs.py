@@ -7,7 +7,7 @@ import pytest
 from jaxrl.envs import (Action, EpisodeSpec, SearchEnv, ToolEnv, make_env, message_ids, normalize_answer,
                         scripted_episodes)
 from jaxrl.errors import ConfigError, UserError
-from jaxrl.tokenizer import builtin_tokenizer
+from jaxrl.io.tokenizer import builtin_tokenizer
 
 TOK = builtin_tokenizer()
 

@@ -11,7 +11,7 @@ import pytest
 from jaxrl.data.entities import build_world
 from jaxrl.envs import EpisodeSpec, make_env, oracle_actions, scripted_episodes
 from jaxrl.envs.search import SearchEnv, guess_actions
-from jaxrl.tokenizer import builtin_tokenizer
+from jaxrl.io.tokenizer import builtin_tokenizer
 
 
 def test_lookup_world_is_deterministic_and_held_out_needs_search():

@@ -11,7 +11,7 @@ from flax import nnx
 from jaxrl import sampling
 from jaxrl.envs import Action, EpisodeSpec, collect_episodes
 from jaxrl.sampling import multiturn
-from jaxrl.tokenizer import builtin_tokenizer
+from jaxrl.io.tokenizer import builtin_tokenizer
 from jaxrl.train_step import sequence_logprobs
 from agent_helpers import EchoEnv, tiny_model
 

@@ -9,7 +9,7 @@ import numpy as np
 from jaxrl.data.entities import build_world
 from jaxrl.envs import EpisodeSpec, make_env, oracle_actions, scripted_episodes
 from jaxrl.envs.search import guess_actions, normalize_answer
-from jaxrl.tokenizer import builtin_tokenizer
+from jaxrl.io.tokenizer import builtin_tokenizer
 
 SPEC = EpisodeSpec(max_turns=3, max_total_tokens=512)
 

@@ -9,7 +9,7 @@ import pytest
 from jaxrl.config import load_config
 from jaxrl.envs import EpisodeSpec, make_env, scripted_episodes
 from jaxrl.errors import ConfigError
-from jaxrl.tokenizer import builtin_tokenizer
+from jaxrl.io.tokenizer import builtin_tokenizer
 
 TOK = builtin_tokenizer()
 REPO = Path(__file__).resolve().parents[2]

@@ -178,6 +178,7 @@ LAYERS = (
     ("jaxrl.sampling", "jaxrl.algorithms", "jaxrl.envs", "jaxrl.rewards", "jaxrl.multi_agent", "jaxrl.data",
      "jaxrl.reward_model"),  # the plug-ins and what they read
     ("jaxrl.rl",),
+    ("jaxrl.plan",),  # compiles the run's real programs, as `jaxrl.rl.setup` builds them
     ("jaxrl.commands", "jaxrl.cli"),
 )
 # Known upward edges, each with its reason; the test fails when one disappears, so the list cannot go stale.

@@ -30,13 +30,14 @@ def test_every_folder_with_python_files_is_a_declared_package():
 
 def test_the_train_path_with_the_builtin_tokenizer_does_not_import_torch():
     """torch is a test/interop dependency, never a runtime one: `transformers.AutoTokenizer`'s import pulls it
-    in when it is installed (about 2 s in every CLI process), so `jaxrl.tokenizer` imports it only where a
+    in when it is installed (about 2 s in every CLI process), so `jaxrl.io.tokenizer` imports it only where a
     tokenizer directory is read; tensorboardX (which tries `import torch` at import) is imported with torch
     seen as absent (`jaxrl.runtime.trackers.summary_writer_class`)."""
     import subprocess
     import sys
 
-    code = ("import sys; from jaxrl import tokenizer, cli; from jaxrl.rl import loop; tokenizer.load_tokenizer('builtin'); "
+    code = ("import sys; from jaxrl import cli; from jaxrl.io import tokenizer; from jaxrl.rl import loop; "
+            "tokenizer.load_tokenizer('builtin'); "
             "from jaxrl.runtime.trackers import summary_writer_class; summary_writer_class(); "
             "print(sorted(m for m in ('torch', 'transformers.models.auto') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)

@@ -73,7 +73,7 @@ def test_own_siamese_export_tokenizer_loads_without_remote_code_prompt(tmp_path,
     from flax import nnx
 
     from jaxrl.models import Transformer, TransformerConfig
-    from jaxrl.tokenizer import builtin_tokenizer
+    from jaxrl.io.tokenizer import builtin_tokenizer
 
     tok = builtin_tokenizer()
     model = Transformer(TransformerConfig.tiny(vocab_size=len(tok), norm="siamese", num_layers=1),

@@ -8,7 +8,7 @@ from jaxrl import cli
 from jaxrl.commands import plan as plan_cmd
 from jaxrl.config import load_config
 from jaxrl.models import TransformerConfig, lora
-from jaxrl.plan import plan_memory
+from jaxrl.plan.memory import plan_memory
 from jaxrl.sharding import MeshConfig
 
 # Tiny: D 32, N 4, K 2, H 8, F 64, Y 2, V 64, untied head, float32 weights.

@@ -23,7 +23,7 @@ from jaxrl.multi_agent import march_text as mt
 from jaxrl.multi_agent.march import ROLE_IDS, MarchSystem, checker_gold_frac
 from jaxrl.multi_agent.roles import role_rows, row_roles
 from jaxrl.sampling import Generation, SamplingSpec
-from jaxrl.tokenizer import load_tokenizer
+from jaxrl.io.tokenizer import load_tokenizer
 
 MARKER = "zqxj"  # a string only the Solver writes: it must never reach a Checker prompt
 

@@ -20,7 +20,7 @@ from jaxrl.multi_agent.roles import row_roles
 from jaxrl.multi_agent.ssp import (DUMMY, ROLE_IDS, SspSystem, extract_problem, noisy_materials,
                                    proposer_demonstration)
 from jaxrl.sampling import SamplingSpec
-from jaxrl.tokenizer import load_tokenizer
+from jaxrl.io.tokenizer import load_tokenizer
 
 
 # The entity world's 1-hop questions ("When was Bubris founded?") have 4-6 words and need one search: the

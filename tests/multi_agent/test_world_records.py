@@ -15,7 +15,7 @@ from jaxrl.data.entities import build_world
 from jaxrl.errors import ConfigError
 from jaxrl.multi_agent.march import MarchSystem
 from jaxrl.multi_agent.ssp import SspSystem
-from jaxrl.tokenizer import load_tokenizer
+from jaxrl.io.tokenizer import load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -6,7 +6,7 @@ import pytest
 from jaxrl.errors import UserError
 from jaxrl.reward_model.attributes import format_score, length_score, pair_attribute, sycophancy_score
 from jaxrl.reward_model.data import batch_indices, synthetic_pairs
-from jaxrl.tokenizer import builtin_tokenizer
+from jaxrl.io.tokenizer import builtin_tokenizer
 
 
 def test_length_counts_tokens_or_characters():

@@ -12,7 +12,7 @@ from jaxrl.errors import ConfigError
 from jaxrl.models import TransformerConfig
 from jaxrl.reward_model.model import RewardModel, save_reward_model
 from jaxrl.rewards import resolve, score
-from jaxrl.tokenizer import builtin_tokenizer
+from jaxrl.io.tokenizer import builtin_tokenizer
 
 STEPS = {("a", "b", "c", "d"): ([1, 1, -1, 1], ([True, False, False, True], 0, 2)),   # p = 0.6
          ("e", "f"): ([1, -1], ([True, True], 1, 0))}                                # p = 0.5

@@ -157,7 +157,7 @@ def test_nan_scores_of_a_reward_model_fail_their_samples(monkeypatch, tmp_path):
     import jax.numpy as jnp
 
     from jaxrl.rewards import model_reward as mr
-    from jaxrl.tokenizer import builtin_tokenizer
+    from jaxrl.io.tokenizer import builtin_tokenizer
 
     tok = builtin_tokenizer()
     scores = {"good": 1.0, "bad": math.nan}

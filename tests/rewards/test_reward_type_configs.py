@@ -14,7 +14,7 @@ from jaxrl.cli import main
 from jaxrl.config import load_config
 from jaxrl.models import Transformer, TransformerConfig
 from jaxrl.rewards import resolve
-from jaxrl.tokenizer import builtin_tokenizer
+from jaxrl.io.tokenizer import builtin_tokenizer
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 SHORT = ["--set", "train.steps=1", "--set", "sft_warmup.steps=0", "--set", "train.eval_every=0",

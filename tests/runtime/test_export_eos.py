@@ -20,7 +20,7 @@ from safetensors.numpy import load_file, save_file
 from jaxrl.io import model_io
 from jaxrl.cli import main
 from jaxrl.models import Transformer, TransformerConfig
-from jaxrl.tokenizer import builtin_tokenizer
+from jaxrl.io.tokenizer import builtin_tokenizer
 from tests.hf._tiny_hf import make_tiny_hf
 
 transformers = pytest.importorskip("transformers")

@@ -11,7 +11,7 @@ from flax import nnx
 from jaxrl.io import model_io
 from jaxrl.cli import main
 from jaxrl.models import Transformer, TransformerConfig
-from jaxrl.tokenizer import builtin_tokenizer
+from jaxrl.io.tokenizer import builtin_tokenizer
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from jaxrl import cli
 from jaxrl.io import hf
 from jaxrl.commands import plan as plan_cmd
 from jaxrl.models import Transformer, TransformerConfig
-from jaxrl.plan import plan_memory
+from jaxrl.plan.memory import plan_memory
 from jaxrl.sharding import MeshConfig
 
 SHAPE = dict(vocab_size=96, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, mlp_dim=64,

@@ -81,7 +81,7 @@ def _stand_in(path: Path, family: str) -> None:
     """A tiny `family` model with jaxrl's built-in tokenizer, saved as an HF directory at `path`."""
     from flax import nnx
 
-    from jaxrl import tokenizer
+    from jaxrl.io import tokenizer
     from jaxrl.io import hf
     from jaxrl.models import Transformer, TransformerConfig
 

@@ -10,7 +10,7 @@ from jaxrl.runtime import run_checks as run_dir
 from jaxrl.cli import main
 from jaxrl.config import dump_config, load_config
 from jaxrl.errors import ConfigError
-from jaxrl.tokenizer import builtin_tokenizer
+from jaxrl.io.tokenizer import builtin_tokenizer
 from tests.runtime import _trainer as T
 
 

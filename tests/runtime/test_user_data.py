@@ -12,7 +12,7 @@ import pytest
 from jaxrl.cli import main
 from jaxrl.data import Encoder, PromptLimit, check_prompt_lengths, load_records, make_splits
 from jaxrl.errors import ConfigError
-from jaxrl.tokenizer import builtin_tokenizer
+from jaxrl.io.tokenizer import builtin_tokenizer
 from tests.runtime import _trainer as T
 
 GOOD = {"prompt": "What is 1 + 1?", "answer": "2"}

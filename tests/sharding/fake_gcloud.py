@@ -1,7 +1,7 @@
 """A fake `gcloud` for tests/sharding/test_launch_e2e.py: the TPU VM's workers are local processes.
 
 Not collected by pytest. State lives under $FAKE_GCLOUD_ROOT: `state` (the VM state), `w0`, `w1`, ... (each
-worker's home directory). Handles what `jaxrl.launch` runs:
+worker's home directory). Handles what `jaxrl.runtime.launch` runs:
 
 * `tpu-vm describe ... --format=value(state)`: prints the state (NOT_FOUND before `create`).
 * `tpu-vm create`, `delete`: set the state.

@@ -55,7 +55,7 @@ def test_collect_leaves_tokens_on_the_devices(mesh):
     from jaxrl.models import Transformer, TransformerConfig
     from jaxrl.sampling import SamplingSpec, generate_from_state
     from jaxrl.sharding import RULES, make_constrain, state_shardings
-    from jaxrl.tokenizer import builtin_tokenizer
+    from jaxrl.io.tokenizer import builtin_tokenizer
 
     tok = builtin_tokenizer()
     cfg = TransformerConfig.tiny(vocab_size=len(tok), num_kv_heads=4, max_position_embeddings=64)

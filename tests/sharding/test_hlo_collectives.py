@@ -1,4 +1,4 @@
-"""`jaxrl.hlo_collectives` on programs whose collectives are known by hand (issue 32 item 1's parser test).
+"""`jaxrl.plan.collectives` on programs whose collectives are known by hand (issue 32 item 1's parser test).
 
 Each program is a `shard_map` over the 8 fake CPU devices (tests/conftest.py) that calls one collective on a
 per-device block of known shape, so the compiled module must hold exactly that instruction with that result
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, PartitionSpec as P
 
-from jaxrl.hlo_collectives import KINDS, array_bytes, collectives
+from jaxrl.plan.collectives import KINDS, array_bytes, collectives
 
 N = 8  # devices
 

@@ -8,7 +8,7 @@ import pytest
 
 from jaxrl import cli
 from jaxrl.errors import UserError
-from jaxrl.launch import LaunchSpec, create_cmd, delete_cmd, launch_cmds, stop_cmd, supervise
+from jaxrl.runtime.launch import LaunchSpec, create_cmd, delete_cmd, launch_cmds, stop_cmd, supervise
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
 WHERE = "--zone us-east5-a --project my-proj"
@@ -178,7 +178,7 @@ def test_supervisor_does_not_restart_after_ctrl_c_exit_code():
 
 def test_remote_run_dir_is_shell_quoted(tmp_path):
     """The start command, run by a real shell as ssh would, passes a hostile --run-dir through literally."""
-    from jaxrl.launch import start_script
+    from jaxrl.runtime.launch import start_script
 
     home = tmp_path / "home"
     (home / "jaxrl-venv" / "bin").mkdir(parents=True)
@@ -204,7 +204,7 @@ def test_remote_run_dir_is_shell_quoted(tmp_path):
 def test_stop_reaches_the_trainer_and_its_exit_code_is_recorded(tmp_path):
     """`stop` (and a relaunch) signals the trainer itself, not only the wrapper shell whose pid is train.pid;
     the wrapper survives to record the trainer's exit code (75: preempted, checkpoint saved)."""
-    from jaxrl.launch import start_script
+    from jaxrl.runtime.launch import start_script
 
     home = tmp_path / "home"
     (home / "jaxrl-venv" / "bin").mkdir(parents=True)

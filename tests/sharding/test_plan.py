@@ -5,7 +5,7 @@ import pytest
 from jaxrl import cli
 from jaxrl.errors import ConfigError
 from jaxrl.models import TransformerConfig
-from jaxrl.plan import GIB, plan_memory
+from jaxrl.plan.memory import GIB, plan_memory
 from jaxrl.sharding import MeshConfig
 
 # Tiny: V=64, D=32, Y=2, N=4, K=2, H=8, F=64, untied head, pre-norm, no qk-norm, no bias.

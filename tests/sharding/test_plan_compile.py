@@ -1,4 +1,4 @@
-"""`jaxrl plan --compile` (`jaxrl.plan_compile`): the run's train step, log-prob pass and sampler compiled from
+"""`jaxrl plan --compile` (`jaxrl.plan.compiled`): the run's train step, log-prob pass and sampler compiled from
 abstract weights on the 8 fake CPU devices of tests/conftest.py, at a small model's shapes (issue 32 item 1).
 
 Checked against what is known without XLA: the train step's per-device arguments are exactly the bytes of
@@ -42,7 +42,7 @@ def _compile(mesh_sets):
 
 
 def _compile_now(mesh_sets):
-    from jaxrl import plan_compile
+    from jaxrl.plan import compiled as plan_compile
     from jaxrl.commands.plan import model_config
     from jaxrl.sharding import RULES, make_mesh
 
@@ -77,7 +77,7 @@ def test_programs_compile_with_the_sizes_their_shardings_give(mesh_sets, gathers
 def test_the_step_shares_prompts_only_where_the_trainer_does():
     """`jaxrl plan --compile` compiles the shared-prompt step only when the trainer would run it: a step's
     rows in whole groups per data shard x mini-batch x micro-batch (`jaxrl.rl.batch.prompt_groups`)."""
-    from jaxrl.plan_compile import shared_group
+    from jaxrl.plan.compiled import shared_group
     from jaxrl.rl.batch import shares_whole_groups
     from jaxrl.sharding import RULES, make_mesh
 
@@ -91,10 +91,10 @@ def test_the_step_shares_prompts_only_where_the_trainer_does():
 
 
 def test_a_program_over_the_hbm_is_one_line(capsys, monkeypatch):
-    from jaxrl import plan_compile
+    from jaxrl.plan import compiled as plan_compile
     from jaxrl.commands import plan as plan_cmd
     from jaxrl.commands.plan import model_config
-    from jaxrl.plan import plan_memory
+    from jaxrl.plan.memory import plan_memory
 
     cfg = load_config(None, SMALL + ["mesh.data=2", "mesh.fsdp=4"])
     model_cfg = model_config(cfg.model)

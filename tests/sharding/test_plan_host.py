@@ -1,10 +1,10 @@
-"""jaxrl.plan_host: per-host RAM, hand-computed, and consistent with jaxrl.plan's per-chip numbers."""
+"""jaxrl.plan.host: per-host RAM, hand-computed, and consistent with jaxrl.plan.memory's per-chip numbers."""
 
 import pytest
 
 from jaxrl.models import TransformerConfig
-from jaxrl.plan import GIB, plan_memory
-from jaxrl.plan_host import plan_host
+from jaxrl.plan.memory import GIB, plan_memory
+from jaxrl.plan.host import plan_host
 from jaxrl.sharding import MeshConfig
 
 

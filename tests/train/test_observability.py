@@ -113,7 +113,7 @@ def test_run_summary_on_stdout_and_in_the_run_directory(run, tmp_path):
     assert wall["total"] >= wall["setup"] + wall["rl_steps"] > 0 and wall["checkpoint"] > 0
     assert summary["step_stages_s"]["update"] > 0
     assert "run summary: steps 1-3 of 3" in proc.stdout and summary["export_hf"] in proc.stdout
-    from jaxrl.plot import plot_runs
+    from jaxrl.runtime.plot import plot_runs
 
     assert tmp_path / "step_time.png" in plot_runs([run_dir], tmp_path)
 

@@ -100,7 +100,7 @@ def test_setup_refuses_estimators_that_cannot_handle_the_roles_groups():
 def test_setup_refuses_extra_rows_with_a_sequential_update():
     from types import SimpleNamespace
 
-    from jaxrl.tokenizer import load_tokenizer
+    from jaxrl.io.tokenizer import load_tokenizer
     from jaxrl.rl.setup import _multi_agent_system
 
     tok = load_tokenizer("builtin")

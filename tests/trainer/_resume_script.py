@@ -17,7 +17,7 @@ import optax
 from jaxrl.io.checkpoint import Checkpointer, key_from_json, key_to_json
 from jaxrl.data import Encoder, arithmetic, train_iterator
 from jaxrl.runtime.metrics import MetricsWriter
-from jaxrl.tokenizer import builtin_tokenizer
+from jaxrl.io.tokenizer import builtin_tokenizer
 
 
 def main(run_dir: str, steps: int, kill_at: int | None) -> None:

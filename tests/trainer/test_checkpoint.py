@@ -18,7 +18,7 @@ from jaxrl.io.checkpoint import Checkpointer, PreemptionGuard, key_from_json, ke
 from jaxrl.data import Encoder, arithmetic, train_iterator
 from jaxrl.errors import CheckpointError
 from jaxrl.runtime.metrics import read_metrics
-from jaxrl.tokenizer import builtin_tokenizer
+from jaxrl.io.tokenizer import builtin_tokenizer
 
 _TX = optax.adamw(1e-2)
 

@@ -10,7 +10,7 @@ from jaxrl.data import Encoder, arithmetic, countdown, eval_batches, make_splits
 from jaxrl.errors import ConfigError, UserError
 from jaxrl.rewards import countdown as countdown_reward
 from jaxrl.rewards import math_answer
-from jaxrl.tokenizer import builtin_tokenizer, load_tokenizer
+from jaxrl.io.tokenizer import builtin_tokenizer, load_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from jaxrl import cli
 from jaxrl.config import LoggingConfig, WandbConfig, load_config
 from jaxrl.errors import ConfigError
 from jaxrl.runtime.metrics import MetricsWriter, plain_line
-from jaxrl.plot import plot_runs
+from jaxrl.runtime.plot import plot_runs
 
 
 def _last_frame(text: str) -> str:
@@ -140,7 +140,7 @@ def test_yaml_errors_keep_line_and_column(tmp_path, capsys, text, where):
 def test_step_time_bars_of_an_async_run_stack_the_exposed_collection():
     """An asynchronous run collects while it updates: its bars stack what the trainer waited for in place of
     the collector's own (overlapped) stages, so the stack does not exceed the step."""
-    from jaxrl.plot import _stages
+    from jaxrl.runtime.plot import _stages
 
     sync = [{"time/generation": 1.0, "time/reward": 0.1, "time/update": 2.0, "time/step": 3.1}]
     stale = [{**sync[0], "time/exposed_generation": 0.2, "time/step": 2.2}]

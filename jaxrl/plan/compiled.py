@@ -7,7 +7,7 @@ on the config's mesh over N devices, the same functions the trainer jits (`jaxrl
     per-device memory   XLA's `memory_analysis()`: arguments, outputs, temporaries, aliased (donated) bytes;
                         total = arguments + outputs + temporaries - aliased
     FLOPs               XLA's `cost_analysis()["flops"]` of the per-device program
-    collectives         `jaxrl.hlo_collectives` of the compiled module: count and result bytes per kind,
+    collectives         `jaxrl.plan.collectives` of the compiled module: count and result bytes per kind,
                         each collective op counted once: one inside the sampler's decode loop runs once per
                         generated token (an FSDP sampler all-gathers the weights at every step)
 
@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxrl.hlo_collectives import KINDS, collectives
+from jaxrl.plan.collectives import KINDS, collectives
 
 GIB = 1024 ** 3
 

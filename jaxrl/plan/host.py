@@ -1,4 +1,4 @@
-"""Per-host host-memory (RAM) needs of a run, next to `jaxrl.plan`'s per-chip device memory.
+"""Per-host host-memory (RAM) needs of a run, next to `jaxrl.plan.memory`'s per-chip device memory.
 
 A multi-host job keeps in each host's RAM (tpu/README.md, "How a step is split across hosts"):
 
@@ -6,7 +6,7 @@ A multi-host job keeps in each host's RAM (tpu/README.md, "How a step is split a
               for the CLI on CPU; 2 GiB by default).
 * staging     orbax copies the host's shards of parameters and AdamW moments to RAM before writing a
               checkpoint (and reads them back on restore): Σ over the host's chips of (params + optimizer)
-              per chip, i.e. chips_per_host · (P_dev + O_dev) with P_dev, O_dev from `jaxrl.plan.Plan`
+              per chip, i.e. chips_per_host · (P_dev + O_dev) with P_dev, O_dev from `jaxrl.plan.memory.Plan`
               (the reference copy of a KL run is not checkpointed). Under LoRA / QLoRA a checkpoint holds the
               adapters and their moments only: pass `lora_plan`'s adapters bytes (`jaxrl.commands.plan`) and
               the Plan's optimizer row, not the base.
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from jaxrl.plan import GIB
+from jaxrl.plan.memory import GIB
 
 # Host bytes per row position of the rollout arrays (module docstring).
 FULL_WIDTH_BYTES = 5
@@ -64,7 +64,7 @@ def plan_host(*, params_per_chip: int, optimizer_per_chip: int, chips_per_host: 
     Args:
       params_per_chip, optimizer_per_chip: bytes per chip of the trained parameters (one copy, without a
         reference model; the adapters alone under LoRA) and of the AdamW moments
-        (`jaxrl.plan.Plan.optimizer`).
+        (`jaxrl.plan.memory.Plan.optimizer`).
       chips_per_host: devices attached to one host (4 on v4 / v5p / multi-host v5e and v6e slices).
       num_params: parameter count; param_bytes: bytes per parameter of the stored weights.
       rollout_rows: prompts per step × group size; prompt_len: padded prompt width (the prompt bucket);
