@@ -39,6 +39,11 @@ from flax import nnx
 
 from jaxrl import losses
 from jaxrl.models import lora
+from jaxrl.runtime import compile_cache
+
+# Sharded XLA:CPU updates and log-prob passes (layer scans) stay out of the persistent compilation cache: a
+# cached one can deadlock in its collectives (`jaxrl.runtime.compile_cache`).
+compile_cache.install()
 
 
 @flax.struct.dataclass

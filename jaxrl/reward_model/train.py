@@ -32,6 +32,10 @@ from flax import nnx
 
 from jaxrl.losses import dir as dir_lib
 from jaxrl.reward_model.config import DebiasConfig
+from jaxrl.runtime import compile_cache
+
+# Sharded XLA:CPU reward-model steps stay out of the persistent compilation cache (`jaxrl.runtime.compile_cache`).
+compile_cache.install()
 
 
 class RMState(NamedTuple):

@@ -44,8 +44,12 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxrl.models import KVCache
+from jaxrl.runtime import compile_cache
 from jaxrl.sampling import filters
 from jaxrl.sharding import KV_CACHE_NAMES, Constrain
+
+# Sharded XLA:CPU decode loops stay out of the persistent compilation cache (`jaxrl.runtime.compile_cache`).
+compile_cache.install()
 
 _trace_count = 0
 
