@@ -89,17 +89,24 @@ def host_to_global(values: np.ndarray, sharding: Sharding) -> jax.Array:
 
 
 def place_global(tree: Any, shardings: Any) -> Any:
-    """`tree` (the same full values on every process) placed with `shardings` (a matching tree).
+    """`tree` (the same full values on every process) placed with `shardings` (a matching tree, or one
+    sharding for every leaf).
 
-    `jax.device_put` takes host arrays and uncommitted device arrays onto devices of other processes, but
-    refuses an array committed to one local device (what an orbax restore onto `jax.local_devices()[0]`
-    returns); such a leaf goes through the host (`host_to_global`), each process supplying its own shards.
+    A leaf that lives on this process alone (a host array, or a device array on local devices: optax's
+    `count`, a freshly initialised head, an orbax restore onto `jax.local_devices()[0]`) goes through the host
+    onto a sharding that spans processes (`host_to_global`, each process supplying its own shards):
+    `jax.device_put` refuses a committed local array there, and with ONE device per process (jax 0.10.2) it
+    returns an uncommitted one malformed (its local shard is itself a global array: the first
+    `addressable_shards`, an orbax save, fails). Leaves already global, or placed on local devices only, go
+    through `jax.device_put`.
     """
     def put(x, s):
-        if getattr(x, "committed", False) and not s.is_fully_addressable:
+        if not s.is_fully_addressable and (not isinstance(x, jax.Array) or x.is_fully_addressable):
             return host_to_global(np.asarray(jax.device_get(x)), s)
         return jax.device_put(x, s)
 
+    if isinstance(shardings, Sharding):
+        return jax.tree.map(lambda x: put(x, shardings), tree)
     return jax.tree.map(put, tree, shardings)
 
 

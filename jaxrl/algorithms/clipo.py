@@ -34,9 +34,9 @@ class ClipoHead:
         # Committed and replicated from the start: the jitted head step returns committed arrays, and an
         # uncommitted first input would make its second call compile again.
         rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-        self.params = jax.device_put(losses.init_contrastive_head(self.cfg, jax.random.key(seed + 1)), rep)
+        self.params = hosts.place_global(losses.init_contrastive_head(self.cfg, jax.random.key(seed + 1)), rep)
         self.tx = optax.adamw(c.lr, weight_decay=0.01)
-        self.opt_state = jax.device_put(self.tx.init(self.params), rep)
+        self.opt_state = hosts.place_global(self.tx.init(self.params), rep)
         g, tau, lam = s.group_size, c.tau, c.lam
 
         def step(head, opt_state, h_BD, correct_B, key):

@@ -31,6 +31,7 @@ from flax import nnx
 
 from jaxrl.errors import CheckpointError, ConfigError
 from jaxrl.rewards.imports import import_function
+from jaxrl.sharding import hosts
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +85,7 @@ def model_reward(prompts: list[str], completions: list[str], *, checkpoint: str,
 
     state, tokenizer, scorer = _load(str(checkpoint), dtype)
     if mesh is not None:
-        state = jax.device_put(state, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+        state = hosts.place_global(state, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
     ids = [encode_text(tokenizer, p, c) for p, c in zip(prompts, completions, strict=True)]
     ok = [i for i, s in enumerate(ids) if len(s) <= max_len]
     out: list[float | None] = [None] * len(ids)

@@ -135,10 +135,10 @@ def setup(cfg: ExperimentConfig, run_dir: Path) -> tuple[Run, TrainState, Any]:
         opt_sharding = state_shardings(opt_state, mesh, rules, params=params_state)
     else:  # moments mirror their adapter's sharding; scalars (Adam's count) are replicated
         opt_sharding = placed_shardings(opt_state, mesh)
-    opt_state = jax.device_put(opt_state, opt_sharding)
+    opt_state = hosts.place_global(opt_state, opt_sharding)
     state_sharding = TrainState(params=train_sharding, opt_state=opt_sharding, step=rep)
-    state = jax.device_put(TrainState(params=params, opt_state=opt_state, step=jnp.zeros((), jnp.int32)),
-                           state_sharding)
+    state = hosts.place_global(TrainState(params=params, opt_state=opt_state, step=jnp.zeros((), jnp.int32)),
+                               state_sharding)
     jitted = {shared: jitted_train_step(graphdef, spec, tx, state_sharding, shared_prompts=shared)
               for shared in (False, True)}  # shared-prompt batches compile with their own options
     step_fn = lambda state, batch: jitted[batch.group > 1](state, batch, base)
@@ -309,7 +309,7 @@ def _lora_setup(cfg: ExperimentConfig, params, mesh, rules):
     base_sha = lora_io.base_fingerprint(params)
     adapters = lora.init_adapters(params, lora_cfg, jax.random.key(cfg.train.seed + 3))
     shardings = adapter_shardings(adapters, mesh, rules)
-    adapters = jax.device_put(adapters, shardings)
+    adapters = hosts.place_global(adapters, shardings)
     base = params if cfg.model.quantize == "none" else quant.quantize_params(params, cfg.model.quantize)
     return base, adapters, shardings, base_sha
 

@@ -40,7 +40,7 @@ def sft_warm_start(run: Run, state: TrainState, records, encoder, *, steps: int,
     # P(None, 'fsdp', None), a placed scalar for an unplaced one) and the second step compiles again.
     sft_state = TrainState(state.params, tx.init(state.params), jnp.zeros((), jnp.int32))
     shardings = placed_shardings(sft_state, run.mesh)
-    sft_state = jax.device_put(sft_state, shardings)
+    sft_state = hosts.place_global(sft_state, shardings)
     jitted = jax.jit(functools.partial(train_step, graphdef=run.graphdef, spec=spec, tx=tx), donate_argnums=0,
                      out_shardings=(shardings, None), compiler_options=update_compiler_options())
     step_fn = lambda state, batch: jitted(state, batch, run.policy.frozen)

@@ -110,6 +110,42 @@ def test_two_processes_psum_and_orbax_roundtrip(tmp_path):
     ]
 
 
+PLACE = """
+import json, sys
+import jax, jax.numpy as jnp, numpy as np
+from jaxrl.runtime import distributed
+from jaxrl.sharding import hosts
+distributed.initialize(f"127.0.0.1:{sys.argv[1]}", 2, int(sys.argv[2]), timeout_s=60)
+mesh = jax.make_mesh((2,), ("fsdp",), axis_types=(jax.sharding.AxisType.Auto,))
+rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("fsdp"))
+local = {"count": jnp.zeros((), jnp.int32), "head": jnp.arange(4.0), "host": np.arange(4.0)}
+placed = hosts.place_global(local, rep)  # optax's count, an initialised head, a host array
+split = hosts.place_global(jnp.arange(6.0).reshape(2, 3), rows)
+again = hosts.place_global(split, rows)  # a global leaf: placed as it is
+shards = {k: [np.asarray(s.data).tolist() for s in v.addressable_shards] for k, v in placed.items()}
+print(json.dumps({"shards": shards, "split": [np.asarray(s.data).tolist() for s in again.addressable_shards],
+                  "total": float(jax.jit(lambda t: t["head"].sum() + t["count"])(placed))}))
+"""
+
+
+def test_place_global_with_one_device_per_process():
+    """Local leaves (optax's `count`, a freshly initialised head) placed onto a sharding that spans processes
+    with ONE device each: `jax.device_put` returns them malformed there (jax 0.10.2: the first
+    `addressable_shards`, e.g. an orbax save, raises); `hosts.place_global` goes through the host."""
+    port = _free_port()
+    procs = [subprocess.Popen([sys.executable, "-c", PLACE, str(port), str(pid)], env=_env(1),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for pid in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-2000:]
+    for pid, (out, _) in enumerate(outs):
+        got = json.loads(out.strip().splitlines()[-1])
+        assert got["shards"] == {"count": [0], "head": [[0.0, 1.0, 2.0, 3.0]], "host": [[0.0, 1.0, 2.0, 3.0]]}
+        assert got["split"] == [[[[0.0, 1.0, 2.0]], [[3.0, 4.0, 5.0]]][pid]]  # this process's row only
+        assert got["total"] == 6.0
+
+
 @pytest.mark.parametrize("process_id", [0, 1])
 def test_missing_peer_exits_with_clear_message_within_timeout(process_id):
     port = _free_port()
