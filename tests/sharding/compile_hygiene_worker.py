@@ -12,7 +12,8 @@ from pathlib import Path
 from tests._xla import xla_flags
 
 _DEVICES = int(sys.argv[2]) * int(sys.argv[3]) * int(sys.argv[4])  # 8, or 1 for a one-device config
-os.environ["XLA_FLAGS"] = xla_flags(_DEVICES)  # tests/_xla.py (-O1); run from the repository root
+# tests/_xla.py: -O0, this process is all compiling (run from the repository root)
+os.environ["XLA_FLAGS"] = xla_flags(_DEVICES, compile_only=True)
 os.environ["JAX_PLATFORMS"] = "cpu"
 
 import jax  # noqa: E402
