@@ -144,10 +144,31 @@ def _tokenizer_summary(tok) -> dict:
             "pad_token_id": tok.pad_token_id, "vocabulary": hash(tuple(sorted(vocab.items())))}
 
 
+def _reward_columns(rewards) -> list[str]:
+    """`name: type` (`name: function module:attr` for a function reward) of each reward, in order: the
+    columns of every rollout's reward matrix, its per-reward metrics and GDPO's per-reward normalisation."""
+    def column(r) -> str:
+        get = r.get if isinstance(r, dict) else lambda k: getattr(r, k, None)
+        kind = _name(get("type") or "function")
+        return f"{get('name')}: {kind}" + (f" {get('function')}" if kind == "function" else "")
+    return [column(r) for r in rewards or ()]
+
+
+def _reward_change(stored, rewards) -> list[str]:
+    """The problem line when this config's rewards are not the run's (names, types, order); weights and
+    params may change on resume."""
+    old, new = _reward_columns(stored), _reward_columns(rewards)
+    if stored is None or old == new:
+        return []
+    return [f"rewards: [{', '.join(old)}] in the run, [{', '.join(new)}] in this config (weights and params may "
+            "change on resume; the reward columns may not)"]
+
+
 def check_resume(cfg: Any, run_dir: str | os.PathLike, checkpoint_dir: str | None = None) -> None:
     """Refuses (ConfigError) to continue a run whose checkpoints this config cannot resume, naming every
-    differing field: model config, tokenizer, algorithm; and checks that the stored model's parameters divide
-    over this config's mesh. Reads only; does nothing when the run has no checkpoint step yet.
+    differing field: model config, tokenizer, algorithm, the rewards' names and types; and checks that the
+    stored model's parameters divide over this config's mesh. Reads only; does nothing when the run has no
+    checkpoint step yet.
 
     Args:
       cfg: the `ExperimentConfig` about to train.
@@ -190,6 +211,7 @@ def check_resume(cfg: Any, run_dir: str | os.PathLike, checkpoint_dir: str | Non
         if old_algo is not None and old_algo != _name(cfg.algorithm.name):
             problems.append(f"algorithm.name: {old_algo!r} in the run, {_name(cfg.algorithm.name)!r} in this "
                             "config")
+        problems += _reward_change(previous.get("rewards"), cfg.rewards)
     if problems:
         raise ConfigError(f"cannot resume the run in {run_dir} with this config: {'; '.join(problems)}; "
                           "use a new --run-dir, or the run's own settings (its config.yaml)")

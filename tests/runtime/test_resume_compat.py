@@ -77,3 +77,24 @@ def test_check_resume_checks_mesh_divisibility(tmp_path):
     run = _fake_run(tmp_path, cfg, tok, run_dir._expected_model(cfg, tok))
     with pytest.raises(ConfigError, match=r"not divisible by mesh axis fsdp=8"):
         run_dir.check_resume(cfg, run)
+
+
+def test_check_resume_refuses_other_reward_columns_and_allows_new_weights(tmp_path):
+    """The rewards' names and types (in order) are the columns of every rollout's reward matrix, its
+    per-reward metrics and GDPO's per-reward normalisation: a resume with others is refused, naming both
+    lists; new weights or params are a choice a resumed run may make."""
+    cfg = load_config(str(T.write_config(tmp_path)))
+    tok = builtin_tokenizer()
+    run = _fake_run(tmp_path, cfg, tok, run_dir._expected_model(cfg, tok))
+    reweighted = load_config(str(T.write_config(tmp_path)), [
+        "rewards=[{name: answer, type: math_answer, weight: 0.5, params: {tags_only: true}}]"])
+    run_dir.check_resume(reweighted, run)  # no error
+    for sets, now in [
+        ("rewards=[{name: answer, type: format, params: {tags: [answer]}}]", "answer: format"),
+        ("rewards=[{name: answer, type: math_answer}, {name: short, type: length, params: {target: 4}}]",
+         "answer: math_answer, short: length"),
+        ("rewards=[{name: right, type: math_answer}]", "right: math_answer"),
+    ]:
+        with pytest.raises(ConfigError) as e:
+            run_dir.check_resume(load_config(str(T.write_config(tmp_path)), [sets]), run)
+        assert f"rewards: [answer: math_answer] in the run, [{now}] in this config" in str(e.value), sets
