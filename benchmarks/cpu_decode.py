@@ -18,7 +18,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from jaxrl import build
+from jaxrl.io import build
 from jaxrl.config import ModelConfig
 from jaxrl.models import Transformer
 from jaxrl.sampling import engine, generate

@@ -85,7 +85,7 @@ class TrainBatch:
     # float32 on-policy distillation teacher's log-probs (`jaxrl.rl.distill`, reverse_kl_loss), None = none;
     # after `group`, so the positional form (..., is_weight_BT, group) keeps its meaning
     teacher_logp_BT: Any = None
-    # int32 [B, L] segment ids of packed rows (`jaxrl.packing`: several sequences per row, each attending only
+    # int32 [B, L] segment ids of packed rows (`jaxrl.rl.packing`: several sequences per row, each attending only
     # to itself, positions restarting per segment), None = one sequence per row
     segment_BL: Any = None
 

@@ -18,7 +18,7 @@ Choices and deviations from HF `LlamaForCausalLM`:
 * Positions default to `(#valid cache slots) + cumsum(mask) − 1`, clipped at 0, so left padding, prefill and
   decode all get HF's positions without the caller passing them (an explicit `positions_BL` wins).
 * Attention visibility is by cache *slot*, not by position: a query sees valid slots ≤ its own slot.
-* Packed rows (`segment_BL`, `jaxrl.packing`): several sequences in one row, each seeing only itself, with
+* Packed rows (`segment_BL`, `jaxrl.rl.packing`): several sequences in one row, each seeing only itself, with
   positions restarting per segment (the update computes no padding).
 * `forward_groups` (training / scoring of GRPO groups): each prompt runs once for the G completions that share
   it, through the same layer loop (`jaxrl.models.shared_prompt`).
@@ -170,7 +170,7 @@ class Transformer(nnx.Module):
             unrolled on those per-layer weights, reading each in place. A per-layer cache (`KVCache.unstack`)
             implies this (the states are then taken here).
           return_hidden, return_logits: which of `hidden` [B, L, D] / `logits` [B, L, V] to compute.
-          segment_BL: None, or [B, L] int segment ids of packed rows (`jaxrl.packing`, no cache): a query sees
+          segment_BL: None, or [B, L] int segment ids of packed rows (`jaxrl.rl.packing`, no cache): a query sees
             only the keys of its own segment, and default positions restart at 0 in each segment, so every
             segment computes what it would alone in a row of its own.
 

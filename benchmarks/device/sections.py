@@ -82,8 +82,8 @@ SPECS = (("H100 PCIe", 756e12, 2.0e12), ("H100 NVL", 835e12, 3.9e12), ("H100", 9
 
 
 def model_config(shape: str):
-    """The `TransformerConfig` of a shape name: a preset of `jaxrl.build.PRESETS`, or `qwen3_tiny`."""
-    from jaxrl.build import PRESETS
+    """The `TransformerConfig` of a shape name: a preset of `jaxrl.io.build.PRESETS`, or `qwen3_tiny`."""
+    from jaxrl.io.build import PRESETS
 
     if shape == "qwen3_tiny":  # Qwen3's architecture (qk-norm, tied embeddings) at test size
         return PRESETS["qwen3_0_6b"]().replace(vocab_size=2048, hidden_size=64, num_layers=2, num_heads=4,

@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
 
     from jaxrl.data.pipeline import Encoder, make_splits
     from jaxrl.data.tasks import load_records
-    from jaxrl.evaluate import evaluate
+    from jaxrl.rl.evaluate import evaluate
     from jaxrl.io.model_io import load_model
     from jaxrl.rl.setup import sampling_spec
 

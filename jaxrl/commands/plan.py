@@ -69,11 +69,11 @@ def model_config(model, hf_config: str | None = None):
     import tempfile
     from pathlib import Path
 
-    from jaxrl.build import model_config as resolve
+    from jaxrl.io.build import model_config as resolve
 
     if hf_config is None:
         if model.hf_path is not None and not (Path(model.hf_path) / "config.json").is_file():
-            from jaxrl.build import PRESETS
+            from jaxrl.io.build import PRESETS
 
             raise ConfigError(
                 f"model.hf_path: no config.json in {model.hf_path} (plan reads only that file, no weights); "

@@ -155,7 +155,7 @@ class SFTWarmupConfig:
     steps: int = 0
     lr: float = 1e-3
     batch_size: int = 16
-    # true: several demonstrations per row (`jaxrl.packing`, same loss and gradient up to summation order);
+    # true: several demonstrations per row (`jaxrl.rl.packing`, same loss and gradient up to summation order);
     # false (default): padded rows. The cache-loaded deadlock that kept it opt-in was jaxlib's, now avoided
     # (`jaxrl.runtime.compile_cache`); on by default it would move every shipped config's documented results
     packing: bool = False

@@ -395,9 +395,9 @@ def load_base(adapter_dir: str | os.PathLike, base: str | os.PathLike | None = N
 
 
 def _rebuild_base(config_file: Path):
-    """The run's base model as its trainer built it (`jaxrl.build`, the same preset, overrides and seed).
+    """The run's base model as its trainer built it (`jaxrl.io.build`, the same preset, overrides and seed).
     The resolved config is the only record of a preset base's recipe, hence the config import here."""
-    from jaxrl import build
+    from jaxrl.io import build
     from jaxrl.config import load_config
 
     cfg = load_config(config_file)

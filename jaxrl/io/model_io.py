@@ -38,7 +38,7 @@ TOKENIZER_DIR = "tokenizer"
 
 def config_to_json(cfg: TransformerConfig) -> dict[str, Any]:
     """TransformerConfig -> JSON-able dict (nested rope scaling as a dict, tuples as lists), without the
-    attention kernel: it belongs to the machine that runs the model (`jaxrl.build.attention_kernel`)."""
+    attention kernel: it belongs to the machine that runs the model (`jaxrl.io.build.attention_kernel`)."""
     data = dataclasses.asdict(cfg)
     data.pop("attention")
     return data

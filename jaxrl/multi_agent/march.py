@@ -100,7 +100,7 @@ def vote_matrix(checker_texts: Sequence[str], pairs: Sequence[Sequence[tuple[str
 
 
 class MarchDemoEnv:
-    """One role-format demonstration per record, for the SFT warm start (`jaxrl.agentic.demonstration_rows`):
+    """One role-format demonstration per record, for the SFT warm start (`jaxrl.rl.agentic.demonstration_rows`):
     the role is a function of the question (crc32 over the roles the record has: numeric answers have all
     three, others the Solver only) and, with `demo_roles="all"`, of how often the record was drawn before
     (`MarchSystem.demo_role`), so the prompt (`reset`) and the demonstrated text always belong together."""

@@ -51,7 +51,7 @@ EVAL_FILE = "eval_rm.json"
 
 def build_model(cfg: RMExperimentConfig, tokenizer) -> RewardModel:
     """A preset (random init), an HF LM / RM directory, or a jaxrl LM / RM checkpoint, as a `RewardModel`."""
-    from jaxrl.build import model_config  # the shared preset table of `jaxrl.config.ModelConfig`
+    from jaxrl.io.build import model_config  # the shared preset table of `jaxrl.config.ModelConfig`
 
     m = cfg.model
     pad = tokenizer.pad_token_id

@@ -11,7 +11,10 @@
   `Ahead`: collected ahead by a policy up to `train.async.max_staleness` versions older);
 * `jaxrl.rl.step`: one RL step, a straight line of stages; `jaxrl.rl.batch`: the train batch of a rollout
   and the optimiser steps over it; `jaxrl.rl.distill`: on-policy distillation's teacher, a batch stage;
-* `jaxrl.rl.warm_start`: the supervised warm start; `jaxrl.rl.loop`: `train`, the hooks between steps.
+* `jaxrl.rl.agentic`: environment episodes as rollouts and demonstrations (the `EnvEpisodes` collector's
+  machinery); `jaxrl.rl.evaluate`: greedy held-out evaluation (the loop's and `jaxrl eval`'s);
+* `jaxrl.rl.warm_start`: the supervised warm start, its rows packed by `jaxrl.rl.packing`; `jaxrl.rl.loop`:
+  `train`, the hooks between steps.
 
 The package's `__init__` imports nothing, so that importing one module does not build the others.
 """

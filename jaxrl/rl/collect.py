@@ -1,7 +1,7 @@
 """The `Collector` plug-in: how the rows of a step are produced.
 
     SingleTurn    G completions per prompt, scored                          (`jaxrl.rollout.collect`)
-    EnvEpisodes   G multi-turn episodes per record in an environment         (`jaxrl.agentic.collect_env`)
+    EnvEpisodes   G multi-turn episodes per record in an environment         (`jaxrl.rl.agentic.collect_env`)
     SystemRows    a multi-agent system's trained roles' rows, role segments  (`jaxrl.multi_agent`)
 
 Setup (`jaxrl.rl.setup.setup`) builds one; the step, the SFT warm start and the evaluation call it without
@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
-from jaxrl import agentic, rewards as rewards_lib, rollout as rollout_lib
+from jaxrl import rewards as rewards_lib, rollout as rollout_lib
+from jaxrl.rl import agentic
 from jaxrl.envs import EpisodeSpec
 from jaxrl.sampling import SamplingSpec
 from jaxrl.train_step import TrainBatch

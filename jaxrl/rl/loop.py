@@ -33,7 +33,7 @@ from jaxrl.io import checkpoint as ckpt_lib
 from jaxrl.runtime import distributed, run_summary, step_time
 from jaxrl.config import ExperimentConfig, config_dict
 from jaxrl.data.pipeline import Encoder, PromptLimit, make_splits, train_iterator
-from jaxrl.evaluate import evaluate
+from jaxrl.rl.evaluate import evaluate
 from jaxrl.runtime.metrics import MetricsWriter
 from jaxrl.rl import setup as setup_lib
 from jaxrl.rl.run import NonFiniteError

@@ -22,7 +22,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxrl import build, rewards as rewards_lib
+from jaxrl import rewards as rewards_lib
+from jaxrl.io import build
 from jaxrl.io import checkpoint as ckpt_lib, model_io
 from jaxrl.runtime import step_time
 from jaxrl.algorithms import ALGORITHMS, Algorithm, AlgoSettings, KLRewardPenalty

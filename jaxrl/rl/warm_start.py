@@ -1,5 +1,5 @@
 """The supervised warm start before RL: the collector's demonstrations (or the records' reference targets),
-laid out like the rows RL will sample, optionally packed several to a row (`jaxrl.packing`), with its own AdamW.
+laid out like the rows RL will sample, optionally packed several to a row (`jaxrl.rl.packing`), with its own AdamW.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxrl import packing
+from jaxrl.rl import packing
 from jaxrl.algorithms import expert_rows
 from jaxrl.rl.batch import shard_batch
 from jaxrl.rl.run import Run, placed_shardings
@@ -30,7 +30,7 @@ def sft_warm_start(run: Run, state: TrainState, records, encoder, *, steps: int,
 
     Rows are laid out like rollout rows (prompt bucket | completion width), so the warm start trains exactly
     the positions RL will sample. `packed`: several rows per packed row where that saves rows
-    (`jaxrl.packing`; the same loss and gradient up to summation order).
+    (`jaxrl.rl.packing`; the same loss and gradient up to summation order).
     """
     tx = optax.adamw(lr)
     spec = LossSpec(policy_weight=0.0, sft_lambda=1.0)
@@ -83,7 +83,7 @@ def _demonstration_batches(run: Run, records, encoder, batch_size: int):
 
 
 def _packer(run: Run, head: list[TrainBatch], batch_size: int):
-    """(batch, step) -> the batch packed (`jaxrl.packing`), or None when packing saves nothing. The packed
+    """(batch, step) -> the batch packed (`jaxrl.rl.packing`), or None when packing saves nothing. The packed
     layout (rows per block, width) holds every batch of `head` on every host; a later batch that does not fit
     it runs unpacked, on every host alike."""
     def layout(rows: int):

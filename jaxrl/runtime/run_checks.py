@@ -90,7 +90,7 @@ def check_distill_teacher(cfg: Any) -> None:
     """`algorithm.distill.teacher`, when set, is a model with the student's tokenizer (`check_teacher`)."""
     if cfg.algorithm.distill.teacher is None:
         return
-    from jaxrl import build
+    from jaxrl.io import build
 
     check_teacher(cfg.algorithm.distill.teacher, build.build_tokenizer(cfg.model, cfg.tokenizer))
 
@@ -99,7 +99,7 @@ def validate_train(cfg: Any, run_dir: str | os.PathLike, checkpoint_dir: str | N
     """Everything `jaxrl train` checks before building a model: writable run directory, the trackers'
     packages, the attention kernel's platform, tokenizer presence, the distillation teacher, resume
     compatibility."""
-    from jaxrl import build
+    from jaxrl.io import build
 
     check_writable_dir(run_dir, "run directory")
     trackers.check_installed(cfg.logging.trackers)  # a missing extra: one line, before anything heavy
@@ -123,8 +123,8 @@ def _diff(prefix: str, stored: dict, new: dict, keys) -> list[str]:
 
 
 def _expected_model(cfg: Any, tokenizer) -> dict:
-    """The TransformerConfig (as JSON) `jaxrl.build.build_model` would produce, without loading weights."""
-    from jaxrl import build
+    """The TransformerConfig (as JSON) `jaxrl.io.build.build_model` would produce, without loading weights."""
+    from jaxrl.io import build
     from jaxrl.io import hf, model_io
 
     m = cfg.model
@@ -180,7 +180,7 @@ def check_resume(cfg: Any, run_dir: str | os.PathLike, checkpoint_dir: str | Non
     import yaml
     from etils import epath
 
-    from jaxrl import build
+    from jaxrl.io import build
     from jaxrl.io import model_io
 
     ckpt_dir = epath.Path(checkpoint_dir) if checkpoint_dir else epath.Path(Path(run_dir) / "checkpoints")

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jaxrl import agentic
+from jaxrl.rl import agentic
 from jaxrl.envs import Action, EpisodeSpec, SearchEnv, StepResult, make_env, prompt_ids, scripted_episodes
 from jaxrl.envs.contract import dry_run
 from jaxrl.errors import ConfigError, EnvError, UserError

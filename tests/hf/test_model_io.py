@@ -33,7 +33,7 @@ def test_config_json_round_trip_with_nested_and_tuple_fields():
 
 def test_the_attention_kernel_is_not_saved():
     """It belongs to the machine (cuDNN on a GPU): a checkpoint written there loads on a CPU with "xla", and
-    `jaxrl.build.build_model` applies the loading machine's `model.attention`."""
+    `jaxrl.io.build.build_model` applies the loading machine's `model.attention`."""
     data = model_io.config_to_json(TransformerConfig.tiny(attention="cudnn"))
     assert "attention" not in data
     assert model_io.config_from_json(data).attention == "xla"

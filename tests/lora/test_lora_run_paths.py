@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxrl import build
+from jaxrl.io import build
 from jaxrl.io import hf, lora_io
 from jaxrl.cli import main
 from jaxrl.config import dump_config, load_config

@@ -96,7 +96,7 @@ def test_unrolled_layers_equal_scanned_logits_gradients_and_decode(norm, remat):
 
 def test_loaded_model_takes_the_configs_execution_switches(tmp_path):
     from jaxrl.io import hf
-    from jaxrl.build import build_model
+    from jaxrl.io.build import build_model
     from jaxrl.config import ModelConfig
 
     hf.save_pretrained(Transformer(TransformerConfig.tiny(), rngs=nnx.Rngs(0)), tmp_path / "m")

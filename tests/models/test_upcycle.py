@@ -150,7 +150,7 @@ def test_rejects_a_non_prenorm_source_and_unknown_variant():
 def test_model_upcycle_config_applies_to_an_hf_directory(tmp_path):
     """`model.upcycle` in a config: build_model loads the pre-norm HF directory and upcycles it."""
     from jaxrl.io import hf
-    from jaxrl.build import build_model
+    from jaxrl.io.build import build_model
     from jaxrl.config import ModelConfig
 
     source = _source("qwen3", eps=1e-12)
@@ -163,7 +163,7 @@ def test_model_upcycle_config_applies_to_an_hf_directory(tmp_path):
 
 def test_model_upcycle_config_errors(tmp_path):
     from jaxrl.io import hf
-    from jaxrl.build import build_model
+    from jaxrl.io.build import build_model
     from jaxrl.config import ModelConfig
     from jaxrl.errors import ConfigError
 

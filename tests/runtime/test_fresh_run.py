@@ -19,7 +19,7 @@ def _model_config() -> str:
     import tempfile
     from pathlib import Path
 
-    from jaxrl import build
+    from jaxrl.io import build
     from jaxrl.io import model_io
     from jaxrl.config import load_config
 

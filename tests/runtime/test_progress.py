@@ -9,7 +9,7 @@ import types
 import numpy as np
 import pytest
 
-from jaxrl import evaluate as evaluate_lib
+from jaxrl.rl import evaluate as evaluate_lib
 from jaxrl.io import hf
 from jaxrl.runtime import progress
 from jaxrl.sampling import SamplingSpec

@@ -5,7 +5,7 @@ line, exit 2, and nothing is created."""
 
 import pytest
 
-from jaxrl.build import attention_kernel
+from jaxrl.io.build import attention_kernel
 from jaxrl.cli import main
 from jaxrl.config import ModelConfig
 from jaxrl.errors import ConfigError

@@ -68,7 +68,7 @@ class _CompileLog(logging.Handler):
 
 
 def _max_param_change(cfg, run_dir: Path) -> float:
-    from jaxrl import build
+    from jaxrl.io import build
     from jaxrl.io import model_io
 
     tok = build.build_tokenizer(cfg.model, cfg.tokenizer)

@@ -1,4 +1,4 @@
-"""Sequence packing of SFT rows (`jaxrl.packing`): a packed batch has the padded batch's loss and gradient.
+"""Sequence packing of SFT rows (`jaxrl.rl.packing`): a packed batch has the padded batch's loss and gradient.
 
 In-process on the tiny model; the blocks test uses a 4-device mesh of the 8 fake CPU devices. The warm start
 through the CLI with packing (and 2 processes x 2 devices against 1 x 4) runs in
@@ -14,7 +14,7 @@ import pytest
 from flax import nnx
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
-from jaxrl import packing
+from jaxrl.rl import packing
 from jaxrl.models import Transformer, TransformerConfig
 from jaxrl.train_step import LossSpec, TrainBatch, loss_and_grad
 

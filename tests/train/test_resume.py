@@ -132,7 +132,7 @@ def test_corrupted_newest_checkpoint_falls_back_to_previous(reference, tmp_path)
 
 
 def test_nonfinite_updates_are_skipped_then_the_run_stops_with_a_checkpoint(tmp_path):
-    from jaxrl import build
+    from jaxrl.io import build
     from jaxrl.config import load_config
 
     overrides = ("algorithm.name=grpo", f"train.steps={STEPS}", "checkpoint.every=100",

@@ -12,7 +12,7 @@ log-probability is the one it has alone in a padded row. The SFT loss is a token
 which does not depend on which row a token sits in: the packed batch has the padded batch's loss and
 gradient up to float summation order (tests/train/test_packing.py). The same packing serves any host and
 device layout: each batch shard (the rows one device holds) is packed into its own share of packed rows, so a
-process packs exactly the demonstrations it built (`jaxrl.agentic.demonstration_rows` builds only the rows
+process packs exactly the demonstrations it built (`jaxrl.rl.agentic.demonstration_rows` builds only the rows
 of its devices) and 2 processes x 2 devices pack like 1 x 4.
 
 Static shapes: the packed rows per block and their width are chosen once per warm start
