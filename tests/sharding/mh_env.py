@@ -7,13 +7,16 @@ from __future__ import annotations
 import os
 
 from jaxrl.envs import SearchEnv
+from jaxrl.envs.search import SEARCH_INSTRUCTIONS
 
 
 class LoggedSearchEnv(SearchEnv):
     def __init__(self, tokenizer, *, log_dir: str, corpus_seed: int = 0, corpus_size: str = "tiny",
-                 top_k: int = 1, demo_search: float = 1.0, query_with_question: bool = False):
+                 top_k: int = 1, demo_search: float = 1.0, query_with_question: bool = False,
+                 instructions: str = SEARCH_INSTRUCTIONS):
         super().__init__(tokenizer, corpus_seed=corpus_seed, corpus_size=corpus_size, top_k=top_k,
-                         demo_search=demo_search, query_with_question=query_with_question)
+                         demo_search=demo_search, query_with_question=query_with_question,
+                         instructions=instructions)
         self.log_path = os.path.join(log_dir, f"env.{os.getpid()}.log")
 
     def _log(self, line: str) -> None:
