@@ -136,7 +136,6 @@ def setup(cfg: ExperimentConfig, run_dir: Path) -> tuple[Run, TrainState, Any]:
         opt_sharding = state_shardings(opt_state, mesh, rules, params=params_state)
     else:  # moments mirror their adapter's sharding; scalars (Adam's count) are replicated
         opt_sharding = placed_shardings(opt_state, mesh)
-    opt_state = hosts.place_global(opt_state, opt_sharding)
     state_sharding = TrainState(params=train_sharding, opt_state=opt_sharding, step=rep)
     state = hosts.place_global(TrainState(params=params, opt_state=opt_state, step=jnp.zeros((), jnp.int32)),
                                state_sharding)
