@@ -83,6 +83,8 @@ from jaxrl.losses.passk import avg_at_k, pass_at_k, pass_at_k_per_problem
 from jaxrl.losses.sapo import sapo_loss, sapo_objective
 # Issue 28: REINFORCE++ and REINFORCE++-baseline.
 from jaxrl.losses.reinforce_pp import reinforce_pp_advantages, reinforce_pp_baseline_advantages
+# PPO critic: GAE and the clipped value loss.
+from jaxrl.losses.gae import gae_advantages, outcome_token_rewards, value_loss
 
 __all__ = [
     "AggMode",
@@ -159,4 +161,7 @@ __all__ = [
     "reference_gamma",
     "reinforce_pp_advantages",
     "reinforce_pp_baseline_advantages",
+    "gae_advantages",
+    "outcome_token_rewards",
+    "value_loss",
 ]
