@@ -235,27 +235,36 @@ def loss_and_grad(params, graphdef, batch: TrainBatch, spec: LossSpec, base=None
     (`base`: the frozen model under LoRA adapters `params`, see `full_params`)."""
     norm = normalizers(batch, spec)
     grad_fn = jax.value_and_grad(_loss, has_aux=True)
-    if spec.grad_accum == 1:
-        (loss, metrics), grads = grad_fn(params, graphdef, batch, spec, norm, base)
+    b, k = batch.tokens_BL.shape[0], spec.grad_accum
+    if k > 1 and b % k == 0 and (b // k) % batch.group:
+        raise ValueError(f"grad_accum={k} micro-batches of {b // k} rows split the prompt groups of "
+                         f"{batch.group} rows (assemble the batch with group=1)")
+    loss, grads, metrics = accumulate(lambda p, mb: grad_fn(p, graphdef, mb, spec, norm, base), params, batch,
+                                      spec.grad_accum, additive=_ADDITIVE)
+    return loss, grads, {**metrics, "loss": loss}
+
+
+def accumulate(grad_fn, params, batch, grad_accum: int, *, additive=frozenset()):
+    """(loss, grads, metrics) of `grad_fn(params, micro) -> ((loss, metrics), grads)` summed over `grad_accum`
+    equal micro-batches of `batch` (a scan over its leading dimension). Each micro-batch's loss must be
+    aggregated with the whole batch's normaliser, so that the sums are the full batch's loss and gradient;
+    `additive` metrics (loss terms) add up, the others (ratios) are averaged."""
+    if grad_accum == 1:
+        (loss, metrics), grads = grad_fn(params, batch)
         return loss, grads, metrics
-    b = batch.tokens_BL.shape[0]
-    if b % spec.grad_accum:
-        raise ValueError(f"mini-batch of {b} rows is not divisible by grad_accum={spec.grad_accum}")
-    if (b // spec.grad_accum) % batch.group:
-        raise ValueError(f"grad_accum={spec.grad_accum} micro-batches of {b // spec.grad_accum} rows split "
-                         f"the prompt groups of {batch.group} rows (assemble the batch with group=1)")
-    micro = jax.tree.map(lambda x: x.reshape(spec.grad_accum, b // spec.grad_accum, *x.shape[1:]), batch)
+    b = jax.tree.leaves(batch)[0].shape[0]
+    if b % grad_accum:
+        raise ValueError(f"mini-batch of {b} rows is not divisible by grad_accum={grad_accum}")
+    micro = jax.tree.map(lambda x: x.reshape(grad_accum, b // grad_accum, *x.shape[1:]), batch)
 
     def body(carry, mb):
-        (loss, metrics), grads = grad_fn(params, graphdef, mb, spec, norm, base)
+        (loss, metrics), grads = grad_fn(params, mb)
         acc_loss, acc_grads = carry
         return (acc_loss + loss, jax.tree.map(jnp.add, acc_grads, grads)), metrics
 
     zeros = jax.tree.map(jnp.zeros_like, params)
     (loss, grads), metrics_M = jax.lax.scan(body, (jnp.zeros((), jnp.float32), zeros), micro)
-    # Loss terms add up across micro-batches; ratio-style metrics are averaged.
-    metrics = {k: (jnp.sum(v) if k in _ADDITIVE else jnp.mean(v)) for k, v in metrics_M.items()}
-    metrics["loss"] = loss
+    metrics = {k: (jnp.sum(v) if k in additive else jnp.mean(v)) for k, v in metrics_M.items()}
     return loss, grads, metrics
 
 
@@ -269,6 +278,14 @@ def train_step(state: TrainState, batch: TrainBatch, base=None, *, graphdef, spe
     Under LoRA (`spec.lora`), `state.params` are the adapters and `base` the frozen model they sit on."""
     chex.assert_rank(batch.tokens_BL, 2)
     loss, grads, metrics = loss_and_grad(state.params, graphdef, batch, spec, base)
+    new_state, guard = apply_if_finite(state, loss, grads, tx)
+    return new_state, {**metrics, **guard}
+
+
+def apply_if_finite(state: TrainState, loss, grads, tx: optax.GradientTransformation):
+    """(state after one optimiser update, {"train/grad_norm", "train/nonfinite"}); the update is skipped
+    (parameters and optimiser state kept, the step counted) when the loss, the gradient or the update is not
+    finite."""
     grad_norm = optax.global_norm(grads)
     updates, new_opt = tx.update(grads, state.opt_state, state.params)
     # Finite gradients can still give non-finite updates (an infinite learning rate, an overflowing second
@@ -279,9 +296,7 @@ def train_step(state: TrainState, batch: TrainBatch, base=None, *, graphdef, spe
     new_state = TrainState(
         params=keep(new_params, state.params), opt_state=keep(new_opt, state.opt_state), step=state.step + 1
     )
-    metrics["train/grad_norm"] = grad_norm
-    metrics["train/nonfinite"] = (~finite).astype(jnp.int32)
-    return new_state, metrics
+    return new_state, {"train/grad_norm": grad_norm, "train/nonfinite": (~finite).astype(jnp.int32)}
 
 
 # XLA:CPU: let YNNPACK fuse each dot with its elementwise neighbours (the default calls the library for the

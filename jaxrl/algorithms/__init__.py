@@ -40,6 +40,7 @@ ALGORITHMS: dict[str, Algorithm] = {
     "clipo": Algorithm("clipo", estimators.grpo("group"), shaper=clipo_head),
     "reinforce_pp": Algorithm("reinforce_pp", estimators.reinforce_pp),
     "reinforce_pp_baseline": Algorithm("reinforce_pp_baseline", estimators.reinforce_pp_baseline),
+    "ppo": Algorithm("ppo", estimators.outcome_rewards, critic=True),
     "sft_aux": Algorithm("sft_aux", estimators.grpo("group"), extra_rows=expert_rows,
                          loss=lambda s: {"sft_lambda": s.section.sft.lam}),
 }
@@ -59,7 +60,7 @@ def resolve(name: str) -> Algorithm | None:
 # Algorithms that are an advantage estimator and nothing else (no resampling, reward shaping or extra rows):
 # the ones a multi-agent role may use instead of the run's (`multi_agent.estimators`).
 ESTIMATOR_ONLY = tuple(name for name, a in ALGORITHMS.items()
-                       if a.resample is None and a.shaper is None and a.extra_rows is None)
+                       if a.resample is None and a.shaper is None and a.extra_rows is None and not a.critic)
 
 __all__ = [
     "ALGORITHMS",

@@ -99,6 +99,8 @@ class Algorithm:
       loss: settings -> `LossSpec` field overrides (e.g. `{"sft_lambda": λ}`).
       min_group: the smallest group its estimator defines (RLOO's leave-one-out baseline needs 2; GRPO's
         group of 1 is verl's A = R).
+      critic: the method learns a value model (PPO): `advantages` then gives the per-token rewards r_t, and the
+        run's critic turns them into advantages (`jaxrl.rl.critic.ActorCritic`, chosen at setup).
     """
 
     name: str
@@ -109,6 +111,7 @@ class Algorithm:
     extra_rows: ExtraRowsFn | None = None
     loss: Callable[[AlgoSettings], dict[str, Any]] = lambda s: {}
     min_group: int = 1
+    critic: bool = False
 
 
 def combined_reward(rewards_NK: np.ndarray, weights_K: np.ndarray) -> np.ndarray:

@@ -10,6 +10,7 @@
 | etr      | weighted sum                  | GRPO                                       | elastic per sample    |
 | rf++     | weighted sum                  | γ-return, whitened over the batch's tokens | [clip.low, clip.high] |
 | rf++ b.  | weighted sum                  | R - mean_g, whitened over batch tokens     | same                  |
+| ppo      | weighted sum                  | GAE(γ, λ) with a critic (`jaxrl.rl.critic`) | same                  |
 
 (rf++: `reinforce_pp`; rf++ b.: `reinforce_pp_baseline`.)
 
@@ -116,6 +117,14 @@ def reinforce_pp_baseline(rewards_NK, weights_K, mask_NT, s: AlgoSettings) -> Ad
     r_N = jnp.asarray(combined_reward(rewards_NK, weights_K))
     adv_NT = losses.reinforce_pp_baseline_advantages(r_N, s.group_size, jnp.asarray(mask_NT), nan_aware=True)
     return _token_advantages(adv_NT, mask_NT, s)
+
+
+def outcome_rewards(rewards_NK, weights_K, mask_NT, s: AlgoSettings) -> Advantages:
+    """PPO's estimator stage (`Algorithm.critic`): the per-token rewards r_NT, the weighted reward at each
+    row's last trained token (verl's `token_level_rewards`; a skipped, NaN, reward counts 0), which the run's
+    critic turns into GAE advantages (`jaxrl.rl.critic.ActorCritic`)."""
+    r_N = jnp.asarray(np.nan_to_num(combined_reward(rewards_NK, weights_K)))
+    return _token_advantages(losses.outcome_token_rewards(r_N, jnp.asarray(mask_NT)), mask_NT, s)
 
 
 def _token_advantages(adv_NT, mask_NT, s: AlgoSettings) -> Advantages:

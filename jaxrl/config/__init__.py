@@ -37,6 +37,7 @@ from jaxrl.config.algorithm import (  # noqa: F401 -- the algorithm section, re-
     MismatchSection,
     Objective,
     ObjectiveSection,
+    PPOSection,
     SFTSection,
 )
 from jaxrl.config.experiment import (  # noqa: F401

@@ -28,6 +28,7 @@ class Algo(str, enum.Enum):
     SFT_AUX = "sft_aux"
     REINFORCE_PP = "reinforce_pp"
     REINFORCE_PP_BASELINE = "reinforce_pp_baseline"
+    PPO = "ppo"
 
 
 class KLWhere(str, enum.Enum):
@@ -200,6 +201,38 @@ class ReinforcePPSection:
         _check(0 <= self.gamma <= 1, "algorithm.reinforce_pp.gamma", self.gamma, "must be in [0, 1]")
 
 
+@dataclasses.dataclass(frozen=True)
+class PPOSection:
+    """PPO with a learned critic (`algorithm.name: ppo`, `jaxrl.rl.critic`): GAE(γ, λ) over the completion
+    tokens with the reward at the last token, advantages whitened over the batch's tokens (`whiten`), and a
+    value model trained with its own AdamW (`critic_lr`; null: `optimizer.lr`) on the clipped value loss
+    (`value_clip`: verl's `cliprange_value`; null: unclipped). `critic_init`: `policy` (the model RL starts
+    from, after the SFT warm start, with a fresh value head) or a path (a jaxrl run / checkpoint directory, an
+    HF directory, or a reward model trained by `jaxrl train-rm`, whose head it keeps). The first
+    `critic_warmup_steps` steps update the critic only (verl's `critic_warmup` = this + 1). Defaults: verl's
+    (γ = λ = 1, value clip 0.5)."""
+
+    gamma: float = 1.0
+    lam: float = 1.0
+    value_clip: float | None = 0.5
+    whiten: bool = True
+    critic_lr: float | None = None
+    critic_init: str = "policy"
+    critic_warmup_steps: int = 0
+
+    def __post_init__(self):
+        _check(0 <= self.gamma <= 1, "algorithm.ppo.gamma", self.gamma, "must be in [0, 1]")
+        _check(0 <= self.lam <= 1, "algorithm.ppo.lam", self.lam, "must be in [0, 1]")
+        _check(self.value_clip is None or self.value_clip > 0, "algorithm.ppo.value_clip", self.value_clip,
+               "must be > 0 or null")
+        _check(self.critic_lr is None or self.critic_lr > 0, "algorithm.ppo.critic_lr", self.critic_lr,
+               "must be > 0 or null")
+        _check(isinstance(self.critic_init, str) and self.critic_init.strip() != "", "algorithm.ppo.critic_init",
+               self.critic_init, "must be 'policy' or a path to a model")
+        _check(self.critic_warmup_steps >= 0, "algorithm.ppo.critic_warmup_steps", self.critic_warmup_steps,
+               "must be >= 0")
+
+
 class Objective(str, enum.Enum):
     """The per-token policy objective of the update (`losses`): PPO/GRPO clip, GSPO, GSPO-token, CISPO, SAPO."""
 
@@ -303,7 +336,8 @@ class AlgorithmConfig:
     """Advantage estimator, policy objective, aggregation and their hyper-parameters (spec/algorithms.md).
 
     `name` is a key of `jaxrl.algorithms.ALGORITHMS` (built-ins: the `Algo` values). Each method's own
-    settings live in its sub-section (`etr`, `gd2po`, `clipo`, `dapo`, `sft`, `gdpo`, `reinforce_pp`); `clip`
+    settings live in its sub-section (`etr`, `gd2po`, `clipo`, `dapo`, `sft`, `gdpo`, `reinforce_pp`,
+    `ppo`); `clip`
     and `kl` are shared. The flat keys of earlier versions (`etr_alpha`, `clipo_tau`, ...) are refused with
     their new place.
 
@@ -330,6 +364,7 @@ class AlgorithmConfig:
     dapo: DAPOSection = DAPOSection()
     sft: SFTSection = SFTSection()
     reinforce_pp: ReinforcePPSection = ReinforcePPSection()
+    ppo: PPOSection = PPOSection()
     objective: ObjectiveSection = ObjectiveSection()
     mismatch: MismatchSection = MismatchSection()
     distill: DistillSection = DistillSection()

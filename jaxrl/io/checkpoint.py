@@ -41,8 +41,10 @@ from jaxrl.errors import CheckpointError
 
 log = logging.getLogger(__name__)
 
-# "behind": an async run's sampler versions (`jaxrl.rl.ahead`), saved only by such runs
-ITEMS = ("params", "opt_state", "extra", "behind")
+# "behind": an async run's sampler versions (`jaxrl.rl.ahead`), saved only by such runs; "critic": PPO's value
+# model and its optimiser state (`jaxrl.rl.critic`, an update schedule's `arrays`), saved only by such runs
+ITEMS = ("params", "opt_state", "extra", "behind", "critic")
+SCHEDULE_ITEMS = ("critic",)
 MODEL_CONFIG = "model_config.json"
 WARM_START_STEP = 0  # the step directory of the warm-started state (before RL step 1)
 
@@ -116,10 +118,26 @@ class Checkpointer:
         args = ocp.args.Composite(behind=ocp.args.StandardRestore(like))
         return self.manager.restore(step, args=args)["behind"]
 
+    def restore_items(self, step: int, like: dict[str, Any]) -> dict[str, Any]:
+        """The named array items (`SCHEDULE_ITEMS`) saved with `step`, each restored like `like[name]`
+        ({} for none); a step saved without one is a CheckpointError naming it."""
+        if not like:
+            return {}
+        self.manager.wait_until_finished()
+        args = ocp.args.Composite(**{name: ocp.args.StandardRestore(_abstract(tree)) for name, tree in like.items()})
+        try:
+            out = self.manager.restore(step, args=args)
+        except (FileNotFoundError, KeyError, ValueError) as e:
+            raise CheckpointError(f"checkpoint step {step} in {self.directory} has no {' / '.join(like)} item this "
+                                  f"run needs (was it written by a run without it?): {str(e).splitlines()[0][:200]}"
+                                  ) from None
+        return {name: out[name] for name in like}
+
     def save(self, step: int, params: Any, opt_state: Any, extra: dict[str, Any],
-             behind: dict[str, Any] | None = None) -> None:
+             behind: dict[str, Any] | None = None, items: dict[str, Any] | None = None) -> None:
         """Starts saving `step` (returns once the arrays are copied; call `wait` to block until written);
-        `behind`: an async run's sampler versions (`restore_behind`)."""
+        `behind`: an async run's sampler versions (`restore_behind`); `items`: an update schedule's own arrays
+        by `SCHEDULE_ITEMS` name (`restore_items`)."""
         with self._disk_full_is_one_line(self._pending):  # a failed asynchronous save surfaces here
             self.manager.wait_until_finished()
             if step in self.manager.all_steps():
@@ -130,6 +148,7 @@ class Checkpointer:
             opt_state=ocp.args.StandardSave(opt_state),
             extra=ocp.args.JsonSave({**extra, "step": step}),
             **({"behind": ocp.args.StandardSave(behind)} if behind else {}),
+            **{name: ocp.args.StandardSave(tree) for name, tree in (items or {}).items()},
         )
         with self._disk_full_is_one_line(step):
             self.manager.save(step, args=args, force=True)

@@ -205,31 +205,43 @@ def _mismatch(run: Run, batch: TrainBatch, sampler_BT, n_rollout: int) -> tuple[
     return batch, metrics
 
 
-def update(run: Run, state: TrainState, batch: TrainBatch, step: int) -> tuple[TrainState, dict[str, float]]:
-    """PPO epochs x mini-batches over one rollout batch (rows shuffled per epoch with a step-seeded RNG; a
-    shared-prompt batch, `batch.group` > 1, shuffles whole groups, so each mini-batch holds whole groups).
-    `state` is the policy's train view (`Policy.train_view`: with per-role adapters, one role's)."""
-    u = run.update
-    n, g = batch.tokens_BL.shape[0], batch.group
+def minibatch_rows(n: int, group: int, u, step: int, stream: int = 0):
+    """The rows of each mini-batch of PPO epochs x mini-batches over `n` rows, in order: rows shuffled per
+    epoch with a (seed, step[, stream])-seeded RNG, whole groups of `group` consecutive rows kept together
+    (`u`: the run's `UpdateSpec`; one mini-batch: every row in order)."""
     if n % u.mini_batches:
         raise UserError(f"algorithm.mini_batches={u.mini_batches} does not divide the {n} rows of a batch")
     size = n // u.mini_batches
-    if size % g:
-        raise ValueError(f"mini-batches of {size} rows split the prompt groups of {g} rows")
-    rng = np.random.default_rng([u.seed, step])
-    collected: list[dict] = []
+    if size % group:
+        raise ValueError(f"mini-batches of {size} rows split the prompt groups of {group} rows")
+    rng = np.random.default_rng([u.seed, step] + ([stream] if stream else []))
     for _ in range(u.ppo_epochs):
         if u.mini_batches == 1:
             order = np.arange(n)
         else:  # groups of g consecutive rows (g = 1: rows)
-            order = (rng.permutation(n // g)[:, None] * g + np.arange(g)[None, :]).reshape(-1)
+            order = (rng.permutation(n // group)[:, None] * group + np.arange(group)[None, :]).reshape(-1)
         for j in range(u.mini_batches):
-            rows = order[j * size:(j + 1) * size]
-            take = lambda x: rows_lib.take(x, rows)  # noqa: B023 -- used immediately, inside this iteration
-            mb = batch if u.mini_batches == 1 else shard_batch(run, jax.tree.map(take, batch))
-            state, metrics = run.step_fn(state, mb)
-            collected.append(metrics)
+            yield order[j * size:(j + 1) * size]
+
+
+def minibatch_steps(run: Run, step_fn, state, batch, rows_of) -> tuple[object, dict[str, float]]:
+    """`step_fn(state, mini-batch)` over the mini-batches `rows_of` yields (`minibatch_rows`); the metrics
+    are averaged over the optimiser steps (the non-finite flag: their max)."""
+    collected: list[dict] = []
+    whole = run.update.mini_batches == 1
+    for rows in rows_of:
+        take = lambda x: rows_lib.take(x, rows)  # noqa: B023 -- used immediately, inside this iteration
+        state, metrics = step_fn(state, batch if whole else shard_batch(run, jax.tree.map(take, batch)))
+        collected.append(metrics)
     host = jax.device_get(collected)
     out = {k: float(np.mean([m[k] for m in host])) for k in host[0]}
     out["train/nonfinite"] = float(max(m["train/nonfinite"] for m in host))
     return state, out
+
+
+def update(run: Run, state: TrainState, batch: TrainBatch, step: int) -> tuple[TrainState, dict[str, float]]:
+    """PPO epochs x mini-batches over one rollout batch (rows shuffled per epoch with a step-seeded RNG; a
+    shared-prompt batch, `batch.group` > 1, shuffles whole groups, so each mini-batch holds whole groups).
+    `state` is the policy's train view (`Policy.train_view`: with per-role adapters, one role's)."""
+    rows_of = minibatch_rows(batch.tokens_BL.shape[0], batch.group, run.update, step)
+    return minibatch_steps(run, run.step_fn, state, batch, rows_of)

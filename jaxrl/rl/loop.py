@@ -148,6 +148,10 @@ def _train(cfg: ExperimentConfig, run_dir: str | Path, checkpoint_dir: str | Non
                  phases.seconds["warm_start"])
         if run.policy.reference_follows_warm_start:  # KL to the policy RL starts from (LoRA: the base)
             run.policy.set_reference(jax.tree.map(jnp.copy, state.params))
+    if restored is None:  # the schedule's own state (PPO's critic) starts from the model RL starts from
+        run.schedule.begin(run.policy.sampling_params(state.params))
+    else:
+        run.schedule.load(ckpt.restore_items(start, run.schedule.arrays()))
     del initial
     # Only now, with the checkpoint restored (or none to restore), does the run directory change: a resume
     # that fails leaves config.yaml and model_config.json as they were.
@@ -168,7 +172,8 @@ def _train(cfg: ExperimentConfig, run_dir: str | Path, checkpoint_dir: str | Non
         t0 = time.perf_counter()
         with phases("checkpoint"):
             behind, feed_extra = run.feed.checkpoint(step)
-            ckpt.save(step, state.params, state.opt_state, {**extra(), **feed_extra}, behind=behind)
+            ckpt.save(step, state.params, state.opt_state, {**extra(), **feed_extra}, behind=behind,
+                      items=run.schedule.arrays())
             # export-ready adapters (LoRA): export-hf --checkpoint RUN/adapters
             run.policy.export(state.params, run_dir / "adapters")
         seconds = time.perf_counter() - t0

@@ -169,7 +169,8 @@ def setup(cfg: ExperimentConfig, run_dir: Path) -> tuple[Run, TrainState, Any]:
               mismatch=MismatchSpec.from_config(m), state_sharding=state_sharding,
               step_fn=step_fn, logprob_fn=logprob_fn,
               collector=_collector(cfg, system, graphdef, tokenizer, rewards, mesh, rules), policy=policy,
-              schedule=_schedule(system, policy), segment_estimators=_segment_estimators(cfg, system),
+              schedule=_schedule(cfg, system, policy, model, tokenizer, mesh, rules),
+              segment_estimators=_segment_estimators(cfg, system),
               share_prompts=cfg.train.share_prompts,
               flops_per_token=functools.partial(step_time.train_flops_per_token, model.cfg,
                                                 lora=lora_cfg is not None), batch_stages=batch_stages,
@@ -195,16 +196,30 @@ def _batch_stages(cfg: ExperimentConfig, tokenizer, mesh, rules) -> list:
                          discount=d.discount)]
 
 
-def _schedule(system, policy: Policy) -> UpdateSchedule:
+def _schedule(cfg: ExperimentConfig, system, policy: Policy, model, tokenizer, mesh, rules) -> UpdateSchedule:
     """A multi-agent system's sequential order (SSP: Proposer, then Solver), else one phase per role with
-    per-role adapters (each role's adapters in turn, keeping the sampler's old log-probs), else joint."""
+    per-role adapters (each role's adapters in turn, keeping the sampler's old log-probs), else joint; around
+    it, for an algorithm with a critic (PPO), the critic's values, GAE and update (`jaxrl.rl.critic`)."""
     stages = Stages(assemble, update)
     order = system.update_phases if system is not None else ()
     if order:
-        return Phased(stages, tuple(order), recompute_old=not policy.roles)
-    if policy.roles:
-        return Phased(stages, None, recompute_old=False)
-    return Joint(stages)
+        inner: UpdateSchedule = Phased(stages, tuple(order), recompute_old=not policy.roles)
+    elif policy.roles:
+        inner = Phased(stages, None, recompute_old=False)
+    else:
+        inner = Joint(stages)
+    if not ALGORITHMS[cfg.algorithm.name].critic:
+        return inner
+    from jaxrl.rl import critic as critic_lib
+
+    p, a = cfg.algorithm.ppo, cfg.algorithm
+    spec = critic_lib.CriticSpec(gamma=p.gamma, lam=p.lam, value_clip=p.value_clip, whiten=p.whiten,
+                                 warmup_steps=p.critic_warmup_steps, agg=a.agg_mode, grad_accum=a.grad_accum)
+    tx = build_optimizer(dataclasses.replace(cfg.optimizer, lr=p.critic_lr or cfg.optimizer.lr), cfg.train.steps)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    critic = critic_lib.make_critic(_pure(nnx.state(model, nnx.Param)), model.cfg, pad, p.critic_init, mesh,
+                                    rules, tx, spec, seed=cfg.train.seed + 5)
+    return critic_lib.ActorCritic(inner, critic)
 
 
 def _segment_estimators(cfg: ExperimentConfig, system: System | None) -> tuple:
@@ -234,6 +249,9 @@ def _multi_agent_system(cfg: ExperimentConfig, tokenizer, algorithm: Algorithm):
         return None
     from jaxrl.multi_agent import make_system
 
+    if algorithm.critic:
+        raise ConfigError(f"algorithm.name={algorithm.name!r} (a critic) with multi_agent: not supported yet (a "
+                          "value model per role); use a GRPO-family algorithm for multi-agent systems")
     system = make_system(cfg.multi_agent.system, cfg.multi_agent.params, tokenizer)
     sizes = system.group_sizes(cfg.rollout.group_size)
     for role in cfg.multi_agent.estimators:

@@ -45,14 +45,38 @@ class Stages:
 
 class UpdateSchedule(Protocol):
     """(run, state, sampling params, rollout, advantages, the step's records, step, clock; frozen: the actor
-    is frozen this step, assemble for the metrics but do not update) -> `Updated`."""
+    is frozen this step, assemble for the metrics but do not update) -> `Updated`.
+
+    A schedule may train state of its own next to the policy (PPO's critic, `jaxrl.rl.critic.ActorCritic`):
+    `begin(policy)` starts it from the model RL starts from (after the SFT warm start; not on resume),
+    `arrays()` are the checkpoint items it saves with each step ({} for none) and `load(items)` takes them back
+    on resume."""
 
     def __call__(self, run: Run, state: TrainState, params: Any, ro: rollout_lib.Rollout, adv, records,
                  step: int, clock: step_time.StageClock, *, frozen: bool) -> Updated: ...
 
+    def begin(self, policy_params: Any) -> None: ...
+
+    def arrays(self) -> dict[str, Any]: ...
+
+    def load(self, arrays: dict[str, Any]) -> None: ...
+
+
+class _Stateless:
+    """A schedule with no state of its own (nothing to start, save or load)."""
+
+    def begin(self, policy_params: Any) -> None:
+        del policy_params
+
+    def arrays(self) -> dict[str, Any]:
+        return {}
+
+    def load(self, arrays: dict[str, Any]) -> None:
+        del arrays
+
 
 @dataclasses.dataclass(frozen=True)
-class Joint:
+class Joint(_Stateless):
     """One update over all the rows. A multi-agent rollout has the trained roles' rows, not prompts x G: they
     are padded to the batch shards x mini-batches with rows that train on nothing (as a phase's are)."""
 
@@ -77,7 +101,7 @@ class Joint:
 
 
 @dataclasses.dataclass(frozen=True)
-class Phased:
+class Phased(_Stateless):
     """The sequential schedule of a multi-agent update: one assemble + update per role segment, in `order`
     (segment ids; None: every segment present, in id order). A later phase takes its old log-probs at the
     policy the previous phase left when `recompute_old` (the reference's "per_phase" timing: its PPO ratios

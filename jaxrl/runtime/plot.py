@@ -30,8 +30,8 @@ PANELS: dict[str, tuple[str, tuple[str, ...]]] = {
 
 
 # stages of `step_time.png`, bottom to top (`time/<stage>`; `jaxrl.runtime.step_time`, `jaxrl.rl.loop`)
-BREAKDOWN = ("generation", "reward", "env", "old_logprobs", "ref_logprobs", "teacher_logprobs", "update",
-             "weight_sync", "eval", "checkpoint", "other")
+BREAKDOWN = ("generation", "reward", "env", "old_logprobs", "ref_logprobs", "teacher_logprobs", "values",
+             "update", "update_critic", "weight_sync", "eval", "checkpoint", "other")
 # an asynchronous run (`train.async`) collects while it updates: its bars stack the collection time the trainer
 # waited for (`time/exposed_generation`) in place of the collector's own stages
 COLLECTION = ("generation", "reward", "env")

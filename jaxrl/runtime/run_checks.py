@@ -18,6 +18,8 @@ from jaxrl.runtime import trackers
 from jaxrl.errors import ConfigError
 from jaxrl.runtime.run_dir import EXECUTION_ONLY, TOKENIZER_FILES, check_writable_dir
 
+CRITIC_INIT = "algorithm.ppo.critic_init"
+
 
 def check_tokenizer_source(cfg: Any) -> None:
     """An HF directory or checkpoint as the model needs its own tokenizer files unless `tokenizer:` names one
@@ -42,16 +44,17 @@ def check_tokenizer_source(cfg: Any) -> None:
 _TEACHER = "algorithm.distill.teacher"
 
 
-def check_teacher(path: str, tokenizer) -> Path:
-    """The on-policy distillation teacher at `path` (a jaxrl run / checkpoint directory or an HF directory)
-    reads the student's token ids: its saved tokenizer is `tokenizer` and its embedding covers it. Reads the
-    configs and tokenizer files only; returns the directory. ConfigError (one line) otherwise."""
+def check_teacher(path: str, tokenizer, *, key: str = _TEACHER, what: str = "teacher") -> Path:
+    """The model at `path` that reads the policy's token ids (the on-policy distillation teacher; PPO's
+    critic, `key` "algorithm.ppo.critic_init", `what` "critic"), a jaxrl run / checkpoint directory or an HF
+    directory: its saved tokenizer is `tokenizer` and its embedding covers it. Reads the configs and tokenizer
+    files only; returns the directory. ConfigError (one line) otherwise."""
     from jaxrl.io import hf, model_io
     from jaxrl.errors import CheckpointError
 
     where = Path(path).expanduser()
     if not where.is_dir():
-        raise ConfigError(f"{_TEACHER}={path!r}: no such directory (allowed: a jaxrl run or checkpoint "
+        raise ConfigError(f"{key}={path!r}: no such directory (allowed: a jaxrl run or checkpoint "
                           "directory, or an HF directory with config.json and safetensors)")
     try:
         if (where / "config.json").is_file() and not (where / model_io.CONFIG_FILE).is_file():
@@ -59,40 +62,49 @@ def check_teacher(path: str, tokenizer) -> Path:
         else:
             source = model_io.resolve_checkpoint(where)[0]
             vocab = model_io.load_config(source).vocab_size
-        teacher_tok = model_io.load_tokenizer(source)
+        other_tok = model_io.load_tokenizer(source)
     except (OSError, ValueError, CheckpointError) as e:
-        raise ConfigError(f"{_TEACHER}={path!r}: cannot load a model there: {str(e).splitlines()[0]}") from None
-    check_same_tokenizer(teacher_tok, tokenizer, vocab, path)
+        raise ConfigError(f"{key}={path!r}: cannot load a model there: {str(e).splitlines()[0]}") from None
+    check_same_tokenizer(other_tok, tokenizer, vocab, path, key=key, what=what)
     return where
 
 
-def check_same_tokenizer(teacher_tok, student_tok, teacher_vocab: int, path: str) -> None:
-    """The teacher must score the student's token ids: its tokenizer (saved with it) must be the student's
-    (size, special tokens, vocabulary) and its embedding must cover the student's vocabulary."""
+def check_same_tokenizer(teacher_tok, student_tok, teacher_vocab: int, path: str, *, key: str = _TEACHER,
+                         what: str = "teacher") -> None:
+    """The `what` (teacher, critic) must read the student's (policy's) token ids: its tokenizer (saved with
+    it) must be the student's (size, special tokens, vocabulary) and its embedding must cover the student's
+    vocabulary."""
     if teacher_tok is None:
-        raise ConfigError(f"{_TEACHER}={path!r}: the teacher has no saved tokenizer, so jaxrl cannot check "
-                          "that it reads the student's token ids (save the teacher with its tokenizer: a jaxrl "
+        raise ConfigError(f"{key}={path!r}: the {what} has no saved tokenizer, so jaxrl cannot check "
+                          f"that it reads the student's token ids (save the {what} with its tokenizer: a jaxrl "
                           "run directory or an HF directory with tokenizer files)")
     got, want = _tokenizer_summary(teacher_tok), _tokenizer_summary(student_tok)
     differ = [k for k in ("vocab_size", "bos_token_id", "eos_token_id", "pad_token_id") if got[k] != want[k]]
     if not differ and got["vocabulary"] != want["vocabulary"]:
         differ = ["vocabulary (same size, different tokens)"]
     if differ:
-        raise ConfigError(f"{_TEACHER}={path!r}: the teacher's tokenizer is not the student's ({', '.join(differ)} "
+        raise ConfigError(f"{key}={path!r}: the {what}'s tokenizer is not the student's ({', '.join(differ)} "
                           f"differ: {got['vocab_size']} tokens vs the student's {want['vocab_size']}); "
-                          "distillation needs one tokenizer")
+                          f"the {what} needs the policy's tokenizer")
     if teacher_vocab < len(student_tok):
-        raise ConfigError(f"{_TEACHER}={path!r}: the teacher's embedding has {teacher_vocab} rows for the "
+        raise ConfigError(f"{key}={path!r}: the {what}'s embedding has {teacher_vocab} rows for the "
                           f"student's {len(student_tok)} tokens")
 
 
 def check_distill_teacher(cfg: Any) -> None:
-    """`algorithm.distill.teacher`, when set, is a model with the student's tokenizer (`check_teacher`)."""
-    if cfg.algorithm.distill.teacher is None:
+    """`algorithm.distill.teacher` and PPO's `algorithm.ppo.critic_init`, when they name a model, are models
+    with the policy's tokenizer (`check_teacher`)."""
+    teacher = cfg.algorithm.distill.teacher
+    critic = cfg.algorithm.ppo.critic_init if cfg.algorithm.name == "ppo" else "policy"
+    if teacher is None and critic == "policy":
         return
     from jaxrl.io import build
 
-    check_teacher(cfg.algorithm.distill.teacher, build.build_tokenizer(cfg.model, cfg.tokenizer))
+    tokenizer = build.build_tokenizer(cfg.model, cfg.tokenizer)
+    if teacher is not None:
+        check_teacher(teacher, tokenizer)
+    if critic != "policy":
+        check_teacher(critic, tokenizer, key=CRITIC_INIT, what="critic")
 
 
 def validate_train(cfg: Any, run_dir: str | os.PathLike, checkpoint_dir: str | None = None) -> None:

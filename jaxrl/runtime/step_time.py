@@ -10,8 +10,10 @@ stage's seconds are its device work plus its host work, not the time to dispatch
     time/old_logprobs  the trainer's log-probs of the rollout  NeMo `policy_and_reference_logprobs` (part)
     time/ref_logprobs  the KL reference's log-probs            NeMo `policy_and_reference_logprobs` (part)
     time/teacher_logprobs  on-policy distillation's teacher    (NeMo RL's distillation: `teacher_logprob_inference`)
+    time/values        PPO's critic: values of the rollout     verl `timing_s/values`
     time/update        PPO epochs x mini-batches               NeMo `policy_training`, MLPerf
                                                                `policy_training_time`
+    time/update_critic PPO's critic: its epochs x mini-batches verl `timing_s/update_critic`
     time/weight_sync   trained weights -> sampler weights      NeMo `prepare_for_generation` / `weight_sync`,
                                                                MLPerf `weight_sync_time`
     time/step          wall time since the previous row        NeMo `total_step_time`, MLPerf
@@ -35,8 +37,8 @@ import jax
 from jaxrl.errors import UserError
 
 # The stages a step always reports (0 when the stage did not run).
-STAGES = ("generation", "reward", "env", "old_logprobs", "ref_logprobs", "teacher_logprobs", "update",
-          "weight_sync")
+STAGES = ("generation", "reward", "env", "old_logprobs", "ref_logprobs", "teacher_logprobs", "values", "update",
+          "update_critic", "weight_sync")
 
 # Dense bf16 peak FLOP/s of one JAX device, by a lowercase substring of `device.device_kind` (first match
 # wins; vendor data sheets, without sparsity). A TPU v4 / v5p chip is one JAX device (megacore).

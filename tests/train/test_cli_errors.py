@@ -16,7 +16,9 @@ def test_misspelt_key_names_the_closest_valid_key(capsys):
 
 @pytest.mark.parametrize("override, words", [
     ("optimizer.lrr=1", ("optimizer.lrr", "optimizer.lr")),
-    ("algorithm.name=ppo", ("algorithm.name", "grpo")),
+    ("algorithm.name=trpo", ("algorithm.name", "grpo")),
+    ("algorithm.ppo.lam=1.5", ("algorithm.ppo.lam", "[0, 1]")),
+    ("algorithm.ppo.gamma=-0.1", ("algorithm.ppo.gamma", "[0, 1]")),
     ("algorithm.mini_batches=0", ("algorithm.mini_batches", ">= 1")),
 ])
 def test_bad_values_exit_2_naming_the_key(capsys, override, words):
