@@ -57,7 +57,7 @@ def first_reaching(curve: np.ndarray, target: float) -> float:
 
 def report(curves: dict[str, np.ndarray], target: float, out: Path) -> str:
     """Markdown table and curves plot of the [S, T+1] accuracy arrays per method."""
-    steps = curves["rl"].shape[1] - 1
+    steps = next(iter(curves.values())).shape[1] - 1
     rows = []
     for m, c in curves.items():
         s = common.seed_stats(c[:, -1])

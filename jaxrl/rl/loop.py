@@ -157,7 +157,7 @@ def _train(cfg: ExperimentConfig, run_dir: str | Path, checkpoint_dir: str | Non
     # that fails leaves config.yaml and model_config.json as they were.
     setup_lib.write_resolved_config(cfg, run_dir)
     setup_lib.save_model_config(ckpt, model_cfg, run.tokenizer)
-    last: dict[str, Any] = {}
+    last: dict[str, Any] = {"step": start}  # no step to take (train.steps reached): the step it stands at
     reward_failures = rewards_lib.RewardFailureTracker(cfg.train.max_failed_reward_steps)
 
     def extra() -> dict[str, Any]:

@@ -53,12 +53,13 @@ BASE = [
     "checkpoint.every=1", "mesh.data=1", "mesh.fsdp=-1",
 ]
 
-# One comparison asserts several things: grpo also checks the KL term (its reference is checkpointed, so the
-# kill -9 test below resumes it) and process 0's tracker; gdpo starts from an SFT warm start on 4 hosts; dapo
+# One comparison asserts several things: ppo (a critic, GAE, 2 mini-batches) also checks the KL term (its
+# reference and the critic are checkpointed, so the kill -9 test below resumes both) and process 0's tracker; gdpo starts from an SFT warm start on 4 hosts; dapo
 # is asynchronous (`train.async.max_staleness=1`: step 2 trains on a rollout the step-0 policy sampled, its
 # resampling rounds included, collected before step 1's update; `jaxrl.rl.ahead`).
 CASES = {
-    "grpo": ["algorithm.name=grpo", "train.steps=3", "algorithm.kl.beta=0.05", "logging.trackers=[mlflow]"],
+    "ppo": ["algorithm.name=ppo", "train.steps=3", "algorithm.kl.beta=0.05", "logging.trackers=[mlflow]",
+            "algorithm.ppo.lam=0.95", "algorithm.mini_batches=2"],
     "dapo": ["algorithm.name=dapo", "algorithm.dapo.max_tries=2", "train.async.max_staleness=1"],
     "gdpo": ["algorithm.name=gdpo", "sft_warmup.steps=4", "sft_warmup.batch_size=8"],
     "clipo_lora": ["algorithm.name=clipo", "model.lora={rank: 4, alpha: 8}", "model.quantize=int8",
@@ -69,10 +70,10 @@ CASES = {
 COMPARED = ("loss", "reward/mean", "eval/accuracy", "train/grad_norm", "async/staleness_max")
 # clipo_lora starts from the dapo case's 1 x 4 checkpoint (`model.checkpoint`: restored on every process and
 # placed on either mesh), quantises it to int8 under LoRA adapters (the KL reference: the adapters off), and
-# distils (loss mode) from the grpo case's checkpoint: the teacher is loaded the same way, its log-probs are a
+# distils (loss mode) from the ppo case's checkpoint: the teacher is loaded the same way, its log-probs are a
 # batch stage and a loss term. (CLIPO and LoRA were two cases, one CLI pair each, until 2026-11-28: one pair
 # asserts both, each of which alone could make the two meshes differ.)
-TEACHER_OF = {"clipo_lora": "grpo"}
+TEACHER_OF = {"clipo_lora": "ppo"}
 INIT_OF = {"clipo_lora": "dapo"}
 # The processes of a case's multi-process side (2 x 2 devices unless named here) and its mesh (both sides).
 # gdpo runs as four hosts of one device each with data x fsdp = 2 x 2, so the data axis spans hosts and every
@@ -205,26 +206,28 @@ def test_peer_verdict_names_the_lost_process():
 def test_several_hosts_match_one_host(name, tmp_root):
     one = run_case(name, 1, tmp_root)
     two = run_case(name, HOSTS.get(name, 2), tmp_root)
-    assert_same_metrics(two, one, keys=COMPARED + ("kl", "distill/reverse_kl", "distill/loss"))  # where present
+    assert_same_metrics(two, one, keys=COMPARED + ("kl", "distill/reverse_kl", "distill/loss", "critic/vf_loss",
+                                                   "critic/values_mean"))  # where present
     losses = [r["loss"] for r in one if "loss" in r]
     assert any(abs(x) > 1e-6 for x in losses), f"degenerate comparison: losses {losses}"
     if name == "dapo":
         assert any(r.get("dapo/resample_rounds", 0) > 0 for r in one), "DAPO never resampled"
     if name in TEACHER_OF:  # the teacher's log-probs reached the loss on both meshes
         assert all(r["distill/loss"] > 0 and r["distill/reverse_kl"] != 0 for r in one if "loss" in r), one
-    if name == "grpo":  # the KL term is on and compared: the policy moved away from its reference
+    if name == "ppo":  # the KL term is on and compared: the policy moved away from its reference
         assert any(r.get("kl", 0) > 0 for r in one), f"KL never positive: {[r.get('kl') for r in one]}"
+        assert all(r["critic/vf_loss"] > 0 for r in one if "loss" in r), one  # the critic's loss, compared
 
 
 @pytest.mark.slow
 def test_only_process_zero_logs_to_the_tracker(tmp_root, monkeypatch):
-    """Trackers on several hosts (issue 31 item 1): the 2 x 2 run of CASES["grpo"] (`logging.trackers=[mlflow]`)
+    """Trackers on several hosts (issue 31 item 1): the 2 x 2 run of CASES["ppo"] (`logging.trackers=[mlflow]`)
     has one MLflow run, the one RUN/trackers.json names, holding every step's loss of metrics.jsonl."""
     pytest.importorskip("mlflow")
     from jaxrl.runtime.trackers import STATE_FILE, mlflow_key
 
-    two = run_case("grpo", 2, tmp_root)
-    ids = json.loads((tmp_root / "grpo-2" / STATE_FILE).read_text())["mlflow"]
+    two = run_case("ppo", 2, tmp_root)
+    ids = json.loads((tmp_root / "ppo-2" / STATE_FILE).read_text())["mlflow"]
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 asks for it to open a file store
     from mlflow import MlflowClient
 
@@ -380,9 +383,9 @@ def _metric_steps(run_dir: Path) -> list[int]:
 
 @pytest.mark.slow
 def test_sigkill_after_checkpoint_then_relaunch_resumes_exactly(tmp_root):
-    want = run_case("grpo", 1, tmp_root)
+    want = run_case("ppo", 1, tmp_root)
     run_dir = tmp_root / "killed"
-    procs = launch(run_dir, CASES["grpo"], processes=2, devices=2)
+    procs = launch(run_dir, CASES["ppo"], processes=2, devices=2)
     ckpt = run_dir / "checkpoints"
     # step 1's checkpoint is complete once step 2's metrics line exists (saves finish before the next step's
     # rollout completes... not guaranteed with async saves: a partial step is quarantined on restore).
@@ -392,7 +395,7 @@ def test_sigkill_after_checkpoint_then_relaunch_resumes_exactly(tmp_root):
     for p in procs:
         p.wait(timeout=30)
     assert all(p.returncode == -signal.SIGKILL for p in procs)
-    logs = wait_all(launch(run_dir, CASES["grpo"], processes=2, devices=2))
+    logs = wait_all(launch(run_dir, CASES["ppo"], processes=2, devices=2))
     assert any("resumed from step" in log for log in logs), logs[0][-3000:]
     assert_same_metrics(metrics(run_dir), want)
 
@@ -401,7 +404,7 @@ def test_sigkill_after_checkpoint_then_relaunch_resumes_exactly(tmp_root):
 def test_lost_process_stops_the_survivor_within_the_heartbeat(tmp_root):
     heartbeat = 6
     run_dir = tmp_root / "lost"
-    procs = launch(run_dir, CASES["grpo"] + ["train.steps=200", "train.eval_every=0"], processes=2,
+    procs = launch(run_dir, CASES["ppo"] + ["train.steps=200", "train.eval_every=0"], processes=2,
                    devices=2, **{HEARTBEAT_ENV: str(heartbeat)})
     _wait_for(lambda: 1 in _metric_steps(run_dir), procs)
     procs[1].send_signal(signal.SIGKILL)
@@ -424,20 +427,20 @@ def test_sample_and_export_read_a_two_process_checkpoint(tmp_root, tmp_path):
     one-process run (same global program, rtol 1e-5) and `jaxrl sample` generates from it."""
     from safetensors.numpy import load_file
 
-    run_case("grpo", 1, tmp_root)
-    run_case("grpo", 2, tmp_root)
+    run_case("ppo", 1, tmp_root)
+    run_case("ppo", 2, tmp_root)
     exported = {}
     for n in (1, 2):
         out = tmp_path / f"hf{n}"
         proc = subprocess.run([sys.executable, "-m", "jaxrl.cli", "export-hf", "--checkpoint",
-                               str(tmp_root / f"grpo-{n}"), "--out", str(out)], env=_env(1),
+                               str(tmp_root / f"ppo-{n}"), "--out", str(out)], env=_env(1),
                               capture_output=True, text=True, timeout=TIMEOUT_S)
         assert proc.returncode == 0, proc.stderr[-3000:]
         exported[n] = {k: v for f in sorted(out.glob("*.safetensors")) for k, v in load_file(f).items()}
     assert exported[1] and exported[1].keys() == exported[2].keys()
     for k in exported[1]:
         np.testing.assert_allclose(exported[2][k], exported[1][k], rtol=1e-5, atol=1e-6, err_msg=k)
-    proc = subprocess.run([sys.executable, "-m", "jaxrl.cli", "sample", "--checkpoint", str(tmp_root / "grpo-2"),
+    proc = subprocess.run([sys.executable, "-m", "jaxrl.cli", "sample", "--checkpoint", str(tmp_root / "ppo-2"),
                            "--prompt", "What is 2 + 3?", "--max-new-tokens", "4", "--temperature", "0"],
                           env=_env(1), capture_output=True, text=True, timeout=TIMEOUT_S)
     assert proc.returncode == 0 and proc.stdout.strip(), proc.stderr[-3000:]

@@ -7,7 +7,8 @@ only one time in four, so greedy held-out answers start mostly untagged (the str
 are on the learning effect (held-out format and accuracy after RL well above the warm start, training reward
 rising), not on exact values. The run's last checkpoint is then the teacher of an on-policy distillation run
 that starts from the run's warm start, kept as its step-0 checkpoint (one module fixture, so the file's tests
-share the run, and the student does not repeat the 700 warm-start steps).
+share the run, and the student does not repeat the 700 warm-start steps), and of a PPO run with a critic from
+the same warm start.
 """
 
 import subprocess
@@ -81,3 +82,25 @@ def test_on_policy_distillation_alone_teaches_the_quickstart_task(quickstart, tm
     assert all(r["reward/mean"] == 0 and r["loss"] != 0 for r in train)  # the teacher's signal alone
     kl = [r["distill/reverse_kl"] for r in train]
     assert sum(kl[-2:]) / 2 < sum(kl[:2]) / 2, kl
+
+
+@pytest.mark.slow  # ~40 s: 20 PPO steps (policy and critic updates) from the teacher run's step-0 checkpoint
+def test_ppo_with_a_critic_learns_the_quickstart_task(quickstart, tmp_path):
+    """Issue 28 item 1: PPO with a learned critic and GAE (`algorithm.name: ppo`, verl's defaults γ = λ = 1,
+    value clip 0.5; the critic starts from the warm-started policy with a fresh head) on the quickstart's
+    rewards, from the quickstart's warm start: held-out format and accuracy rise, the training reward rises,
+    and the critic's value loss falls as its explained variance grows. (Seeds and spread against GDPO:
+    `experiments/ppo_vs_grpo.py`, docs/experiments/ppo_vs_grpo.md.)"""
+    warm = quickstart[0] / "checkpoints" / "0"
+    rows = _train(tmp_path / "ppo", *SHORT, "algorithm.name=ppo", "model.preset=null",
+                  f"model.checkpoint={warm}", "sft_warmup.steps=0")
+    evals = {r["step"]: r for r in rows if "eval/accuracy" in r}
+    before, after = evals[0], evals[20]
+    assert after["eval/accuracy"] > before["eval/accuracy"] + 0.15, (before, after)
+    assert before["eval/reward/format/mean"] < 0.5 < 0.9 < after["eval/reward/format/mean"], (before, after)
+    train = [r for r in rows if "critic/vf_loss" in r]
+    assert [r["step"] for r in train] == list(range(1, 21))
+    mean = lambda rs, k: sum(r[k] for r in rs) / len(rs)  # noqa: E731
+    assert mean(train[-5:], "reward/mean") > mean(train[:5], "reward/mean") + 0.3
+    assert mean(train[-5:], "critic/vf_loss") < mean(train[:5], "critic/vf_loss")
+    assert mean(train[-5:], "critic/vf_explained_var") > mean(train[:5], "critic/vf_explained_var")
