@@ -208,7 +208,9 @@ class PPOSection:
     value model trained with its own AdamW (`critic_lr`; null: `optimizer.lr`) on the clipped value loss
     (`value_clip`: verl's `cliprange_value`; null: unclipped). `critic_init`: `policy` (the model RL starts
     from, after the SFT warm start, with a fresh value head) or a path (a jaxrl run / checkpoint directory, an
-    HF directory, or a reward model trained by `jaxrl train-rm`, whose head it keeps). The first
+    HF directory, or a reward model trained by `jaxrl train-rm`, whose head it keeps). `critic_lora` (with
+    `model.lora`): the critic is adapters of its own (the policy's rank, α, targets) over the policy's frozen
+    base and a head, fresh (the trunk starts as the base), instead of a second full trunk. The first
     `critic_warmup_steps` steps update the critic only (verl's `critic_warmup` = this + 1). Defaults: verl's
     (γ = λ = 1, value clip 0.5)."""
 
@@ -219,6 +221,7 @@ class PPOSection:
     critic_lr: float | None = None
     critic_init: str = "policy"
     critic_warmup_steps: int = 0
+    critic_lora: bool = False
 
     def __post_init__(self):
         _check(0 <= self.gamma <= 1, "algorithm.ppo.gamma", self.gamma, "must be in [0, 1]")
@@ -231,6 +234,8 @@ class PPOSection:
                self.critic_init, "must be 'policy' or a path to a model")
         _check(self.critic_warmup_steps >= 0, "algorithm.ppo.critic_warmup_steps", self.critic_warmup_steps,
                "must be >= 0")
+        _check(not (self.critic_lora and self.critic_init != "policy"), "algorithm.ppo.critic_lora",
+               self.critic_lora, "a LoRA critic sits on the policy's base: leave critic_init at 'policy'")
 
 
 class Objective(str, enum.Enum):

@@ -58,6 +58,8 @@ class ExperimentConfig:
         _check(algo is not None, "algorithm.name", self.algorithm.name,
                f"allowed values are {', '.join(map(repr, ALGORITHMS))}, or an Algorithm record of your own "
                "('package.module:attr')")
+        _check(not self.algorithm.ppo.critic_lora or self.model.lora is not None, "algorithm.ppo.critic_lora",
+               True, "a LoRA critic sits on the LoRA policy's frozen base: set model.lora, or critic_lora: false")
         if self.multi_agent is not None and self.multi_agent.estimators:
             self._check_role_estimators(algo)
         if algo.per_reward and self.algorithm.kl.beta > 0:

@@ -12,7 +12,8 @@ Optimization Algorithms", arXiv:1707.06347; reference: verl `compute_gae_advanta
 [D, 1] head, no LM head) read at every completion position: the hidden states W − 1 .. L − 2 that the
 policy's log-probs read (verl's critic: a one-label token-classification head, values[:, -T-1:-1]). It
 starts from the model RL starts from, after the SFT warm start, with a fresh head (`critic_init: policy`), or
-from a model or reward model at a path (`jaxrl.rl.setup`), and it trains with its own AdamW, the run's PPO
+from a model or reward model at a path, or is LoRA adapters of its own over a LoRA policy's frozen base
+(`jaxrl.rl.value_model`), and it trains with its own AdamW, the run's PPO
 epochs x mini-batches x micro-batches (its own row order) and the value clip; its parameters and optimiser
 state are checkpointed with the policy's (the checkpoint's `critic` item), so a resumed run continues exactly.
 
@@ -23,157 +24,37 @@ the same rows with the values it gave as V_old (verl's order: critic, then actor
 update, so the order does not change a number).
 
 Choices: the critic runs its own forward (no shared-prompt groups); a KL penalty in the reward arrives at the
-last token (the row's summed KL, as for REINFORCE++), where verl puts −β·kl_t on each token t.
+last token (the row's summed KL, as for REINFORCE++), where verl puts −β·kl_t on each token t. TRL's
+experimental `PPOTrainer` differs from verl (and so from this) in three ways: one optimiser steps
+pg_loss + vf_coef · vf_loss of a policy-and-value wrapper (here and in verl the critic has its own); its value
+loss and clip fraction also count the position after the last response token (`padding_mask_p1`); and each
+micro-batch's losses are means over that micro-batch (here, as for the policy, every micro-batch divides by
+the whole mini-batch's token count, so accumulation equals the full batch).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from pathlib import Path
 from typing import Any
 
-import flax.struct
 import jax
-import jax.numpy as jnp
 import numpy as np
-import optax
-from flax import nnx
 
 from jaxrl import losses
 from jaxrl.rl.batch import minibatch_rows, minibatch_steps, shard_batch
 from jaxrl.rl.update import Updated
+from jaxrl.rl.value_model import Critic, CriticSpec, ValueBatch, make_critic, token_values_BT
 from jaxrl.runtime import step_time
 from jaxrl.sharding import hosts
-from jaxrl.train_step import TrainState, accumulate, apply_if_finite
 
-
-@flax.struct.dataclass
-class ValueBatch:
-    """The critic's mini-batch: the rows' tokens, the trained completion tokens, V_old and the returns R."""
-
-    tokens_BL: jax.Array
-    mask_BL: jax.Array
-    completion_mask_BT: jax.Array
-    old_values_BT: jax.Array
-    returns_BT: jax.Array
-
-
-@dataclasses.dataclass(frozen=True)
-class CriticSpec:
-    """The critic's static settings (`algorithm.ppo`, the run's aggregation and micro-batches)."""
-
-    gamma: float = 1.0
-    lam: float = 1.0
-    value_clip: float | None = 0.5
-    whiten: bool = True
-    warmup_steps: int = 0
-    agg: losses.AggMode = losses.AggMode.TOKEN_MEAN
-    grad_accum: int = 1
-
-
-def token_values_BT(model, tokens_BL: jax.Array, mask_BL: jax.Array, width: int) -> jax.Array:
-    """V_BT (float32): the value head on the hidden states that predict the last `width` tokens of each row."""
-    length = tokens_BL.shape[1]
-    out = model.backbone.forward(tokens_BL, None, mask_BL, return_hidden=True, return_logits=False)
-    hidden_BTD = out.hidden[:, length - width - 1:length - 1]
-    w_D1 = model.score[...].astype(hidden_BTD.dtype)
-    return jnp.einsum("BTD,DO->BTO", hidden_BTD, w_D1, preferred_element_type=jnp.float32)[..., 0]
-
-
-def _value_loss(params, graphdef, batch: ValueBatch, spec: CriticSpec, norm):
-    values_BT = token_values_BT(nnx.merge(graphdef, params), batch.tokens_BL, batch.mask_BL,
-                                batch.completion_mask_BT.shape[1])
-    loss, metrics = losses.value_loss(values_BT, batch.old_values_BT, batch.returns_BT, batch.completion_mask_BT,
-                                      clip=spec.value_clip, agg=spec.agg, normalizer=norm)
-    return loss, {**metrics, "critic/vf_loss": loss}
-
-
-def critic_step(state: TrainState, batch: ValueBatch, *, graphdef, spec: CriticSpec, tx):
-    """One optimiser step of the value loss over a mini-batch (micro-batches aggregated with the mini-batch's
-    normaliser; a non-finite step is skipped, `train_step.apply_if_finite`)."""
-    norm = losses.aggregation_normalizer(batch.completion_mask_BT, spec.agg)
-    grad_fn = jax.value_and_grad(_value_loss, has_aux=True)
-    loss, grads, metrics = accumulate(lambda p, mb: grad_fn(p, graphdef, mb, spec, norm), state.params, batch,
-                                      spec.grad_accum, additive=frozenset({"critic/vf_loss"}))
-    state, guard = apply_if_finite(state, loss, grads, tx)
-    return state, {**metrics, "critic/grad_norm": guard["train/grad_norm"], "train/nonfinite": guard["train/nonfinite"]}
+__all__ = ["ActorCritic", "Critic", "CriticSpec", "ValueBatch", "gae_BT", "make_critic", "token_values_BT"]
 
 
 @functools.partial(jax.jit, static_argnames=("gamma", "lam", "whiten"))
 def gae_BT(rewards_BT, values_BT, mask_BT, *, gamma: float, lam: float, whiten: bool):
     """(advantages, returns) of GAE(γ, λ), the advantages whitened over the trained tokens (`whiten`)."""
     return losses.gae_advantages(rewards_BT, values_BT, mask_BT, gamma=gamma, lam=lam, whiten=whiten)
-
-
-class Critic:
-    """The value model's state and its two jitted programs (values, one optimiser step).
-
-    Args:
-      graphdef: the value model's (`RewardModel`) graph.
-      state: its parameters {backbone, score}, AdamW state and step, placed with `state_sharding`.
-      tx: its optimiser.
-      spec: `CriticSpec`.
-      from_policy: the trunk is the policy RL starts from (`start_from` copies it in); False: loaded.
-    """
-
-    def __init__(self, graphdef, state: TrainState, state_sharding, tx: optax.GradientTransformation,
-                 spec: CriticSpec, *, from_policy: bool):
-        self.state, self.state_sharding, self.tx, self.spec = state, state_sharding, tx, spec
-        self.from_policy = from_policy
-        self.step_fn = jax.jit(functools.partial(critic_step, graphdef=graphdef, spec=spec, tx=tx),
-                               in_shardings=(state_sharding, None), out_shardings=(state_sharding, None),
-                               donate_argnums=0)
-        self.values_fn = jax.jit(lambda params, tokens_BL, mask_BL, width: token_values_BT(
-            nnx.merge(graphdef, params), tokens_BL, mask_BL, width), static_argnums=3)
-
-    def start_from(self, policy_params) -> None:
-        """`critic_init: policy`: the trunk becomes a copy of `policy_params` (the model RL starts from; its
-        LM head, if untied, is not part of a value model), the head and a fresh AdamW state stay."""
-        if not self.from_policy:
-            return
-        trunk = {k: v for k, v in policy_params.items() if k != "lm_head"}
-        params = {"backbone": jax.tree.map(jnp.copy, trunk), "score": self.state.params["score"]}
-        state = TrainState(params, self.tx.init(params), jnp.zeros((), jnp.int32))
-        self.state = hosts.place_global(state, self.state_sharding)
-
-    def arrays(self) -> dict[str, Any]:
-        return {"params": self.state.params, "opt_state": self.state.opt_state}
-
-    def load(self, arrays: dict[str, Any]) -> None:
-        self.state = TrainState(arrays["params"], arrays["opt_state"], self.state.step)
-
-
-def make_critic(policy_params, policy_cfg, pad_id: int, init: str, mesh, rules, tx: optax.GradientTransformation,
-                spec: CriticSpec, *, seed: int) -> Critic:
-    """The critic of a run, on `mesh`: `init` "policy" copies `policy_params` (the setup's model; the train
-    loop copies the warm-started one in again, `Critic.start_from`) under a fresh N(0, 0.02²) head; a path
-    loads a reward model (its head kept) or a language model (a fresh head). The path's tokenizer was checked
-    before (`run_checks.check_teacher`)."""
-    from jaxrl.io import model_io
-    from jaxrl.reward_model.model import RM_MARKER, RewardModel, load_reward_model, rm_backbone_config
-    from jaxrl.sharding import state_shardings
-
-    if init == "policy":
-        cfg = rm_backbone_config(policy_cfg, pad_id)
-        head = nnx.initializers.normal(0.02)(jax.random.key(seed), (cfg.hidden_size, 1), jnp.dtype(cfg.param_dtype))
-        trunk = {k: v for k, v in policy_params.items() if k != "lm_head"}
-        params = {"backbone": jax.tree.map(jnp.copy, trunk), "score": head}
-    else:
-        config_dir = model_io.resolve_checkpoint(init)[0] if not (Path(init) / "config.json").is_file() else None
-        if config_dir is not None and (config_dir / RM_MARKER).is_file():
-            model = load_reward_model(init)[0]
-        else:
-            model = RewardModel.from_backbone(model_io.load_model(init)[0], pad_id, seed=seed)
-        cfg, params = model.cfg, nnx.state(model, nnx.Param).to_pure_dict()
-    param_state = nnx.state(RewardModel.abstract(cfg), nnx.Param)
-    param_sharding = state_shardings(param_state, mesh, rules).to_pure_dict()
-    opt_state = tx.init(params)
-    rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    sharding = TrainState(param_sharding, state_shardings(opt_state, mesh, rules, params=param_state), rep)
-    state = hosts.place_global(TrainState(params, opt_state, jnp.zeros((), jnp.int32)), sharding)
-    graphdef = nnx.graphdef(RewardModel.abstract(cfg))
-    return Critic(graphdef, state, sharding, tx, spec, from_policy=init == "policy")
 
 
 @dataclasses.dataclass
@@ -191,7 +72,7 @@ class ActorCritic:
         c, n_t = self.critic, ro.completion_mask_BT.shape
         rows = shard_batch(run, (ro.tokens_BL, ro.mask_BL))
         with clock("values"):
-            values_BT = hosts.to_host(step_time.synced(c.values_fn(c.state.params, *rows, n_t[1])))
+            values_BT = hosts.to_host(step_time.synced(c.values(*rows, n_t[1])))
         mask_BT = np.asarray(ro.completion_mask_BT, bool)
         values_BT = np.where(mask_BT, values_BT, 0.0).astype(np.float32)
         adv_BT, returns_BT = jax.device_get(gae_BT(adv.adv_NT, values_BT, mask_BT, gamma=c.spec.gamma,

@@ -214,11 +214,12 @@ def _schedule(cfg: ExperimentConfig, system, policy: Policy, model, tokenizer, m
 
     p, a = cfg.algorithm.ppo, cfg.algorithm
     spec = critic_lib.CriticSpec(gamma=p.gamma, lam=p.lam, value_clip=p.value_clip, whiten=p.whiten,
-                                 warmup_steps=p.critic_warmup_steps, agg=a.agg_mode, grad_accum=a.grad_accum)
+                                 warmup_steps=p.critic_warmup_steps, agg=a.agg_mode, grad_accum=a.grad_accum,
+                                 lora=cfg.model.lora if p.critic_lora else None)
     tx = build_optimizer(dataclasses.replace(cfg.optimizer, lr=p.critic_lr or cfg.optimizer.lr), cfg.train.steps)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     critic = critic_lib.make_critic(_pure(nnx.state(model, nnx.Param)), model.cfg, pad, p.critic_init, mesh,
-                                    rules, tx, spec, seed=cfg.train.seed + 5)
+                                    rules, tx, spec, seed=cfg.train.seed + 5, base=policy.frozen)
     return critic_lib.ActorCritic(inner, critic)
 
 

@@ -19,6 +19,7 @@ def test_misspelt_key_names_the_closest_valid_key(capsys):
     ("algorithm.name=trpo", ("algorithm.name", "grpo")),
     ("algorithm.ppo.lam=1.5", ("algorithm.ppo.lam", "[0, 1]")),
     ("algorithm.ppo.gamma=-0.1", ("algorithm.ppo.gamma", "[0, 1]")),
+    ("algorithm.ppo.critic_lora=true", ("algorithm.ppo.critic_lora", "model.lora")),
     ("algorithm.mini_batches=0", ("algorithm.mini_batches", ">= 1")),
 ])
 def test_bad_values_exit_2_naming_the_key(capsys, override, words):

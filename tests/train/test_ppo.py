@@ -85,3 +85,22 @@ def test_bad_critic_init_exits_2_before_building(capsys, tmp_path):
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "algorithm.ppo.critic_init" in err and "no such directory" in err
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow  # one short CLI run of the tiny model (~15 s)
+def test_a_lora_critic_trains_adapters_over_the_policys_frozen_base(tmp_path):
+    """`ppo.critic_lora` with a LoRA policy: the checkpoint's critic holds adapters and a head (no second
+    trunk), its value loss trains (finite, the values move), and the policy's adapters train as usual."""
+    run_dir = tmp_path / "lora"
+    proc = run_train(run_dir, "algorithm.name=ppo", "train.steps=2", "model.lora={rank: 4, alpha: 8}",
+                     "algorithm.ppo.critic_lora=true", "algorithm.ppo.critic_lr=3e-3")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    tree = ocp.StandardCheckpointer().restore((run_dir / "checkpoints" / "2" / "critic").resolve())
+    assert set(tree["params"]) == {"adapters", "score"}
+    assert set(tree["params"]["adapters"]["layers"]) <= {"self_attn", "mlp"}
+    b = [leaf for path, leaf in jax.tree_util.tree_leaves_with_path(tree["params"]["adapters"])
+         if "lora_b" in jax.tree_util.keystr(path)]
+    assert b and any(np.abs(x).max() > 0 for x in b)  # B started at 0: the critic's adapters trained
+    rows = [r for r in metrics(run_dir) if r["step"] > 0]
+    assert all(np.isfinite(r["critic/vf_loss"]) and np.isfinite(r["pg/loss"]) for r in rows)
+    assert rows[0]["critic/values_mean"] != rows[1]["critic/values_mean"]
