@@ -44,7 +44,6 @@ log = logging.getLogger(__name__)
 # "behind": an async run's sampler versions (`jaxrl.rl.ahead`), saved only by such runs; "critic": PPO's value
 # model and its optimiser state (`jaxrl.rl.critic`, an update schedule's `arrays`), saved only by such runs
 ITEMS = ("params", "opt_state", "extra", "behind", "critic")
-SCHEDULE_ITEMS = ("critic",)
 MODEL_CONFIG = "model_config.json"
 WARM_START_STEP = 0  # the step directory of the warm-started state (before RL step 1)
 
@@ -113,14 +112,11 @@ class Checkpointer:
     def restore_behind(self, step: int, params_like: Any, names: list[str]) -> dict[str, Any]:
         """An async run's sampler versions saved with `step` (`names` of the `behind` item), each restored
         like `params_like`."""
-        self.manager.wait_until_finished()
-        like = {name: _abstract(params_like) for name in names}
-        args = ocp.args.Composite(behind=ocp.args.StandardRestore(like))
-        return self.manager.restore(step, args=args)["behind"]
+        return self.restore_items(step, {"behind": {name: params_like for name in names}})["behind"]
 
     def restore_items(self, step: int, like: dict[str, Any]) -> dict[str, Any]:
-        """The named array items (`SCHEDULE_ITEMS`) saved with `step`, each restored like `like[name]`
-        ({} for none); a step saved without one is a CheckpointError naming it."""
+        """The named array items (of `ITEMS`: "behind", "critic") saved with `step`, each restored like
+        `like[name]` ({} for none); a step saved without one is a CheckpointError naming it."""
         if not like:
             return {}
         self.manager.wait_until_finished()
@@ -137,7 +133,7 @@ class Checkpointer:
              behind: dict[str, Any] | None = None, items: dict[str, Any] | None = None) -> None:
         """Starts saving `step` (returns once the arrays are copied; call `wait` to block until written);
         `behind`: an async run's sampler versions (`restore_behind`); `items`: an update schedule's own arrays
-        by `SCHEDULE_ITEMS` name (`restore_items`)."""
+        by item name (`restore_items`)."""
         with self._disk_full_is_one_line(self._pending):  # a failed asynchronous save surfaces here
             self.manager.wait_until_finished()
             if step in self.manager.all_steps():

@@ -80,8 +80,7 @@ class ActorCritic:
         warm = step <= c.spec.warmup_steps
         out = self.inner(run, state, params, ro, adv._replace(adv_NT=np.asarray(adv_BT, np.float32)), records,
                          step, clock, frozen=frozen or warm)
-        batch = shard_batch(run, ValueBatch(ro.tokens_BL, ro.mask_BL, mask_BT, values_BT,
-                                            np.asarray(returns_BT, np.float32)))
+        batch = shard_batch(run, ValueBatch(*rows, mask_BT, values_BT, np.asarray(returns_BT, np.float32)))
         with clock("update_critic"):
             c.state, metrics = minibatch_steps(run, c.step_fn, c.state, batch,
                                                minibatch_rows(n_t[0], 1, run.update, step, stream=1))

@@ -69,13 +69,17 @@ def token_values_BT(model, tokens_BL: jax.Array, mask_BL: jax.Array, width: int)
     return jnp.einsum("BTD,DO->BTO", hidden_BTD, w_D1, preferred_element_type=jnp.float32)[..., 0]
 
 
+def trunk_of(model_params) -> dict:
+    """A language model's parameters as a value model's trunk: all but an untied LM head."""
+    return {k: v for k, v in model_params.items() if k != "lm_head"}
+
+
 def value_model(graphdef, params, base, lora_cfg):
     """The `RewardModel` of the critic's parameters: the dense trunk, or the base ⊕ the critic's adapters (the
-    base frozen; an untied LM head of the base is not part of a value model)."""
+    base frozen)."""
     if lora_cfg is None:
         return nnx.merge(graphdef, params)
-    trunk = full_params(params["adapters"], base, lora_cfg)
-    trunk = {k: v for k, v in trunk.items() if k != "lm_head"}
+    trunk = trunk_of(full_params(params["adapters"], base, lora_cfg))
     return nnx.merge(graphdef, {"backbone": trunk, "score": params["score"]})
 
 
@@ -131,8 +135,7 @@ class Critic:
         from), the head and a fresh AdamW state stay."""
         if not self.from_policy:
             return
-        trunk = {k: v for k, v in policy_params.items() if k != "lm_head"}
-        params = {"backbone": jax.tree.map(jnp.copy, trunk), "score": self.state.params["score"]}
+        params = {"backbone": jax.tree.map(jnp.copy, trunk_of(policy_params)), "score": self.state.params["score"]}
         state = TrainState(params, self.tx.init(params), jnp.zeros((), jnp.int32))
         self.state = hosts.place_global(state, self.state_sharding)
 
@@ -165,8 +168,7 @@ def make_critic(policy_params, policy_cfg, pad_id: int, init: str, mesh, rules, 
         opt_sharding = placed_shardings(opt_state, mesh)
     else:
         if init == "policy":
-            trunk = {k: v for k, v in policy_params.items() if k != "lm_head"}
-            params = {"backbone": jax.tree.map(jnp.copy, trunk), "score": head}
+            params = {"backbone": jax.tree.map(jnp.copy, trunk_of(policy_params)), "score": head}
         else:
             cfg, params = _load(init, pad_id, seed)
         param_state = nnx.state(RewardModel.abstract(cfg), nnx.Param)

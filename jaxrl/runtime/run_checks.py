@@ -91,11 +91,12 @@ def check_same_tokenizer(teacher_tok, student_tok, teacher_vocab: int, path: str
                           f"student's {len(student_tok)} tokens")
 
 
-def check_distill_teacher(cfg: Any) -> None:
+def check_other_models(cfg: Any) -> None:
     """`algorithm.distill.teacher` and PPO's `algorithm.ppo.critic_init`, when they name a model, are models
-    with the policy's tokenizer (`check_teacher`)."""
+    with the policy's tokenizer (`check_teacher`; a critic path is checked whatever the algorithm: a path
+    set is meant to be read)."""
     teacher = cfg.algorithm.distill.teacher
-    critic = cfg.algorithm.ppo.critic_init if cfg.algorithm.name == "ppo" else "policy"
+    critic = cfg.algorithm.ppo.critic_init
     if teacher is None and critic == "policy":
         return
     from jaxrl.io import build
@@ -109,15 +110,15 @@ def check_distill_teacher(cfg: Any) -> None:
 
 def validate_train(cfg: Any, run_dir: str | os.PathLike, checkpoint_dir: str | None = None) -> None:
     """Everything `jaxrl train` checks before building a model: writable run directory, the trackers'
-    packages, the attention kernel's platform, tokenizer presence, the distillation teacher, resume
-    compatibility."""
+    packages, the attention kernel's platform, tokenizer presence, the distillation teacher and a critic's
+    path, resume compatibility."""
     from jaxrl.io import build
 
     check_writable_dir(run_dir, "run directory")
     trackers.check_installed(cfg.logging.trackers)  # a missing extra: one line, before anything heavy
     build.attention_kernel(cfg.model)  # model.attention: cudnn on a machine without a GPU
     check_tokenizer_source(cfg)
-    check_distill_teacher(cfg)
+    check_other_models(cfg)
     check_resume(cfg, run_dir, checkpoint_dir)
 
 
