@@ -3,12 +3,16 @@
     r_KL,i = −β Σ_t m_it k(log π_old(y_it), log π_ref(y_it))
 
 added as one more reward column of weight 1, so scalar-reward estimators (GRPO, RLOO, ...) see R_i + r_KL,i.
+With a critic (PPO) it is a per-token reward instead, r_it −= β m_it k_it (`token_rewards`), as in verl.
 GDPO / GD²PO normalise each column within its group, which would erase β; the config refuses that pairing
 (`Algorithm.per_reward`).
 """
 
 from __future__ import annotations
 
+import functools
+
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -26,11 +30,21 @@ class KLRewardPenalty:
 
     def __call__(self, params, ro, key) -> tuple[np.ndarray, dict[str, float]]:
         del params, key
+        kl_N = self._kl_BT(ro).sum(axis=1)
+        return -self.beta * kl_N, {"kl": float(kl_N.mean())}
+
+    def token_rewards(self, ro) -> tuple[np.ndarray, dict[str, float]]:
+        """The penalty on each completion token, −β m_t k_t (all hosts' rows), where a critic's GAE reads
+        it (PPO, `jaxrl.rl.critic.ActorCritic`; verl's `apply_kl_penalty`): a token's KL enters the returns
+        of that token and the ones before it, not of every token of the row."""
+        kl_BT = self._kl_BT(ro)
+        return (-self.beta * kl_BT).astype(np.float32), {"kl": float(kl_BT.sum(axis=1).mean())}
+
+    def _kl_BT(self, ro) -> np.ndarray:
+        """m_t k_t of every row (all hosts' rows, on every host)."""
         ref_BT = self.run.logprob_fn(self.run.policy.reference, ro.tokens_BL, ro.mask_BL,
                                      ro.completion_mask_BT.shape[1])
-        kl_BT = losses.kl_penalty(jnp.asarray(ro.old_logp_BT), ref_BT, self.kind)
-        kl_N = hosts.to_host(jnp.sum(jnp.where(ro.completion_mask_BT, kl_BT, 0.0), axis=1))  # all hosts' rows
-        return -self.beta * kl_N, {"kl": float(kl_N.mean())}
+        return hosts.to_host(_masked_kl_BT(ro.old_logp_BT, ref_BT, ro.completion_mask_BT, kind=self.kind))
 
     def actor_frozen(self, step: int) -> bool:
         return False
@@ -40,3 +54,10 @@ class KLRewardPenalty:
 
     def load_state(self, data) -> None:
         pass
+
+
+@functools.partial(jax.jit, static_argnames="kind")
+def _masked_kl_BT(old_BT, ref_BT, mask_BT, *, kind: losses.KLKind):
+    """k(log π_old, log π_ref) on the completion tokens, 0 elsewhere (one program: eager jnp on arrays that
+    span several processes runs each op as its own program)."""
+    return jnp.where(mask_BT, losses.kl_penalty(old_BT, ref_BT, kind), 0.0)

@@ -66,13 +66,10 @@ class ExperimentConfig:
             _check(self.algorithm.kl.where is KLWhere.LOSS, "algorithm.kl.where", self.algorithm.kl.where.value,
                    f"{algo.name} normalises each reward column within its group, which would erase β of a KL "
                    "penalty in the reward; use kl.where: loss (as its reference implementations do)")
-        # Every algorithm here normalises rewards within a group of samples of the same prompt.
-        _check(
-            self.rollout.group_size >= 2,
-            "rollout.group_size",
-            self.rollout.group_size,
-            "group-relative algorithms need group_size >= 2",
-        )
+        # Every algorithm here but those with a critic (PPO: GAE, one sample per prompt is enough) normalises
+        # rewards within a group of samples of the same prompt.
+        _check(self.rollout.group_size >= 2 or algo.critic, "rollout.group_size", self.rollout.group_size,
+               "group-relative algorithms need group_size >= 2")
         for r in self.rewards:  # a pairwise judge compares the G completions of one prompt: its groups
             if r.type == "pairwise" and "group_size" in r.params:  # are the rollout's groups
                 _check(r.params["group_size"] == self.rollout.group_size,
@@ -101,7 +98,7 @@ class ExperimentConfig:
 
         _check(algo.name in ESTIMATOR_ONLY, "algorithm.name", algo.name,
                f"multi_agent.estimators gives roles their own estimator, which needs a run algorithm without "
-               f"resampling, reward shaping or extra rows: {', '.join(ESTIMATOR_ONLY)}")
+               f"resampling, reward shaping, extra rows or a critic: {', '.join(ESTIMATOR_ONLY)}")
         kl = self.algorithm.kl
         for role, name in self.multi_agent.estimators.items():
             key = f"multi_agent.estimators.{role}"

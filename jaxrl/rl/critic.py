@@ -23,8 +23,8 @@ schedule updates the policy with them (not during the critic's warm-up), and the
 the same rows with the values it gave as V_old (verl's order: critic, then actor; neither reads the other's
 update, so the order does not change a number).
 
-Choices: the critic runs its own forward (no shared-prompt groups); a KL penalty in the reward arrives at the
-last token (the row's summed KL, as for REINFORCE++), where verl puts −β·kl_t on each token t. TRL's
+Choices: the critic runs its own forward (no shared-prompt groups); a KL penalty in the reward is −β·kl_t on
+each completion token t (verl's `apply_kl_penalty`; `algorithm.kl.where: reward`). TRL's
 experimental `PPOTrainer` differs from verl (and so from this) in three ways: one optimiser steps
 pg_loss + vf_coef · vf_loss of a policy-and-value wrapper (here and in verl the critic has its own); its value
 loss and clip fraction also count the position after the last response token (`padding_mask_p1`); and each
@@ -42,11 +42,11 @@ import jax
 import numpy as np
 
 from jaxrl import losses
-from jaxrl.rl.batch import minibatch_rows, minibatch_steps, shard_batch
+from jaxrl.rl.batch import minibatch_rows, minibatch_steps, row_multiple, shard_batch
 from jaxrl.rl.update import Updated
 from jaxrl.rl.value_model import Critic, CriticSpec, ValueBatch, make_critic, token_values_BT
 from jaxrl.runtime import step_time
-from jaxrl.sharding import hosts
+from jaxrl.sharding import hosts, rows as rows_lib
 
 __all__ = ["ActorCritic", "Critic", "CriticSpec", "ValueBatch", "gae_BT", "make_critic", "token_values_BT"]
 
@@ -62,29 +62,46 @@ class ActorCritic:
     """The `UpdateSchedule` of PPO with a critic: values -> GAE advantages -> the inner schedule's policy
     update (frozen for the first `spec.warmup_steps` steps) -> the critic's own steps. Metrics: the inner
     schedule's, `critic/*` (value loss, clip fraction, mean prediction, gradient norm; `critic/values_mean`,
-    `critic/returns_mean`, `critic/vf_explained_var` of the rollout) and `train/nonfinite` over both."""
+    `critic/returns_mean`, `critic/vf_explained_var` of the rollout) and `train/nonfinite` over both.
+
+    token_rewards: per-token reward terms added to the estimator's (`ro -> (r_BT, metrics)`; the KL penalty
+    in the reward, `KLRewardPenalty.token_rewards`). A multi-agent rollout's rows (the trained roles', not
+    prompts x G) are padded to the batch shards x mini-batches x micro-batches with rows that train on nothing
+    (as `Joint` pads them); the whitening spans every role's trained tokens (MARCH's joint batch)."""
 
     inner: Any
     critic: Critic
+    token_rewards: tuple = ()
 
     def __call__(self, run, state, params, ro, adv, records, step: int, clock: step_time.StageClock, *,
                  frozen: bool) -> Updated:
-        c, n_t = self.critic, ro.completion_mask_BT.shape
-        rows = shard_batch(run, (ro.tokens_BL, ro.mask_BL))
+        c, (n, t) = self.critic, ro.completion_mask_BT.shape
+        rewards_BT, metrics = np.asarray(adv.adv_NT, np.float32), {}
+        for term in self.token_rewards:
+            r_BT, term_metrics = term(ro)
+            rewards_BT, metrics = rewards_BT + r_BT, {**metrics, **term_metrics}
+        k = -n % row_multiple(run)
+        pad = np.concatenate([np.arange(n), np.zeros(k, np.int64)])  # the padding rows: copies of row 0
+        real_B = np.arange(n + k) < n
+        rows = (ro.tokens_BL, ro.mask_BL) if k == 0 else (rows_lib.take(ro.tokens_BL, pad),
+                                                          rows_lib.take(ro.mask_BL, pad))
+        rows = shard_batch(run, rows)
         with clock("values"):
-            values_BT = hosts.to_host(step_time.synced(c.values(*rows, n_t[1])))
-        mask_BT = np.asarray(ro.completion_mask_BT, bool)
+            values_BT = hosts.to_host(step_time.synced(c.values(*rows, t)))
+        mask_BT = np.asarray(ro.completion_mask_BT, bool)[pad] & real_B[:, None]
         values_BT = np.where(mask_BT, values_BT, 0.0).astype(np.float32)
-        adv_BT, returns_BT = jax.device_get(gae_BT(adv.adv_NT, values_BT, mask_BT, gamma=c.spec.gamma,
-                                                   lam=c.spec.lam, whiten=c.spec.whiten))
+        adv_BT, returns_BT = jax.device_get(gae_BT(np.where(real_B[:, None], rewards_BT[pad], 0.0), values_BT,
+                                                   mask_BT, gamma=c.spec.gamma, lam=c.spec.lam,
+                                                   whiten=c.spec.whiten))
         warm = step <= c.spec.warmup_steps
-        out = self.inner(run, state, params, ro, adv._replace(adv_NT=np.asarray(adv_BT, np.float32)), records,
+        out = self.inner(run, state, params, ro, adv._replace(adv_NT=np.asarray(adv_BT[:n], np.float32)), records,
                          step, clock, frozen=frozen or warm)
         batch = shard_batch(run, ValueBatch(*rows, mask_BT, values_BT, np.asarray(returns_BT, np.float32)))
         with clock("update_critic"):
-            c.state, metrics = minibatch_steps(run, c.step_fn, c.state, batch,
-                                               minibatch_rows(n_t[0], 1, run.update, step, stream=1))
+            c.state, critic_metrics = minibatch_steps(run, c.step_fn, c.state, batch,
+                                                      minibatch_rows(n + k, 1, run.update, step, stream=1))
             step_time.synced(c.state)
+        metrics.update(critic_metrics)
         nonfinite = max(metrics.pop("train/nonfinite"), out.metrics.get("train/nonfinite", 0.0))
         metrics.update(_rollout_stats(values_BT, np.asarray(returns_BT), mask_BT), **{"critic/warmup": float(warm)})
         return Updated(out.state, {**out.metrics, **metrics, "train/nonfinite": nonfinite}, out.group)

@@ -181,7 +181,11 @@ def setup(cfg: ExperimentConfig, run_dir: Path) -> tuple[Run, TrainState, Any]:
     if algorithm.shaper is not None:
         run.shapers.append(algorithm.shaper(run, settings))
     if cfg.algorithm.kl.beta > 0 and cfg.algorithm.kl.where is KLWhere.REWARD:
-        run.shapers.append(KLRewardPenalty(run, cfg.algorithm.kl.beta, cfg.algorithm.kl.kind))
+        penalty = KLRewardPenalty(run, cfg.algorithm.kl.beta, cfg.algorithm.kl.kind)
+        if algorithm.critic:  # per token, where the critic's GAE reads it
+            run.schedule.token_rewards = (penalty.token_rewards,)
+        else:  # one reward column: the row's summed penalty
+            run.shapers.append(penalty)
     return run, state, model
 
 
@@ -250,9 +254,6 @@ def _multi_agent_system(cfg: ExperimentConfig, tokenizer, algorithm: Algorithm):
         return None
     from jaxrl.multi_agent import make_system
 
-    if algorithm.critic:
-        raise ConfigError(f"algorithm.name={algorithm.name!r} (a critic) with multi_agent: not supported yet (a "
-                          "value model per role); use a GRPO-family algorithm for multi-agent systems")
     system = make_system(cfg.multi_agent.system, cfg.multi_agent.params, tokenizer)
     sizes = system.group_sizes(cfg.rollout.group_size)
     for role in cfg.multi_agent.estimators:

@@ -1,11 +1,15 @@
-"""`jaxrl train configs/march_tiny.yaml`, shortened: the MARCH pipeline runs from the config alone.
+"""`jaxrl train configs/march_tiny.yaml`, shortened: the MARCH pipeline runs from the config alone, in the
+reference's faithful mode (spec/multi-agent.md §1.7, §5.1): PPO with a critic and GAE (γ 0.998, λ 1) over the
+joint Solver + Checker batch, k1 KL in the reward per token (β 0.1), PPO clip 0.2 / 0.2 with dual clip 3,
+value clip 0.5, critic warm-up (the reference's 10 steps, 1 here), one sample per prompt.
 
 One CPU device in a subprocess (as tests/train), a few SFT warm-start steps on the role demonstrations and two
 RL steps. The assertions are on the wiring, not on learning (too short for that; docs/multi_agent.md has the
 full run): every RL step logs the three roles' metrics, the Solver's mean reward is its answer reward plus
-the fact-check reward (R = r_RM + r_fc, the reference's sum), rates are rates, and greedy evaluation reports
-the answer, fact-check and hallucination columns (accuracy = the answer reward's mean), which `jaxrl eval`
-of the run's checkpoint reproduces exactly.
+the fact-check reward (R = r_RM + r_fc, the reference's sum), rates are rates, step 1 trains the critic only
+and step 2 both, and greedy evaluation reports the answer, fact-check and hallucination columns (accuracy =
+the answer reward's mean), which `jaxrl eval` of the run's checkpoint reproduces exactly. The GRPO variant
+(critic-free, the config's own) runs in tests/sharding/test_multihost_cli.py and experiments/.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from tests._xla import suite_cache_dir, xla_flags
 
@@ -49,11 +54,23 @@ def _train_rows(config: str, overrides, run_dir) -> list[dict]:
     return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
 
 
+# MARCH's faithful mode (docs/multi_agent.md, "PPO + GAE"): the reference's estimator and settings
+FAITHFUL = ("algorithm.name=ppo", "algorithm.ppo.gamma=0.998", "algorithm.ppo.lam=1.0", "algorithm.ppo.value_clip=0.5",
+            "algorithm.ppo.whiten=true", "algorithm.kl.beta=0.1", "algorithm.kl.where=reward", "algorithm.kl.kind=k1",
+            "algorithm.clip={low: 0.2, high: 0.2, dual: 3.0}", "algorithm.agg_mode=token-mean",
+            "multi_agent.params.train_roles=[solver, checker]")
+
+
 @pytest.mark.slow  # ~1.5 minutes on 2 idle cores (compiles dominate)
-def test_march_tiny_trains_from_config(tmp_path):
-    rows = _train_rows("march_tiny.yaml", SHORT, tmp_path / "march")
+def test_march_tiny_trains_from_config_in_the_faithful_mode(tmp_path):
+    rows = _train_rows("march_tiny.yaml", (*SHORT, *FAITHFUL, "rollout.group_size=1",
+                                           "algorithm.ppo.critic_warmup_steps=1"), tmp_path / "march")
     train = [r for r in rows if "reward/mean" in r]
     assert [r["step"] for r in train] == [1, 2]
+    # step 1: the critic's warm-up (no actor update); step 2: both, with the KL to the reference in the reward
+    assert [r["critic/warmup"] for r in train] == [1.0, 0.0] and "loss" not in train[0] and "loss" in train[1]
+    assert all(r["critic/vf_loss"] > 0 and np.isfinite(r["kl"]) for r in train), train
+    assert train[1]["train/grad_norm"] > 0 and "role/checker/response_length/mean" in train[1]
     for r in train:
         missing = [k for k in ROLE_KEYS if k not in r]
         assert not missing, missing

@@ -51,7 +51,9 @@ def test_each_role_segment_uses_its_own_estimator():
     (["multi_agent.estimators={solver: ppo}"], "multi_agent.estimators.solver", "allowed values are 'grpo'"),
     (["multi_agent.estimators={solver: dapo}"], "multi_agent.estimators.solver", "allowed values"),
     (["multi_agent.estimators={solver: rloo}", "algorithm.name=dapo"], "algorithm.name",
-     "without resampling, reward shaping or extra rows"),
+     "without resampling, reward shaping, extra rows or a critic"),
+    # a critic's GAE reads every trained role's per-token rewards, not another estimator's advantages
+    (["multi_agent.estimators={solver: rloo}", "algorithm.name=ppo"], "algorithm.name", "or a critic"),
     (["multi_agent.estimators={solver: gdpo}", "algorithm.kl.beta=0.1", "algorithm.kl.where=reward"],
      "multi_agent.estimators.solver", "use algorithm.kl.where: loss"),
 ])

@@ -53,13 +53,14 @@ BASE = [
     "checkpoint.every=1", "mesh.data=1", "mesh.fsdp=-1",
 ]
 
-# One comparison asserts several things: ppo (a critic, GAE, 2 mini-batches) also checks the KL term (its
-# reference and the critic are checkpointed, so the kill -9 test below resumes both) and process 0's tracker; gdpo starts from an SFT warm start on 4 hosts; dapo
-# is asynchronous (`train.async.max_staleness=1`: step 2 trains on a rollout the step-0 policy sampled, its
-# resampling rounds included, collected before step 1's update; `jaxrl.rl.ahead`).
+# One comparison asserts several things: ppo (a critic, GAE, 2 mini-batches) also checks the KL term, in the
+# reward per token (its reference and the critic are checkpointed, so the kill -9 test below resumes both),
+# and process 0's tracker; gdpo starts from an SFT warm start on 4 hosts; dapo is asynchronous
+# (`train.async.max_staleness=1`: step 2 trains on a rollout the step-0 policy sampled, its resampling rounds
+# included, collected before step 1's update; `jaxrl.rl.ahead`).
 CASES = {
-    "ppo": ["algorithm.name=ppo", "train.steps=3", "algorithm.kl.beta=0.05", "logging.trackers=[mlflow]",
-            "algorithm.ppo.lam=0.95", "algorithm.mini_batches=2"],
+    "ppo": ["algorithm.name=ppo", "train.steps=3", "algorithm.kl.beta=0.05", "algorithm.kl.where=reward",
+            "logging.trackers=[mlflow]", "algorithm.ppo.lam=0.95", "algorithm.mini_batches=2"],
     "dapo": ["algorithm.name=dapo", "algorithm.dapo.max_tries=2", "train.async.max_staleness=1"],
     "gdpo": ["algorithm.name=gdpo", "sft_warmup.steps=4", "sft_warmup.batch_size=8"],
     "clipo_lora": ["algorithm.name=clipo", "model.lora={rank: 4, alpha: 8}", "model.quantize=int8",

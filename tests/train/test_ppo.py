@@ -104,3 +104,69 @@ def test_a_lora_critic_trains_adapters_over_the_policys_frozen_base(tmp_path):
     rows = [r for r in metrics(run_dir) if r["step"] > 0]
     assert all(np.isfinite(r["critic/vf_loss"]) and np.isfinite(r["pg/loss"]) for r in rows)
     assert rows[0]["critic/values_mean"] != rows[1]["critic/values_mean"]
+
+
+def test_march_joint_batch_gae_follows_spec_1_10():
+    """MARCH's faithful estimator (spec/multi-agent.md §1.7, worked numbers §1.10) through `ActorCritic`: a
+    Solver row (score r_RM + r_fc = −0.2 at its last token, k1 KL [0.05, −0.02, 0.10, 0] in the reward with
+    β = 0.1) and a Checker row (r_fc = −1 at L − 1, the `fixed` placement) in one batch, GAE γ = 0.998, λ = 1
+    with the critic's values, whitened over the 7 trained tokens of both roles. The two rows are padded to
+    the 4 rows of 4 mini-batches with rows that train on nothing; the actor is frozen during the critic's
+    warm-up and gets the whitened advantages after it; the critic's batch holds the unwhitened returns."""
+    from types import SimpleNamespace
+
+    from jaxrl import losses
+    from jaxrl.algorithms import AlgoSettings, KLRewardPenalty, estimators, segment_advantages
+    from jaxrl.rl.critic import ActorCritic, CriticSpec
+    from jaxrl.rl.run import UpdateSpec
+    from jaxrl.rl.update import Updated
+    from jaxrl.runtime import step_time
+    from jaxrl.sharding import MeshConfig, make_mesh
+    from jaxrl.sharding.rules import RULES
+
+    t = 6
+    cmask = np.zeros((2, t), bool)
+    cmask[0, :4], cmask[1, :3] = True, True
+    kl = np.array([[0.05, -0.02, 0.10, 0, 0, 0], [0] * t], np.float32)
+    ref = np.full((2, t), -1.5, np.float32)
+    ro = SimpleNamespace(tokens_BL=np.ones((2, 8), np.int32), mask_BL=np.ones((2, 8), bool), completion_mask_BT=cmask,
+                         old_logp_BT=np.where(cmask, ref + kl, 0.0).astype(np.float32))
+    values = np.array([[0.1, 0, -0.1, -0.2, 0, 0], [-0.5, -0.6, -0.7, 0, 0, 0]], np.float32)
+    run = SimpleNamespace(mesh=make_mesh(MeshConfig(data=1, fsdp=1), jax.devices()[:1]), rules=RULES["fsdp"],
+                          update=UpdateSpec(mini_batches=4), loss=SimpleNamespace(grad_accum=1),
+                          policy=SimpleNamespace(reference="ref"),
+                          logprob_fn=lambda params, tokens, mask, width: jnp.asarray(ref))
+    settings = AlgoSettings(group_size=1, eps=1e-6, clip_low=0.2, clip_high=0.2, section=None)
+    adv = segment_advantages(estimators.outcome_rewards, np.array([[-0.2], [-1.0]], np.float32),
+                             np.ones(1, np.float32), cmask, settings, np.array([0, 1]), (1, 1))
+    seen = {}
+
+    def inner(run, state, params, ro, adv, records, step, clock, *, frozen):
+        seen.update(adv=adv.adv_NT, frozen=frozen)
+        return Updated(state, {"loss": 0.0}, 1)
+
+    def step_fn(state, batch):
+        seen.setdefault("batches", []).append(jax.device_get(batch))
+        return state, {"critic/vf_loss": jnp.float32(0.0), "train/nonfinite": jnp.float32(0.0)}
+
+    critic = SimpleNamespace(spec=CriticSpec(gamma=0.998, lam=1.0, whiten=True, warmup_steps=1), state=None,
+                             step_fn=step_fn, values=lambda tokens, mask, width: jnp.asarray(values[[0, 1, 0, 0]]))
+    schedule = ActorCritic(inner, critic, (KLRewardPenalty(run, 0.1, losses.KLKind.K1).token_rewards,))
+    clock = step_time.StageClock()
+    out = schedule(run, "state", None, ro, adv, [], 1, clock, frozen=False)
+    assert seen["frozen"]  # step 1 <= critic_warmup_steps: the critic's step only
+    assert out.metrics["kl"] == pytest.approx((0.05 - 0.02 + 0.10) / 2, abs=1e-6)
+    schedule(run, "state", None, ro, adv, [], 2, clock, frozen=False)
+    assert not seen["frozen"]
+    np.testing.assert_allclose(seen["adv"][0, :4], [-0.3036, 0.3141, 0.8904, 1.5376], atol=1e-4)
+    np.testing.assert_allclose(seen["adv"][1, :3], [-1.3916, -0.8128, -0.2341], atol=1e-4)
+    assert seen["adv"].shape == (2, t) and not seen["adv"][~cmask].any()
+    for batch in seen["batches"][-4:]:  # 4 mini-batches of one row each: the two real rows and two pads
+        assert batch.returns_BT.shape == (1, t)
+    rows = sorted((b for b in seen["batches"][-4:] if b.completion_mask_BT.any()),
+                  key=lambda b: int(b.completion_mask_BT.sum()))
+    assert len(rows) == 2
+    np.testing.assert_allclose(rows[1].returns_BT[0, :4], [-0.211766, -0.207181, -0.209600, -0.2], atol=1e-6)
+    np.testing.assert_allclose(rows[0].returns_BT[0, :3], np.array([-0.496004, -0.398, -0.3]) + values[1, :3],
+                               atol=1e-6)
+    np.testing.assert_array_equal(rows[1].old_values_BT[0], values[0])
