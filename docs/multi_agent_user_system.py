@@ -25,11 +25,10 @@ import numpy as np
 
 from jaxrl.envs import prompt_ids
 from jaxrl.multi_agent import joint_rollout, role_metrics, role_rows
-from jaxrl.rewards import score
+from jaxrl.rewards import score_rows
 from jaxrl.sampling import generate_from_state
 
 ROLE_IDS = {"drafter": 0, "reviser": 1}
-_INTERNAL = ("prompt", "prompt_ids", "sft_target", "target_ids")  # the data encoder's, not dataset fields
 
 
 class DraftRevise:
@@ -80,9 +79,8 @@ class DraftRevise:
         revise = [f"{q}\nA draft answer: {d.strip()}\nYour answer:" for q, d in zip(questions, drafts.completions)]
         revised = self._generate("reviser", graphdef, params, revise, spec, g, k_revise)
         rep = [dict(r) for r in records for _ in range(g)]
-        fields = {k: [r[k] for r in rep] for k in rep[0] if k not in _INTERNAL}
-        fields["completion_length"] = [int(x) for x in revised.lengths_N]
-        r_NK, info = score(rewards, [revise[i // g] for i in range(len(rep))], revised.completions, fields)
+        r_NK, info = score_rows(rewards, [revise[i // g] for i in range(len(rep))], revised.completions, rep,
+                                revised.lengths_N)
         parts, sizes = [], []
         if train and "drafter" in self.train_roles:  # a draft is as good as its best revision
             best = np.nanmax(r_NK.reshape(len(records), g, -1), axis=1)

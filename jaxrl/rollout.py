@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl import rewards as rewards_lib
+from jaxrl.rewards.rows import score_rows
 from jaxrl.sampling import Generation, SamplingSpec, generate_from_state, pad_prompts
 from jaxrl.sharding import hosts, rows as rows_lib
 
@@ -125,9 +125,6 @@ def decode(tokenizer, tokens_BT: np.ndarray, lengths_B: np.ndarray) -> list[str]
     return out
 
 
-_INTERNAL = ("prompt", "prompt_ids", "sft_target", "target_ids")  # encoder outputs, not dataset fields
-
-
 def collect(graphdef, params, records: list[dict[str, Any]], tokenizer, rewards, spec: SamplingSpec,
             seed) -> Rollout:
     """Samples, decodes and scores G completions for each record (`prompt_ids` from the data encoder).
@@ -151,15 +148,8 @@ def collect(graphdef, params, records: list[dict[str, Any]], tokenizer, rewards,
     own_BT = hosts.fetch_held(gen.tokens)[mine]  # this host's devices only
     for i, text in zip(mine, decode(tokenizer, own_BT, lengths[mine])):
         completions[i] = text
-    fields = {k: [rep[i][k] for i in mine] for k in records[0] if k not in _INTERNAL}
-    fields["completion_length"] = [int(lengths[i]) for i in mine]
     t1 = time.perf_counter()  # the sampler has finished: its lengths and tokens were read back
-    own_NK, info = rewards_lib.score(rewards, [rep[i]["prompt"] for i in mine],
-                                     [completions[i] for i in mine], fields)
-    rewards_NK = np.zeros((len(rep), own_NK.shape[1]), np.float32)
-    rewards_NK[mine] = own_NK
-    rewards_NK = hosts.gather_owned(rewards_NK, owners)
-    info = global_info(info, rewards_NK)
+    rewards_NK, info = score_rows(rewards, [r["prompt"] for r in rep], completions, rep, lengths, owners)
     metrics = dict(info.metrics)
     # stage times of the step's breakdown (`jaxrl.rl.step` moves them out of the rollout's metrics)
     metrics.update({"time/generation": t1 - t0, "time/reward": time.perf_counter() - t1})
@@ -168,19 +158,6 @@ def collect(graphdef, params, records: list[dict[str, Any]], tokenizer, rewards,
     metrics["response/finished_frac"] = float(finished.mean())
     return Rollout(tokens, mask, cmask, old_logp, rewards_NK, info.weights_K, info.names, rep, completions,
                    lengths, finished, metrics, (info,), pad_id=pad_id)
-
-
-def global_info(info: rewards_lib.ScoreInfo, rewards_NK: np.ndarray) -> rewards_lib.ScoreInfo:
-    """A host's `ScoreInfo` of its own rows made global: failure counts summed over hosts, per-reward means
-    recomputed from the gathered matrix (the same on every host). Single-process: the same values."""
-    counts = hosts.sum_across_hosts(np.asarray([info.errors.get(name, 0) for name in info.names], np.int64))
-    errors = {name: int(c) for name, c in zip(info.names, counts)}
-    metrics = {}
-    for k, name in enumerate(info.names):
-        finite = rewards_NK[:, k][~np.isnan(rewards_NK[:, k])]
-        metrics[f"reward/{name}/mean"] = float(finite.mean()) if finite.size else float("nan")
-        metrics[f"reward/{name}/errors"] = float(errors[name])
-    return info._replace(errors=errors, metrics=metrics, num_samples=int(rewards_NK.shape[0]))
 
 
 def concat(parts: Sequence[Rollout], pad_id: int) -> Rollout:

@@ -31,7 +31,7 @@ from typing import Any, Mapping, Sequence
 import jax
 import numpy as np
 
-from jaxrl import rewards as rewards_lib
+from jaxrl.rewards.rows import score_rows
 from jaxrl.data.entities import build_world, check_world_records
 from jaxrl.envs.base import StepResult, prompt_ids
 from jaxrl.losses.research.march import answers_match, checker_votes, fact_check_reward
@@ -46,7 +46,6 @@ ROLE_IDS = {name: i for i, name in enumerate(ROLES)}
 TRAINABLE = ("solver", "checker")
 FACT_CHECK = "fact_check"
 HALLUCINATION = "hallucination"
-_INTERNAL = ("prompt", "prompt_ids", "sft_target", "target_ids")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -274,10 +273,8 @@ class MarchSystem:
         ch = self.chains(graphdef, params, records, spec, key)
         rep = [dict(r) for r in records for _ in range(g)]
         n = len(rep)
-        fields = {k: [r[k] for r in rep] for k in rep[0] if k not in _INTERNAL}
-        fields["completion_length"] = [int(x) for x in ch.solver.lengths_N]
         prompts = [mt.solver_text(self.context(r)[0], str(r["question"])) for r in rep]
-        rm_NK, info = rewards_lib.score(rewards, prompts, ch.solver.completions, fields)
+        rm_NK, info = score_rows(rewards, prompts, ch.solver.completions, rep, ch.solver.lengths_N)
         r_fc, refuted, claims = chain_rewards(ch.votes_NSQ, ch.qmask_NQ, ch.labelled_N, self.mode)
         frac = np.where(claims > 0, refuted / np.maximum(claims, 1), 0.0).astype(np.float32)
         names = (*info.names, FACT_CHECK, HALLUCINATION)

@@ -23,6 +23,7 @@ from jaxrl.rewards.gym import reasoning_gym_score
 from jaxrl.rewards.imports import import_function
 from jaxrl.rewards.registry import BUILTINS, Builtin
 from jaxrl.rewards.specs import Reward, Rewards, build_reward, resolve
+from jaxrl.rewards.rows import score_rows
 from jaxrl.rewards.score import RewardFn, ScoreInfo, score
 from jaxrl.rewards.shaping import format_reward, length_penalty, overlong_penalty
 
@@ -53,4 +54,5 @@ __all__ = [
     "reasoning_gym_score",
     "resolve",
     "score",
+    "score_rows",
 ]

@@ -31,15 +31,13 @@ from jaxrl import rewards as rewards_lib
 from jaxrl.envs import EnvFactory, Episodes, EpisodeSpec, collect_episodes, scripted_episodes
 from jaxrl.envs.contract import checked_demonstration, dry_run
 from jaxrl.errors import ConfigError
-from jaxrl import rollout as rollout_lib
+from jaxrl.rewards.rows import score_rows
 from jaxrl.rollout import Rollout
 from jaxrl.sampling import SamplingSpec
 from jaxrl.sharding import hosts
 from jaxrl.train_step import TrainBatch
 
 ENV_REWARD = "env"
-
-_INTERNAL = ("prompt", "prompt_ids", "sft_target", "target_ids")
 
 
 def episode_spec(base: EpisodeSpec, spec: SamplingSpec) -> EpisodeSpec:
@@ -64,18 +62,8 @@ def to_rollout(eps: Episodes, rewards, tokenizer) -> Rollout:
     metrics[f"reward/{ENV_REWARD}/mean"] = float(eps.rewards_N.mean())
     n = rewards_NK.shape[0]
     owners = None if eps.row_sharding is None else hosts.row_owners(eps.row_sharding, (n,))
-    mine = np.arange(n) if owners is None else np.flatnonzero(owners == jax.process_index())
     if len(rewards):
-        fields = {k: [eps.records[i][k] for i in mine] for k in eps.records[0] if k not in _INTERNAL}
-        fields["completion_length"] = [int(eps.lengths_N[i]) for i in mine]
-        own_NK, info = rewards_lib.score(rewards, [eps.prompts[i] for i in mine],
-                                         [eps.completions[i] for i in mine], fields)
-        extra_NK = own_NK
-        if owners is not None:
-            extra_NK = np.zeros((n, own_NK.shape[1]), np.float32)
-            extra_NK[mine] = own_NK
-            extra_NK = hosts.gather_owned(extra_NK, owners)
-            info = rollout_lib.global_info(info, extra_NK)
+        extra_NK, info = score_rows(rewards, eps.prompts, eps.completions, eps.records, eps.lengths_N, owners)
         rewards_NK = np.concatenate([rewards_NK, extra_NK], axis=1)
         names, weights = (*names, *info.names), np.concatenate([weights, info.weights_K])
         infos = (*infos, info)
