@@ -1,15 +1,9 @@
-"""From a batch of prompts to a scored rollout in completion space.
+"""From a batch of prompts to a scored rollout in completion space (`jaxrl.types.Rollout`, whose docstring has
+the row layout and dimension letters).
 
-`collect(...)` samples G completions per prompt with `jaxrl.sampling`, decodes and scores them with the
-resolved rewards, and lays the result out for the train step:
-
-    tokens_BL = [left-padded prompt | completion, padded after EOS]     (L = prompt bucket W + T)
-    mask_BL   = real tokens (the forward pass's attention mask)
-    completion_mask_BT = completion tokens that are trained on (incl. EOS)   [B, T], T = completion width
-    old_logp_BT        = the sampler's log-probs of the completion tokens (0 elsewhere)
-
-Only the forward pass sees full sequences; everything the loss reads is `[B, T]`, aligned with the
-completion tokens `tokens_BL[:, W:]`.
+`collect(...)` samples G completions per prompt with `jaxrl.sampling`, decodes them, scores them with the
+resolved rewards (`jaxrl.rewards.score_rows`) and lays the result out for the train step; `concat`,
+`select_groups` and `take_rows` move whole rows (DAPO's resampling rounds).
 
 Everything here is host-side glue around jitted functions (the sampler); nothing is traced.
 
@@ -26,7 +20,6 @@ host arrays, the same on every host; `completions` holds the text of this host's
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import time
 from typing import Any, Sequence
@@ -38,42 +31,7 @@ import numpy as np
 from jaxrl.rewards.rows import score_rows
 from jaxrl.sampling import Generation, SamplingSpec, generate_from_state, pad_prompts
 from jaxrl.sharding import hosts, rows as rows_lib
-
-
-@dataclasses.dataclass
-class Rollout:
-    """One rollout batch of N = P * G samples (rows of a prompt contiguous). `tokens_BL` and `old_logp_BT`
-    are numpy arrays or global jax.Arrays (single-turn `collect`: the rows stay on the devices)."""
-
-    tokens_BL: np.ndarray
-    mask_BL: np.ndarray
-    completion_mask_BT: np.ndarray
-    old_logp_BT: np.ndarray
-    rewards_NK: np.ndarray
-    weights_K: np.ndarray
-    reward_names: tuple[str, ...]
-    records: list[dict[str, Any]]  # the prompt's record, repeated G times
-    completions: list[str]
-    lengths_N: np.ndarray
-    finished_N: np.ndarray
-    metrics: dict[str, float]
-    score_infos: tuple = ()  # the `jaxrl.rewards.ScoreInfo` of each scoring call (one per DAPO round)
-    # Segments (a multi-agent system's roles): rows with equal `segment_N` are normalised together, in groups
-    # of `segment_sizes[id]` consecutive rows of that segment; None: one segment, the run's group size.
-    segment_N: np.ndarray | None = None
-    segment_sizes: tuple[int, ...] = ()
-    pad_id: int | None = None  # the token written where `mask_BL` is off (None: not recorded)
-
-    @property
-    def prompt_width(self) -> int:
-        return self.tokens_BL.shape[1] - self.completion_mask_BT.shape[1]
-
-    def add_reward_column(self, values_N: np.ndarray, name: str) -> "Rollout":
-        """A copy with one more reward column of weight 1 (a shaping stage's output)."""
-        return dataclasses.replace(
-            self, rewards_NK=np.concatenate([self.rewards_NK, values_N[:, None].astype(np.float32)], axis=1),
-            weights_K=np.concatenate([self.weights_K, np.ones((1,), np.float32)]),
-            reward_names=(*self.reward_names, name))
+from jaxrl.types import Rollout, Rows
 
 
 def sequences(prompt_ids: Sequence[Sequence[int]], gen: Generation, group_size: int, pad_id: int,
@@ -156,8 +114,9 @@ def collect(graphdef, params, records: list[dict[str, Any]], tokenizer, rewards,
     metrics["response_length/mean"] = float(lengths.mean())
     metrics["response_length/max"] = float(lengths.max())
     metrics["response/finished_frac"] = float(finished.mean())
-    return Rollout(tokens, mask, cmask, old_logp, rewards_NK, info.weights_K, info.names, rep, completions,
-                   lengths, finished, metrics, (info,), pad_id=pad_id)
+    return Rollout.of(Rows(tokens, mask, cmask, old_logp, lengths, finished, completions), records=rep,
+                      rewards_NK=rewards_NK, weights_K=info.weights_K, reward_names=info.names, metrics=metrics,
+                      score_infos=(info,), pad_id=pad_id)
 
 
 def concat(parts: Sequence[Rollout], pad_id: int) -> Rollout:
@@ -169,14 +128,15 @@ def concat(parts: Sequence[Rollout], pad_id: int) -> Rollout:
 
     cat = lambda name: rows_lib.concat([getattr(p, name) for p in parts])
     return Rollout(
-        rows_lib.concat([left(p.tokens_BL, p, pad_id) for p in parts]),
-        rows_lib.concat([left(p.mask_BL, p, False) for p in parts]),
-        cat("completion_mask_BT"), cat("old_logp_BT"), cat("rewards_NK"), parts[0].weights_K,
-        parts[0].reward_names, [r for p in parts for r in p.records], [c for p in parts for c in p.completions],
-        cat("lengths_N"), cat("finished_N"), dict(parts[0].metrics),
-        tuple(i for p in parts for i in p.score_infos),
-        None if parts[0].segment_N is None else cat("segment_N"), parts[0].segment_sizes, parts[0].pad_id,
-    )
+        tokens_BL=rows_lib.concat([left(p.tokens_BL, p, pad_id) for p in parts]),
+        mask_BL=rows_lib.concat([left(p.mask_BL, p, False) for p in parts]),
+        completion_mask_BT=cat("completion_mask_BT"), old_logp_BT=cat("old_logp_BT"), lengths_N=cat("lengths_N"),
+        finished_N=cat("finished_N"), completions=[c for p in parts for c in p.completions], role=parts[0].role,
+        records=[r for p in parts for r in p.records], rewards_NK=cat("rewards_NK"), weights_K=parts[0].weights_K,
+        reward_names=parts[0].reward_names, metrics=dict(parts[0].metrics),
+        score_infos=tuple(i for p in parts for i in p.score_infos),
+        segment_N=None if parts[0].segment_N is None else cat("segment_N"), segment_sizes=parts[0].segment_sizes,
+        pad_id=parts[0].pad_id)
 
 
 def select_groups(r: Rollout, groups: np.ndarray, group_size: int) -> Rollout:
@@ -186,11 +146,5 @@ def select_groups(r: Rollout, groups: np.ndarray, group_size: int) -> Rollout:
 
 
 def take_rows(r: Rollout, rows: np.ndarray) -> Rollout:
-    """The given rows, in the given order (metrics and score infos kept as they are)."""
-    rows = np.asarray(rows, np.int64)
-    return dataclasses.replace(
-        r, tokens_BL=rows_lib.take(r.tokens_BL, rows), mask_BL=r.mask_BL[rows],
-        completion_mask_BT=r.completion_mask_BT[rows], old_logp_BT=rows_lib.take(r.old_logp_BT, rows), rewards_NK=r.rewards_NK[rows], records=[r.records[i] for i in rows],
-        completions=[r.completions[i] for i in rows], lengths_N=r.lengths_N[rows],
-        finished_N=r.finished_N[rows], segment_N=None if r.segment_N is None else r.segment_N[rows],
-    )
+    """The given rows, in order, device rows moved on the devices (metrics and score infos kept as they are)."""
+    return r.take(rows, rows_lib.take)

@@ -37,6 +37,7 @@ from jaxrl.errors import EnvError, UserError
 from jaxrl.sampling.batching import DEFAULT_GEN_BUCKETS, DEFAULT_PROMPT_BUCKETS, bucket
 from jaxrl.sampling.multiturn import MODES, TurnDecoder, stop_token_sequences
 from jaxrl.sharding import hosts
+from jaxrl.types import Rows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,6 +124,13 @@ class Episodes:
     @property
     def completion_mask_NT(self) -> np.ndarray:
         return self.loss_mask_BL[:, self.prompt_width:]
+
+    def rows(self, role: str = "") -> Rows:
+        """The episodes as the middle's `Rows` (completion space: the sampled action tokens are trained, the
+        environment's observation tokens are real but not trained), host arrays."""
+        w = self.prompt_width
+        return Rows(self.tokens_BL, self.mask_BL, self.loss_mask_BL[:, w:], self.old_logp_BL[:, w:],
+                    self.lengths_N.astype(np.int32), self.finished_N, list(self.completions), role=role)
 
 
 @dataclasses.dataclass

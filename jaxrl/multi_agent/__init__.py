@@ -19,7 +19,7 @@ from jaxrl._imports import import_attr, is_reference
 from jaxrl.errors import ConfigError
 from jaxrl.multi_agent.march import MarchSystem
 from jaxrl.multi_agent.ssp import SspSystem
-from jaxrl.multi_agent.roles import RoleRows, joint_rollout, role_metrics, role_rows, row_roles
+from jaxrl.multi_agent.roles import joint_rollout, role_metrics, role_rows, row_roles
 
 SYSTEMS = {"march": MarchSystem, "ssp": SspSystem}
 
@@ -42,6 +42,6 @@ def make_system(name: str, params: Mapping[str, Any] | None, tokenizer):
         raise ConfigError(f"multi_agent.params of {name!r}: {e}") from None
 
 
-__all__ = ["SYSTEMS", "MarchSystem", "SspSystem", "RoleRows", "joint_rollout", "make_system", "role_metrics",
+__all__ = ["SYSTEMS", "MarchSystem", "SspSystem", "joint_rollout", "make_system", "role_metrics",
            "role_rows",
            "row_roles"]

@@ -31,15 +31,15 @@ from typing import Any, Mapping, Sequence
 import jax
 import numpy as np
 
-from jaxrl.rewards.rows import score_rows
 from jaxrl.data.entities import build_world, check_world_records
 from jaxrl.envs.base import StepResult, prompt_ids
 from jaxrl.losses.research.march import answers_match, checker_votes, fact_check_reward
 from jaxrl.multi_agent import march_text as mt
 from jaxrl.multi_agent.adapters import role_params
-from jaxrl.multi_agent.roles import RoleRows, joint_rollout, role_metrics, role_rows
-from jaxrl.rollout import Rollout
+from jaxrl.multi_agent.roles import joint_rollout, role_metrics, role_rows
+from jaxrl.rewards.rows import score_rows
 from jaxrl.sampling import SamplingSpec, generate_from_state
+from jaxrl.types import Rollout, Rows
 
 ROLES = ("solver", "proposer", "checker")
 ROLE_IDS = {name: i for i, name in enumerate(ROLES)}
@@ -52,9 +52,9 @@ HALLUCINATION = "hallucination"
 class Chains:
     """Everything one collect call generated, role by role (N = P·G chains, S Checker samples each)."""
 
-    solver: RoleRows  # N rows
-    proposer: RoleRows  # N rows
-    checker: RoleRows  # N·S rows, chain i's samples at i·S .. i·S + S-1
+    solver: Rows  # N rows
+    proposer: Rows  # N rows
+    checker: Rows  # N·S rows, chain i's samples at i·S .. i·S + S-1
     pairs: list[list[tuple[str, str]]]  # the Proposer's (question, answer) pairs of each chain
     votes_NSQ: np.ndarray
     qmask_NQ: np.ndarray
@@ -230,7 +230,7 @@ class MarchSystem:
     def _ids(self, text: str) -> list[int]:
         return prompt_ids(self.tokenizer, [{"role": "user", "content": text}])
 
-    def _generate(self, name, graphdef, params, ids, spec: SamplingSpec, samples: int, key) -> RoleRows:
+    def _generate(self, name, graphdef, params, ids, spec: SamplingSpec, samples: int, key) -> Rows:
         spec = dataclasses.replace(spec, num_samples=samples)
         tok = self.tokenizer
         gen = generate_from_state(graphdef, role_params(params, name), ids, spec,

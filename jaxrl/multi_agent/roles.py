@@ -16,42 +16,19 @@ no trained tokens.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Sequence
 
 import numpy as np
 
-from jaxrl.rollout import Rollout, sequences
+from jaxrl.rollout import sequences
 from jaxrl.sampling import Generation
-
-
-@dataclasses.dataclass(frozen=True)
-class RoleRows:
-    """One role's rows: tokens laid out like `jaxrl.rollout.sequences` (left-padded prompt | completion)."""
-
-    name: str
-    tokens_BL: np.ndarray
-    mask_BL: np.ndarray
-    completion_mask_BT: np.ndarray
-    old_logp_BT: np.ndarray
-    lengths_N: np.ndarray
-    finished_N: np.ndarray
-    completions: list[str]
-
-    @property
-    def prompt_width(self) -> int:
-        return self.tokens_BL.shape[1] - self.completion_mask_BT.shape[1]
-
-    def take(self, rows: np.ndarray) -> "RoleRows":
-        rows = np.asarray(rows, np.int64)
-        return RoleRows(self.name, self.tokens_BL[rows], self.mask_BL[rows], self.completion_mask_BT[rows],
-                        self.old_logp_BT[rows], self.lengths_N[rows], self.finished_N[rows],
-                        [self.completions[i] for i in rows])
+from jaxrl.types import Rollout, Rows
 
 
 def role_rows(name: str, prompt_ids: Sequence[Sequence[int]], gen: Generation, group_size: int, tokenizer,
-              prompt_buckets: Sequence[int] | None) -> RoleRows:
-    """The rows of one generation call of a role (G = `group_size` samples per prompt, rows p·G + g)."""
+              prompt_buckets: Sequence[int] | None) -> Rows:
+    """The rows of one generation call of a role (G = `group_size` samples per prompt, rows p·G + g), as host
+    arrays, with their decoded texts."""
     from jaxrl.rollout import decode
     from jaxrl.sharding import hosts
 
@@ -59,21 +36,21 @@ def role_rows(name: str, prompt_ids: Sequence[Sequence[int]], gen: Generation, g
     tokens, mask, cmask, old_logp = sequences(prompt_ids, gen, group_size, pad, prompt_buckets)
     lengths = hosts.to_host(gen.lengths).astype(np.int32)
     texts = decode(tokenizer, tokens[:, -cmask.shape[1]:], lengths)
-    return RoleRows(name, tokens, mask, cmask, old_logp, lengths, hosts.to_host(gen.finished), texts)
+    return Rows(tokens, mask, cmask, old_logp, lengths, hosts.to_host(gen.finished), texts, role=name)
 
 
 def _pad_to(x: np.ndarray, left: int, right: int, fill) -> np.ndarray:
     return np.pad(x, ((0, 0), (left, right)), constant_values=fill) if left or right else x
 
 
-def joint_rollout(parts: Sequence[tuple[RoleRows, list[dict[str, Any]], np.ndarray]], *,
+def joint_rollout(parts: Sequence[tuple[Rows, list[dict[str, Any]], np.ndarray]], *,
                   role_ids: dict[str, int], reward_names: tuple[str, ...], weights_K: np.ndarray, pad_id: int,
                   metrics: dict[str, float], score_infos: tuple = (),
                   group_sizes: Sequence[int] | None = None) -> Rollout:
     """Concatenates the trained roles' rows into one `Rollout`.
 
     Args:
-      parts: (rows, records, rewards_NK) per trained role, in row order; records are the rows' dataset
+      parts: (rows, records, rewards_NK) per trained role (`Rows.role` names it), in row order; records are the rows' dataset
         records (one per row); a row whose combined reward is NaN gets no trained tokens.
       role_ids: role name -> id (the system's fixed numbering); written into each row's record.
       reward_names, weights_K: the K reward columns shared by every role (0 where a column is not the role's).
@@ -94,7 +71,7 @@ def joint_rollout(parts: Sequence[tuple[RoleRows, list[dict[str, Any]], np.ndarr
     for rows, recs, r_NK in parts:
         n = rows.tokens_BL.shape[0]
         if len(recs) != n or r_NK.shape != (n, len(reward_names)):
-            raise ValueError(f"role {rows.name}: {n} rows, {len(recs)} records, rewards {r_NK.shape}")
+            raise ValueError(f"role {rows.role}: {n} rows, {len(recs)} records, rewards {r_NK.shape}")
         left, right = width - rows.prompt_width, comp - rows.completion_mask_BT.shape[1]
         trained_N = ~np.isnan((r_NK * weights_K[None]).sum(1))
         cols["tokens"].append(_pad_to(rows.tokens_BL, left, right, pad_id))
@@ -104,7 +81,7 @@ def joint_rollout(parts: Sequence[tuple[RoleRows, list[dict[str, Any]], np.ndarr
         cols["rewards"].append(r_NK.astype(np.float32))
         cols["lengths"].append(rows.lengths_N)
         cols["finished"].append(rows.finished_N)
-        records += [dict(rec, role=rows.name, role_id=role_ids[rows.name]) for rec in recs]
+        records += [dict(rec, role=rows.role, role_id=role_ids[rows.role]) for rec in recs]
         completions += rows.completions
     cat = {k: np.concatenate(v, axis=0) for k, v in cols.items()}
     segment_N, sizes = None, ()
@@ -112,15 +89,16 @@ def joint_rollout(parts: Sequence[tuple[RoleRows, list[dict[str, Any]], np.ndarr
         size_of = dict.fromkeys(range(max(role_ids.values()) + 1), 0)
         for (rows, _, _), g in zip(parts, group_sizes):
             if g < 1 or rows.tokens_BL.shape[0] % g:
-                raise ValueError(f"role {rows.name}: group size {g} does not divide its "
+                raise ValueError(f"role {rows.role}: group size {g} does not divide its "
                                  f"{rows.tokens_BL.shape[0]} rows")
-            size_of[role_ids[rows.name]] = int(g)
+            size_of[role_ids[rows.role]] = int(g)
         segment_N = np.asarray([r["role_id"] for r in records], np.int32)
         sizes = tuple(size_of[i] for i in sorted(size_of))
-    return Rollout(cat["tokens"].astype(np.int32), cat["mask"], cat["cmask"], cat["logp"].astype(np.float32),
-                   cat["rewards"], np.asarray(weights_K, np.float32), tuple(reward_names), records,
-                   completions, cat["lengths"], cat["finished"], dict(metrics), tuple(score_infos),
-                   segment_N, sizes)
+    rows = Rows(cat["tokens"].astype(np.int32), cat["mask"], cat["cmask"], cat["logp"].astype(np.float32),
+                cat["lengths"], cat["finished"], completions)
+    return Rollout.of(rows, records=records, rewards_NK=cat["rewards"], weights_K=np.asarray(weights_K, np.float32),
+                      reward_names=tuple(reward_names), metrics=dict(metrics), score_infos=tuple(score_infos),
+                      segment_N=segment_N, segment_sizes=sizes)
 
 
 def row_roles(ro: Rollout) -> np.ndarray:

@@ -43,10 +43,10 @@ from jaxrl.envs.search import SearchEnv, ToolEnv, exact_match
 from jaxrl.envs.tools import format_results
 from jaxrl.losses.research.ssp import answer_tag_counts, proposer_reward, solver_reward
 from jaxrl.multi_agent.adapters import role_params
-from jaxrl.multi_agent.roles import RoleRows, joint_rollout, role_metrics, role_rows
+from jaxrl.multi_agent.roles import joint_rollout, role_metrics, role_rows
 from jaxrl.multi_agent.ssp_pool import ProblemPool
-from jaxrl.rollout import Rollout
 from jaxrl.sampling import SamplingSpec, generate_from_state
+from jaxrl.types import Rollout
 
 ROLES = ("proposer", "solver")
 ROLE_IDS = {name: i for i, name in enumerate(ROLES)}
@@ -235,10 +235,6 @@ def proposer_demonstration(record: Mapping[str, Any], query: str = "chain") -> l
     return [f"<search>{n}</search>" for n in names] + [f"<question>{record['question']}</question>"]
 
 
-def episode_rows(name: str, eps: Episodes) -> RoleRows:
-    w = eps.prompt_width
-    return RoleRows(name, eps.tokens_BL, eps.mask_BL, eps.loss_mask_BL[:, w:], eps.old_logp_BL[:, w:],
-                    eps.lengths_N.astype(np.int32), eps.finished_N, list(eps.completions))
 
 
 class VerifierDemoEnv:
@@ -478,7 +474,7 @@ class SspSystem:
         if not train:
             eps = self._episodes("solver", graphdef, params, records, self.solver_env, spec, g, keys[2])
             r = solver_reward(eps.rewards_N > 0, *answer_tag_counts(eps.completions))
-            rows = episode_rows("solver", eps)
+            rows = eps.rows("solver")
             return joint_rollout([(rows, list(eps.records), np.asarray(r)[:, None])], role_ids=ROLE_IDS,
                                  reward_names=names, weights_K=weights,
                                  pad_id=int(self.tokenizer.pad_token_id),
@@ -500,7 +496,7 @@ class SspSystem:
         r_s = np.asarray(solver_reward(sol.rewards_N > 0, *answer_tag_counts(sol.completions)))
         r_p = np.asarray(proposer_reward(r_s.reshape(-1, g), mode="1-acc", valid_P=valid,
                                          format_penalty=self.format_penalty))
-        p_rows, s_rows = episode_rows("proposer", prop), episode_rows("solver", sol)
+        p_rows, s_rows = prop.rows("proposer"), sol.rows("solver")
         metrics = {**role_metrics("proposer", r_p, p_rows.lengths_N),
                    **role_metrics("solver", r_s, s_rows.lengths_N)}
         solved = (r_s.reshape(-1, g) > 0).mean(1)

@@ -52,7 +52,6 @@ def to_rollout(eps: Episodes, rewards, tokenizer) -> Rollout:
     Episodes whose hosts drove their own rows (`eps.row_sharding`) give a rollout like
     `jaxrl.rollout.collect`'s: tokens and log-probs as global arrays split over the rows' hosts, each
     transcript scored by its row's owner and the reward matrix gathered."""
-    w = eps.prompt_width
     rewards_NK = eps.rewards_N[:, None].astype(np.float32)
     names, weights = (ENV_REWARD,), np.ones((1,), np.float32)
     errors = 0 if eps.errors_N is None else int(eps.errors_N.sum())
@@ -68,12 +67,12 @@ def to_rollout(eps: Episodes, rewards, tokenizer) -> Rollout:
         names, weights = (*names, *info.names), np.concatenate([weights, info.weights_K])
         infos = (*infos, info)
         metrics.update(info.metrics)
-    tokens, old_logp = eps.tokens_BL, eps.old_logp_BL[:, w:]
+    rows = eps.rows()
     if eps.row_sharding is not None:  # each host's rows to its own devices
-        tokens, old_logp = (hosts.host_to_global(x, eps.row_sharding) for x in (tokens, old_logp))
-    return Rollout(tokens, eps.mask_BL, eps.loss_mask_BL[:, w:], old_logp, rewards_NK, weights, names,
-                   list(eps.records), list(eps.completions), eps.lengths_N, eps.finished_N, metrics, infos,
-                   pad_id=int(tokenizer.pad_token_id))
+        rows = dataclasses.replace(rows, **{k: hosts.host_to_global(getattr(rows, k), eps.row_sharding)
+                                            for k in ("tokens_BL", "old_logp_BT")})
+    return Rollout.of(rows, records=list(eps.records), rewards_NK=rewards_NK, weights_K=weights, reward_names=names,
+                      metrics=metrics, score_infos=infos, pad_id=int(tokenizer.pad_token_id))
 
 
 def collect_env(graphdef, params, records: list[dict[str, Any]], tokenizer, rewards, env_factory,

@@ -173,7 +173,7 @@ def test_the_checker_sees_real_edges():
 # not. Modules of no layer here (the rest of the flat top level: build, evaluate, rollout, train_step, ...) are
 # not constrained yet.
 LAYERS = (
-    ("jaxrl.errors", "jaxrl._checks", "jaxrl._imports"),
+    ("jaxrl.errors", "jaxrl._checks", "jaxrl._imports", "jaxrl.types"),  # types: the row model (numpy only)
     ("jaxrl.config", "jaxrl.io", "jaxrl.runtime"),
     ("jaxrl.sampling", "jaxrl.algorithms", "jaxrl.envs", "jaxrl.rewards", "jaxrl.multi_agent", "jaxrl.data",
      "jaxrl.reward_model"),  # the plug-ins and what they read
@@ -199,6 +199,13 @@ def _layer(module: str) -> int | None:
 def _upward_edges(every: dict[str, set[str]]) -> set[tuple[str, str]]:
     return {(m, d) for m, deps in every.items() if _layer(m) is not None
             for d in deps if _layer(d) is not None and _layer(d) > _layer(m)}
+
+
+def test_the_row_model_is_a_leaf():
+    """`jaxrl.types` (Rows, Rollout) imports nothing from the package: every layer can use it."""
+    _, _, every = _graph()
+    assert every["jaxrl.types"] == set()
+    assert "jaxrl.types" in every["jaxrl.rollout"] and "jaxrl.types" in every["jaxrl.envs.episodes"]
 
 
 def test_layers_import_only_downward():
