@@ -7,8 +7,8 @@ model emits EOS, `max_turns` is reached or the context would exceed `max_total_t
     loss_mask_BL = 1 on action tokens a_k (sampled), 0 on prompt, observations o_k and padding
     old_logp_BL  = the sampler's log π(a_k,t | context) on action tokens, 0 elsewhere
 
-in the layout of `jaxrl.rollout.Rollout` (prompt_width columns of prompt, then the completion region).
-`rewards_N` is the episode return Σ_k r_k of the per-turn rewards (`turn_rewards_NK`); environments that
+in the layout of `jaxrl.types.Rows` (prompt_width columns of prompt, then the completion region).
+`rewards_N` is the episode return Σ_u r_u of the per-turn rewards (`turn_rewards_NU`, U turns); environments that
 only score the final answer give a return equal to that final reward.
 
 Every reset / step / demonstration is checked against the `Env` contract (`jaxrl.envs.contract`); a step that
@@ -103,7 +103,7 @@ class Episodes:
     old_logp_BL: np.ndarray  # float32, sampler log-probs on action tokens, 0 elsewhere
     prompt_width: int
     rewards_N: np.ndarray  # float32 episode return
-    turn_rewards_NK: np.ndarray  # float32 [N, max_turns] per-turn rewards (0 after the last turn)
+    turn_rewards_NU: np.ndarray  # float32 [N, max_turns] per-turn rewards (0 after the last turn)
     turns_N: np.ndarray  # int32 model turns
     tool_calls_N: np.ndarray  # int32
     tool_errors_N: np.ndarray  # int32

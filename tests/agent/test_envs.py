@@ -109,7 +109,7 @@ def test_episode_rows_masks_and_budgets():
         assert int(obs.sum()) == ep.obs_tokens_N[n]
         comp = ep.tokens_BL[n, ep.prompt_width:][ep.mask_BL[n, ep.prompt_width:]]
         assert ep.completions[n] == TOK.decode(comp)
-    np.testing.assert_array_equal(ep.turn_rewards_NK[:, :3], [[0, 0, 1]] * 4)
+    np.testing.assert_array_equal(ep.turn_rewards_NU[:, :3], [[0, 0, 1]] * 4)
     # the turn budget cuts the episode before the answer: not finished, reward 0, last observation dropped
     short = scripted_episodes(records, TOK, factory, policy, EpisodeSpec(max_turns=2, max_total_tokens=512))
     assert not short.finished_N.any() and short.rewards_N.sum() == 0 and (short.turns_N == 2).all()

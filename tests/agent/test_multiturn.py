@@ -84,7 +84,7 @@ def test_greedy_batched_equals_per_episode_loop(split, stops, mode):
         row = ep.tokens_BL[n][ep.mask_BL[n]]
         np.testing.assert_array_equal(row, ctx)
         assert ep.turns_N[n] == len(actions)
-        np.testing.assert_allclose(ep.turn_rewards_NK[n, : len(rewards)], rewards, rtol=1e-6)
+        np.testing.assert_allclose(ep.turn_rewards_NU[n, : len(rewards)], rewards, rtol=1e-6)
         np.testing.assert_allclose(ep.rewards_N[n], sum(rewards), rtol=1e-6)
         sampled = ep.tokens_BL[n][ep.loss_mask_BL[n]]
         np.testing.assert_array_equal(sampled, [t for a in actions for t in a])
