@@ -42,7 +42,7 @@ from jaxrl.reward_model.evaluate import evaluate_pairs
 from jaxrl.reward_model.model import RM_MARKER, RewardModel, load_reward_model, write_marker
 from jaxrl.reward_model.train import (Batch, RMState, debias_gamma, init_classifier,
                                       make_train_step)
-from jaxrl.sharding.hosts import host_to_global
+from jaxrl.sharding.hosts import place_global
 from jaxrl.io.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -184,10 +184,7 @@ def _data_mesh(batch_size: int) -> Mesh | None:
 
 def _place(tree: Any, mesh: Mesh | None, spec: P) -> Any:
     """`tree` as global arrays with `spec` on `mesh` (every process holds the same values); as is without."""
-    if mesh is None:
-        return tree
-    sharding = NamedSharding(mesh, spec)
-    return jax.tree.map(lambda x: host_to_global(np.asarray(x), sharding), tree)
+    return tree if mesh is None else place_global(tree, NamedSharding(mesh, spec))
 
 
 def _local_model(graphdef: nnx.GraphDef, params: Any, mesh: Mesh | None) -> RewardModel:
