@@ -11,9 +11,9 @@ mask), `completion_mask_BT` the tokens that are trained (sampled tokens; an envi
 are real but not trained), `old_logp_BT` the sampler's log-probs of the trained tokens (0 elsewhere).
 
 Dimension letters: B (= N) rows, L full row, W prompt, T completion, K reward columns, P prompts, G samples per
-prompt, S samples of a role per chain, U turns of an episode. `tokens_BL` and `old_logp_BT` may be host numpy arrays or global
-`jax.Array`s split over the batch axis (single-turn rows stay on the devices; `jaxrl.sharding.rows` moves
-them); the masks, lengths and texts are host values, the same on every host.
+prompt, S samples of a role per chain, U turns of an episode. `tokens_BL` and `old_logp_BT` may be host numpy
+arrays or global `jax.Array`s split over the batch axis (single-turn rows stay on the devices;
+`jaxrl.sharding.rows` moves them); the masks, lengths and texts are host values, the same on every host.
 
 This module imports numpy only: every layer may use it.
 """

@@ -50,8 +50,8 @@ def joint_rollout(parts: Sequence[tuple[Rows, list[dict[str, Any]], np.ndarray]]
     """Concatenates the trained roles' rows into one `Rollout`.
 
     Args:
-      parts: (rows, records, rewards_NK) per trained role (`Rows.role` names it), in row order; records are the rows' dataset
-        records (one per row); a row whose combined reward is NaN gets no trained tokens.
+      parts: (rows, records, rewards_NK) per trained role (`Rows.role` names it), in row order; records are
+        the rows' dataset records (one per row); a row whose combined reward is NaN gets no trained tokens.
       role_ids: role name -> id (the system's fixed numbering); written into each row's record.
       reward_names, weights_K: the K reward columns shared by every role (0 where a column is not the role's).
       score_infos: the `jaxrl.rewards.ScoreInfo` of the scoring calls (the run's reward-failure tracker).

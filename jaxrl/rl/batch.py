@@ -52,11 +52,11 @@ def shares_whole_groups(rows: int, group: int, multiple: int) -> bool:
     return group > 1 and rows % (group * multiple) == 0
 
 
-def _pad_rows(extra: TrainBatch, n_rollout: int, multiple: int) -> TrainBatch:
-    """`extra` (e.g. AFRL's expert rows) padded with copies of its first row that train on nothing
-    (completion mask off, SFT weight 0), so that rollout + extra rows split evenly over the batch shards:
-    such a row adds no term to any loss and no count to any normaliser (rows and tokens are counted from
-    the masks)."""
+def pad_rows(extra, n_rollout: int, multiple: int):
+    """`extra` (a `TrainBatch`: AFRL's expert rows, or one role's rows; or the critic's `ValueBatch`) padded
+    with copies of its first row that train on nothing (completion mask off, SFT weight 0), so that rollout +
+    extra rows split evenly over the batch shards x mini-batches x micro-batches (`multiple`): such a row adds
+    no term to any loss and no count to any normaliser (rows and tokens are counted from the masks)."""
     k = -(n_rollout + extra.tokens_BL.shape[0]) % multiple
     if k == 0:
         return extra
@@ -139,7 +139,7 @@ def assemble(run: Run, params, ro, adv, *, extra_rows: TrainBatch | None = None,
 
     recompute_old: take the old log-probs at `params` even when the run uses the sampler's (a later phase of
     a sequential multi-agent update starts from the policy the previous phase left).
-    pad: pad the rows to the batch shards x mini-batches with rows that train on nothing (`_pad_rows`; one
+    pad: pad the rows to the batch shards x mini-batches with rows that train on nothing (`pad_rows`; one
     role's rows in a sequential update need not divide them).
     clock: gets the seconds of the old and reference log-prob passes (`old_logprobs`, `ref_logprobs`)."""
     clock = clock or step_time.StageClock()
@@ -150,10 +150,10 @@ def assemble(run: Run, params, ro, adv, *, extra_rows: TrainBatch | None = None,
                        np.asarray(adv.adv_NT, np.float32), adv.clip_low_N, adv.clip_high_N,
                        np.zeros((n,), np.float32), group=group)
     if extra_rows is not None:
-        extra_rows = _pad_rows(extra_rows, n, row_multiple(run))
+        extra_rows = pad_rows(extra_rows, n, row_multiple(run))
         batch = jax.tree.map(lambda a, b: rows_lib.concat([a, b]), batch, extra_rows)
     elif pad:
-        batch = _pad_rows(batch, 0, row_multiple(run))
+        batch = pad_rows(batch, 0, row_multiple(run))
     batch = shard_batch(run, batch)
     metrics: dict[str, float] = {"train/shared_prompts": float(group > 1)}
     if recompute_old or not run.logprobs_from_sampler or run.mismatch.mode != "off":

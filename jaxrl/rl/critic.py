@@ -42,11 +42,11 @@ import jax
 import numpy as np
 
 from jaxrl import losses
-from jaxrl.rl.batch import minibatch_rows, minibatch_steps, row_multiple, shard_batch
+from jaxrl.rl.batch import minibatch_rows, minibatch_steps, pad_rows, row_multiple, shard_batch
 from jaxrl.rl.update import Updated
 from jaxrl.rl.value_model import Critic, CriticSpec, ValueBatch, make_critic, token_values_BT
 from jaxrl.runtime import step_time
-from jaxrl.sharding import hosts, rows as rows_lib
+from jaxrl.sharding import hosts
 
 __all__ = ["ActorCritic", "Critic", "CriticSpec", "ValueBatch", "gae_BT", "make_critic", "token_values_BT"]
 
@@ -80,19 +80,18 @@ class ActorCritic:
         for term in self.token_rewards:
             r_BT, term_metrics = term(ro)
             rewards_BT, metrics = rewards_BT + r_BT, {**metrics, **term_metrics}
-        k = -n % row_multiple(run)
-        pad = np.concatenate([np.arange(n), np.zeros(k, np.int64)])  # the padding rows: copies of row 0
-        real_B = np.arange(n + k) < n
-        rows = (ro.tokens_BL, ro.mask_BL) if k == 0 else (rows_lib.take(ro.tokens_BL, pad),
-                                                          rows_lib.take(ro.mask_BL, pad))
-        rows = shard_batch(run, rows)
+        zeros_BT = np.zeros((n, t), np.float32)
+        padded = pad_rows(ValueBatch(ro.tokens_BL, ro.mask_BL, np.asarray(ro.completion_mask_BT, bool), zeros_BT,
+                                     zeros_BT), 0, row_multiple(run))
+        k = padded.tokens_BL.shape[0] - n  # a multi-agent rollout's padding rows (as `Joint` pads them)
+        rows = shard_batch(run, (padded.tokens_BL, padded.mask_BL))
         with clock("values"):
             values_BT = hosts.to_host(step_time.synced(c.values(*rows, t)))
-        mask_BT = np.asarray(ro.completion_mask_BT, bool)[pad] & real_B[:, None]
+        mask_BT = padded.completion_mask_BT
         values_BT = np.where(mask_BT, values_BT, 0.0).astype(np.float32)
-        adv_BT, returns_BT = jax.device_get(gae_BT(np.where(real_B[:, None], rewards_BT[pad], 0.0), values_BT,
-                                                   mask_BT, gamma=c.spec.gamma, lam=c.spec.lam,
-                                                   whiten=c.spec.whiten))
+        rewards_BT = np.concatenate([rewards_BT, np.zeros((k, t), np.float32)])
+        adv_BT, returns_BT = jax.device_get(gae_BT(rewards_BT, values_BT, mask_BT, gamma=c.spec.gamma,
+                                                   lam=c.spec.lam, whiten=c.spec.whiten))
         warm = step <= c.spec.warmup_steps
         out = self.inner(run, state, params, ro, adv._replace(adv_NT=np.asarray(adv_BT[:n], np.float32)), records,
                          step, clock, frozen=frozen or warm)

@@ -166,10 +166,10 @@ def test_which_batches_share_prompts():
 
 
 def test_padding_rows_keep_the_static_group_field():
-    """`_pad_rows` pads the arrays of a batch (expert rows) and leaves `group` alone (it once tried to pad it:
+    """`pad_rows` pads the arrays of a batch (expert rows) and leaves `group` alone (it once tried to pad it:
     the multi-host SFT-aux run, where the rows did not divide the shards)."""
     extra = jax.device_get(grouped_batch(seed=6, p=1, g=3))
-    padded = rl_batch._pad_rows(extra, 2, 4)  # 2 rollout + 3 extra rows -> 3 padding rows
+    padded = rl_batch.pad_rows(extra, 2, 4)  # 2 rollout + 3 extra rows -> 3 padding rows
     assert padded.tokens_BL.shape[0] == 6 and padded.group == 1
     assert not padded.completion_mask_BT[3:].any() and not padded.sft_weight_B[3:].any()
 
