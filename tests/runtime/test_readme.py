@@ -11,6 +11,9 @@ holding a link to the repository's `configs/`, as a subprocess of the installed 
   sub-command (a train whose config has an SFT warm-up gets one SFT step; one without gets none, as written);
   a sub-command missing there runs exactly as written;
 * one CPU device (the test session's 8 fake devices are not passed on);
+* one persistent XLA compilation cache for all of them: the suite's (`JAX_COMPILATION_CACHE_DIR`, which
+  `make test` sets) or, when none is set, an empty one of this module's, so that a program two commands
+  compile (the two `configs/smollm2_arithmetic.yaml` trains compile the same ones) is compiled once;
 * `jaxrl launch` run from the repository (it ships the checkout's HEAD) and only as `--dry-run`.
 
 `make ...` lines are not run here: they create a virtualenv and run the whole suite or the full-length
@@ -114,6 +117,8 @@ def workspace(tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAXRL_CACHE")} | {"XLA_FLAGS": xla_flags()}
     env.update(HOME=str(home), PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}", JAX_PLATFORMS="cpu",
                HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    if not env.get("JAX_COMPILATION_CACHE_DIR"):  # cold at the start, shared by this module's commands
+        env.update(JAX_COMPILATION_CACHE_DIR=str(root / "jax-cache"), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
     return cwd, home, env
 
 

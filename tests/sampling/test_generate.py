@@ -139,17 +139,35 @@ def test_no_recompile_within_a_bucket(model):
     assert sampling.compile_count() == before + 1
 
 
+def _compiled_hlo(calls) -> list[str]:
+    """The optimised HLO of each recorded `(jitted rollout, args, kwargs)` call: JAX's cache returns the
+    executable the call ran (the same arguments), so nothing is compiled again."""
+    return [fn.lower(*args, **kwargs).compile().as_text() for fn, args, kwargs in calls]
+
+
 @pytest.mark.parametrize("changes", [
     dict(), dict(family="qwen3", qk_norm=True, norm="siamese"), dict(family="qwen2", qkv_bias=True, norm="post"),
 ])
 def test_per_layer_decode_equals_layer_scan(changes, monkeypatch):
-    """The CPU default (per-layer weight/cache buffers) samples the same tokens with the same logprobs."""
+    """The CPU default (per-layer weight/cache buffers) samples the same tokens with the same logprobs.
+
+    Both CPU rollout programs, as run, are compiled without YNNPACK library fusions (`engine.CPU_DECODE_OPTIONS`):
+    inside the decode loop YNNPACK took 23 ms per few-row MLP dot that XLA's own dot does in well under 1 ms
+    (benchmarks/RESULTS.md). The control, once: the default program (`engine.rollout`) for the layer scan's
+    arguments does hand dots to YNNPACK on this CPU."""
     tiny = Transformer(TransformerConfig.tiny(num_layers=3, **changes), rngs=nnx.Rngs(4))
     kw = dict(max_new_tokens=7, num_samples=3, temperature=1.0, top_p=0.9, seed=2, eos_ids=(17,),
               gen_buckets=(7 + len(changes),))  # a bucket of its own: the first call below traces
-    calls = []
+    calls, rollouts = [], []
     original = Transformer.layer_states
     monkeypatch.setattr(Transformer, "layer_states", lambda self: calls.append(1) or original(self))
+    rollout_for = sampling.rollout_for
+
+    def recording(**which):
+        fn = rollout_for(**which)
+        return lambda *args, **kwargs: rollouts.append((fn, args, kwargs)) or fn(*args, **kwargs)
+
+    monkeypatch.setattr(sampling, "rollout_for", recording)
     default = sampling.generate(tiny, PROMPTS, **kw)
     assert calls  # the default on CPU is the per-layer decode
     split = sampling.generate(tiny, PROMPTS, per_layer=True, **kw)
@@ -158,6 +176,15 @@ def test_per_layer_decode_equals_layer_scan(changes, monkeypatch):
     np.testing.assert_array_equal(np.asarray(split.tokens), np.asarray(scan.tokens))
     np.testing.assert_array_equal(np.asarray(split.lengths), np.asarray(scan.lengths))
     np.testing.assert_allclose(np.asarray(split.logprobs), np.asarray(scan.logprobs), atol=1e-6, rtol=0)
+    assert [kwargs["per_layer"] for _, _, kwargs in rollouts] == [True, True, False], rollouts
+    for (_, _, kwargs), hlo in zip(rollouts[1:], _compiled_hlo(rollouts[1:])):
+        assert "ynn_fusion" not in hlo, f"per_layer={kwargs['per_layer']}: a CPU decode program uses YNNPACK"
+    if not changes:  # the control: compiled anew with XLA:CPU's default options
+        from jaxrl.sampling import engine
+
+        _, args, kwargs = rollouts[2]
+        assert "ynn_fusion" in _compiled_hlo([(engine.rollout, args, kwargs)])[0], \
+            "control: the default rollout program hands no dot to YNNPACK, so the check above shows nothing"
 
 
 def test_top_k_one_is_greedy(model):
@@ -219,24 +246,3 @@ def test_same_tokens_on_one_and_eight_devices(model):
 def test_bad_input_is_a_clear_error(model, prompts, kwargs, match):
     with pytest.raises(ValueError, match=match):
         sampling.generate(model, prompts, **{"max_new_tokens": 4, **kwargs})
-
-
-
-def test_cpu_decode_programs_leave_dots_to_xla(model):
-    """The CPU rollout programs (per-layer and layer scan) are compiled without YNNPACK library fusions
-    (`engine.CPU_DECODE_OPTIONS`): inside the decode loop YNNPACK took 23 ms per few-row MLP dot that XLA's own
-    dot does in well under 1 ms (benchmarks/RESULTS.md). The default program, as a control, does hand dots to
-    YNNPACK on this CPU."""
-    from jaxrl.sampling import engine
-
-    graphdef, state = nnx.split(model)
-    args = (graphdef, state, jnp.ones((2, 8), jnp.int32), jnp.ones((2, 8), bool), jax.random.key(0),
-            jnp.float32(1.0), jnp.float32(1.0), jnp.int32(4), jnp.asarray([1], jnp.int32), jnp.int32(0))
-    static = dict(num_samples=2, gen_width=4, greedy=False, top_k=None, use_top_p=False)
-
-    def hlo(fn, per_layer: bool) -> str:
-        return fn.lower(*args, per_layer=per_layer, **static).compile().as_text()
-
-    for per_layer in (True, False):
-        assert "ynn_fusion" not in hlo(engine.rollout_for(on_cpu=True, per_layer=per_layer), per_layer)
-    assert "ynn_fusion" in hlo(engine.rollout, False)

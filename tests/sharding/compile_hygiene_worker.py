@@ -3,17 +3,22 @@ shipped config on fake CPU devices.
 
 Run by test_compile_hygiene.py as a subprocess (the compiler writes its warnings to the process's stderr);
 not collected by pytest. argv: CONFIG_PATH DATA FSDP TENSOR. Prints "compiled <what>" lines on stdout.
+`probe()` compiles a program known to need an involuntary full rematerialization (the test's positive control).
 """
 
 import os
 import sys
 from pathlib import Path
 
-from tests._xla import xla_flags
+from tests._xla import DEFAULTS, xla_flags
 
 _DEVICES = int(sys.argv[2]) * int(sys.argv[3]) * int(sys.argv[4])  # 8, or 1 for a one-device config
+# XLA:CPU's MLIR fusion emitters off: they generate each fusion's kernel after every HLO pass (the SPMD
+# partitioner, which writes the warnings, runs first), and took half of this process's CPU time: evpv_tiny's
+# three programs on 8 devices 27.0 -> 14.1 s CPU (2026-11-29); the positive control (`probe`) still warns.
+BACKEND = "" if DEFAULTS else " --xla_cpu_use_fusion_emitters=false"
 # tests/_xla.py: -O0, this process is all compiling (run from the repository root)
-os.environ["XLA_FLAGS"] = xla_flags(_DEVICES, compile_only=True)
+os.environ["XLA_FLAGS"] = xla_flags(_DEVICES, compile_only=True) + BACKEND
 os.environ["JAX_PLATFORMS"] = "cpu"
 
 import jax  # noqa: E402
@@ -69,6 +74,20 @@ def main() -> None:
                               pad_id=0)
     jax.block_until_ready(gen.tokens)
     print("compiled rollout", flush=True)
+
+
+def probe() -> None:
+    """Compiles, on the 8 devices, a sum whose operands' shardings GSPMD cannot convert without replicating
+    (openxla/xla#15207): the compiler must warn "Involuntary full rematerialization" on stderr."""
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    mesh = Mesh(np.asarray(jax.devices()).reshape(4, 2), ("x", "y"))
+    rows, cols = NamedSharding(mesh, P("y", None, "x")), NamedSharding(mesh, P(None, ("x", "y"), None))
+    fn = jax.jit(lambda a, b: b + jax.lax.with_sharding_constraint(a * 2, cols), in_shardings=(rows, cols),
+                 out_shardings=cols)
+    x = jax.ShapeDtypeStruct((16, 16, 16), np.float32)
+    fn.lower(x, x).compile()
+    print("compiled probe", flush=True)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,10 @@ devices by `compile_hygiene_worker.py`, in one subprocess per mesh layout (its c
 without a persistent compilation cache), whose stderr (the compiler's log) is read here.
 
 Mesh axes on 8 devices: data x fsdp -> 2 x 4, fsdp only -> 1 x 8, tensor -> 1 x 4 x 2, one device -> 1 x 1.
+The first test of a layout runs that layout's whole worker: the 1 x 8 one compiles four configs (about 20 s
+of CPU each), so its first config's test takes four times as long as the one-config layouts'. The 8-device
+worker also compiles a positive control (`compile_hygiene_worker.probe`): a program GSPMD must warn about,
+which shows that the worker's compiler flags still produce the warning and that this file reads it.
 """
 
 from __future__ import annotations
@@ -53,21 +57,22 @@ def _rl_configs() -> dict[str, tuple[int, int, int]]:
 
 
 CONFIGS = _rl_configs()
+PROBE, PROBE_MESH = "PROBE", (1, 8, 1)  # the positive control's section, in the 8-device fsdp worker
 # One worker process per mesh layout compiles each of that layout's configs in turn (importing jax and jaxrl
 # and starting 8 fake devices once, not once per config); the worker's `main` reads its argv, which is set per
 # config. A line "=== NAME" on stdout and stderr starts each config's section; a config that raises prints
-# its traceback there and the next config still runs.
+# its traceback there and the next config still runs. The name PROBE runs the worker's `probe` instead.
 DRIVER = """
 import runpy, sys, traceback
 worker, mesh, names = sys.argv[1], sys.argv[2:5], sys.argv[5:]
 sys.argv = [worker, names[0], *mesh]
-main = runpy.run_path(worker)["main"]  # sets XLA_FLAGS (the device count) before it imports jax
+module = runpy.run_path(worker)  # sets XLA_FLAGS (the device count) before it imports jax
 for name in names:
     for stream in (sys.stdout, sys.stderr):
         print("=== " + name, file=stream, flush=True)
     sys.argv = [worker, name, *mesh]
     try:
-        main()
+        module["probe" if name == "PROBE" else "main"]()
     except BaseException:
         traceback.print_exc()
         print("FAILED", flush=True)
@@ -93,6 +98,7 @@ def compiled():
     def get(mesh: tuple[int, int, int]):
         if mesh not in done:
             names = [str(ROOT / "configs" / n) for n in sorted(CONFIGS) if CONFIGS[n] == mesh]
+            names += [PROBE] if mesh == PROBE_MESH else []  # after the configs: their sections come first
             # no persistent compilation cache: a cached executable is not compiled again, so its warnings
             # would not be printed
             env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_COMPILATION_CACHE_DIR")}
@@ -121,3 +127,13 @@ def test_no_involuntary_rematerialization(name, compiled):
     warnings = [line[:400] for line in err[key].splitlines() if WARNING in line]
     where = f"{name} on data x fsdp x tensor = {data} x {fsdp} x {tensor}"
     assert not warnings, where + ":\n" + "\n".join(warnings)
+
+
+@pytest.mark.slow
+def test_worker_reports_a_known_rematerialization(compiled):
+    """The positive control: with the worker's compiler flags, a program that needs an involuntary full
+    rematerialization prints the warning this file looks for, in its own section."""
+    returncode, out, err = compiled(PROBE_MESH)
+    assert returncode == 0 and PROBE in err, (returncode, list(err))
+    assert out[PROBE].split() == ["compiled", "probe"], err[PROBE][-3000:]
+    assert any(WARNING in line for line in err[PROBE].splitlines()), err[PROBE][-3000:]
