@@ -62,16 +62,19 @@ def overrides(method: str, seed: int, steps: int, *, eval_every: int, lam: float
     return out
 
 
-def warm_start(run_dir: Path, *, sft_steps: int | None, small: bool) -> Path:
+def warm_start(run_dir: Path, *, sft_steps: int | None, small: bool, rl_step: bool = True,
+               extra: Sequence[str] = ()) -> Path:
     """The SFT warm start alone as a run directory (one RL step at learning rate 1e-12 so that `train` writes
-    a checkpoint; the update is below float32 resolution of the weights)."""
+    a checkpoint; the update is below float32 resolution of the weights). `rl_step=False` (the tests): no RL
+    step, the run directory's checkpoint is the warm start's own (step 0) and nothing of RL compiles.
+    `extra`: more overrides, applied last."""
     from jaxrl.config import load_config
     from jaxrl.rl.loop import train
 
-    sets = overrides("grpo", 0, 1, eval_every=0, lam=0.0) + ["optimizer.lr=1.0e-12"]
+    sets = overrides("grpo", 0, 1 if rl_step else 0, eval_every=0, lam=0.0) + ["optimizer.lr=1.0e-12"]
     sets += SMALL if small else []
     sets += [f"sft_warmup.steps={sft_steps}"] if sft_steps is not None else []
-    train(load_config("configs/quickstart.yaml", sets), run_dir)
+    train(load_config("configs/quickstart.yaml", [*sets, *extra]), run_dir)
     return run_dir
 
 

@@ -135,15 +135,18 @@ def overrides(method: str, seed: int, steps: int, data: Path, *, eval_every: int
             "logging.tensorboard=false", "logging.progress_bar=false", "logging.sample_every=100000"]
 
 
-def warm_start(run_dir: Path, data: Path, *, sft_steps: int, small: bool) -> Path:
+def warm_start(run_dir: Path, data: Path, *, sft_steps: int, small: bool, rl_step: bool = True,
+               extra: Sequence[str] = ()) -> Path:
     """The SFT warm start alone as a run directory (one RL step at learning rate 1e-12 so that `train` writes
-    a checkpoint; the update is below float32 resolution of the weights)."""
+    a checkpoint; the update is below float32 resolution of the weights). `rl_step=False` (the tests): no RL
+    step, the run directory's checkpoint is the warm start's own (step 0) and nothing of RL compiles.
+    `extra`: more overrides, applied last."""
     from jaxrl.config import load_config
     from jaxrl.rl.loop import train
 
-    sets = overrides("grpo", 0, 1, data, eval_every=0)
+    sets = overrides("grpo", 0, 1 if rl_step else 0, data, eval_every=0)
     sets += ["optimizer.lr=1.0e-12", f"sft_warmup.steps={sft_steps}"]
-    train(load_config("configs/quickstart.yaml", sets + (SMALL if small else [])), run_dir)
+    train(load_config("configs/quickstart.yaml", sets + (SMALL if small else []) + list(extra)), run_dir)
     return run_dir
 
 

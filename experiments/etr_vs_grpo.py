@@ -51,15 +51,18 @@ def overrides(method: str, seed: int, steps: int, *, eval_every: int, alpha: flo
     return out
 
 
-def warm_start(seed: int, run_dir: Path, *, sft_steps: int | None, small: bool) -> Path:
+def warm_start(seed: int, run_dir: Path, *, sft_steps: int | None, small: bool, rl_step: bool = True,
+               extra: Sequence[str] = ()) -> Path:
     """The SFT warm start alone, as a run directory both methods of a seed start from (one RL step at learning
-    rate 1e-12 so that `train` writes a checkpoint; the update is below float32 resolution of the weights)."""
+    rate 1e-12 so that `train` writes a checkpoint; the update is below float32 resolution of the weights).
+    `rl_step=False` (the tests): no RL step, the run directory's checkpoint is the warm start's own (step 0)
+    and nothing of RL compiles. `extra`: more overrides, applied last."""
     from jaxrl.config import load_config
     from jaxrl.rl.loop import train
 
-    sets = overrides("grpo", seed, 1, eval_every=0, alpha=0.0, beta=0.0, updates=1, sft_steps=sft_steps,
-                     small=small)
-    train(load_config("configs/quickstart.yaml", sets + ["optimizer.lr=1.0e-12"]), run_dir)
+    sets = overrides("grpo", seed, 1 if rl_step else 0, eval_every=0, alpha=0.0, beta=0.0, updates=1,
+                     sft_steps=sft_steps, small=small)
+    train(load_config("configs/quickstart.yaml", sets + ["optimizer.lr=1.0e-12", *extra]), run_dir)
     return run_dir
 
 

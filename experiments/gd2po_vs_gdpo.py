@@ -56,17 +56,19 @@ def group_conflicts(rewards_NK: np.ndarray, group_size: int) -> tuple[float, flo
     return float(np.mean(f_P > 0)), float(np.mean(f_P))
 
 
-def overrides(method: str, seed: int, steps: int, *, budget: int, tau: float,
-              sft_steps: int | None) -> list[str]:
-    """`--set` overrides of configs/quickstart.yaml for one run ('gd2po_hard' / 'gd2po_snr' pick the mode)."""
+def overrides(method: str, seed: int, steps: int, *, budget: int, tau: float, sft_steps: int | None,
+              eval_every: int | None = None) -> list[str]:
+    """`--set` overrides of configs/quickstart.yaml for one run ('gd2po_hard' / 'gd2po_snr' pick the mode;
+    `eval_every` None: held-out evaluations at steps 0 and `steps`)."""
     rewards = [
         {"name": "answer", "type": "math_answer", "weight": 1.0},
         {"name": "length", "type": "function", "function": "experiments.gdpo_vs_grpo:length_budget",
          "weight": 1.0, "params": {"budget": budget}},
     ]
     name, _, mode = method.partition("_")
+    every = steps if eval_every is None else eval_every
     out = [f"algorithm.name={name}", f"rewards={json.dumps(rewards)}", f"train.steps={steps}",
-           f"train.seed={seed}", f"data.seed={seed}", f"train.eval_every={steps}", "data.prompts_per_step=4",
+           f"train.seed={seed}", f"data.seed={seed}", f"train.eval_every={every}", "data.prompts_per_step=4",
            "data.eval_size=32", "checkpoint.every=100000", "checkpoint.async_save=false",
            "logging.tensorboard=false", "logging.progress_bar=false", "logging.sample_every=100000"]
     if mode:
@@ -76,28 +78,31 @@ def overrides(method: str, seed: int, steps: int, *, budget: int, tau: float,
     return out
 
 
-def warm_start(run_dir: Path, *, sft_steps: int | None, small: bool) -> Path:
+def warm_start(run_dir: Path, *, sft_steps: int | None, small: bool, rl_step: bool = True,
+               extra: Sequence[str] = ()) -> Path:
     """The SFT warm start alone as a run directory (one RL step at learning rate 1e-12 so that `train` writes
-    a checkpoint; the update is below float32 resolution of the weights)."""
+    a checkpoint; the update is below float32 resolution of the weights). `rl_step=False` (the tests): no RL
+    step, the run directory's checkpoint is the warm start's own (step 0) and nothing of RL compiles.
+    `extra`: more overrides, applied last."""
     from jaxrl.config import load_config
     from jaxrl.rl.loop import train
 
-    sets = overrides("gdpo", 0, 1, budget=4, tau=0.0, sft_steps=sft_steps) + ["optimizer.lr=1.0e-12",
-                                                                             "train.eval_every=0"]
+    sets = overrides("gdpo", 0, 1 if rl_step else 0, budget=4, tau=0.0, sft_steps=sft_steps)
+    sets += ["optimizer.lr=1.0e-12", "train.eval_every=0"]
     if small:
         sets += SMALL
-    train(load_config("configs/quickstart.yaml", sets), run_dir)
+    train(load_config("configs/quickstart.yaml", [*sets, *extra]), run_dir)
     return run_dir
 
 
 def run_one(method: str, seed: int, steps: int, run_dir: Path, *, init: Path, budget: int,
-            tau: float) -> dict:
+            tau: float, eval_every: int | None = None) -> dict:
     """Trains one run from the warm-started run directory `init`; returns its rewards [T, N, K], group size
-    and held-out accuracy by step (as `gdpo_vs_grpo.run_one`)."""
+    and held-out accuracy by step (as `gdpo_vs_grpo.run_one`; `eval_every` as in `overrides`, 0: none)."""
     from jaxrl.config import load_config
     from jaxrl.rl.loop import train
 
-    sets = overrides(method, seed, steps, budget=budget, tau=tau, sft_steps=0)
+    sets = overrides(method, seed, steps, budget=budget, tau=tau, sft_steps=0, eval_every=eval_every)
     sets += ["model.preset=null", f"model.checkpoint={init}", "model.overrides={}"]
     cfg = load_config("configs/quickstart.yaml", sets)
     with recording() as log:

@@ -141,15 +141,17 @@ def warm_start(seed: int, run_dir: Path, *, small: bool) -> Path:
 
 
 def run_one(method: str, seed: int, steps: int, run_dir: Path, *, budget: int, small: bool,
-            init: Path | None = None) -> dict:
+            init: Path | None = None, extra: Sequence[str] = ()) -> dict:
     """Trains one run (from the warm-started run directory `init`, or with its own warm start); returns its
-    per-step rewards [T, N, K], the metrics rows and the held-out accuracy by step."""
+    per-step rewards [T, N, K], the metrics rows and the held-out accuracy by step. `extra`: more overrides,
+    applied last."""
     from jaxrl.config import load_config
     from jaxrl.rl.loop import train
 
     sets = overrides(method, seed, steps, budget=budget, small=small)
     if init is not None:
         sets += ["model.preset=null", f"model.checkpoint={init}", "model.overrides={}", "sft_warmup.steps=0"]
+    sets += list(extra)
     cfg = load_config("configs/quickstart.yaml", sets)
     with recording() as log:
         last = train(cfg, run_dir)
