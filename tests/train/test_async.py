@@ -7,9 +7,9 @@ at most k + 1 versions; a checkpoint written mid-run restores the sampler's vers
 rollout that was launched, so the resumed steps see exactly what the uninterrupted ones saw.
 
 CLI (one CPU device, overlap on): k = 1 trains 4 steps with `async/staleness_max` = min(step − 1, 1), its step 1
-equals the synchronous run's (both sample version 0) and its step 2 does not; the run's directory as it was
-after its step-2 checkpoint (step 3's rollout launched, not yet trained) resumes to the uninterrupted run's
-metrics exactly. k < 0 is refused at load.
+equals the synchronous run's (both sample version 0) and its step 2 does not (the synchronous run takes those 2
+steps only); the run's directory as it was after its step-2 checkpoint (step 3's rollout launched, not yet
+trained) resumes to the uninterrupted run's metrics exactly. k < 0 is refused at load.
 """
 
 import functools
@@ -137,7 +137,7 @@ def test_a_checkpoint_resumes_the_launched_rollout_and_the_sampler_versions(k):
     assert run2.collector.calls == 8  # the launched collection ran again, from the state before it
 
 
-ASYNC = ("algorithm.name=grpo", "train.steps=4", "checkpoint.every=1", "train.async.max_staleness=1")
+ASYNC = ("algorithm.name=grpo", "train.steps=4", "checkpoint.every=2", "train.async.max_staleness=1")
 
 
 @pytest.mark.slow
@@ -151,7 +151,9 @@ def test_cli_k1_trains_stale_by_one_and_resumes_exactly(tmp_path):
         return metrics(run_dir)
 
     stale = train(tmp_path / "k1", *ASYNC)
-    sync = train(tmp_path / "k0", *ASYNC[:-1])
+    # the synchronous run: its first 2 steps are all the comparison reads (and its final checkpoint only)
+    sync = train(tmp_path / "k0", *ASYNC[:-1], "train.steps=2", "checkpoint.every=100")
+    assert [r["step"] for r in sync] == [1, 2]
     assert [r["async/staleness_max"] for r in stale] == [0.0, 1.0, 1.0, 1.0]
     assert [r["async/behaviour_version"] for r in stale] == [0.0, 0.0, 1.0, 2.0]
     assert all("async/staleness_max" not in r for r in sync)
@@ -161,8 +163,8 @@ def test_cli_k1_trains_stale_by_one_and_resumes_exactly(tmp_path):
     # the run as it was after its step-2 checkpoint: step 3's rollout launched, not trained
     cut = tmp_path / "cut"
     shutil.copytree(tmp_path / "k1", cut)
-    for step in (3, 4):
-        shutil.rmtree(cut / "checkpoints" / str(step))
+    assert sorted(int(p.name) for p in (cut / "checkpoints").iterdir() if p.name.isdigit()) == [2, 4]
+    shutil.rmtree(cut / "checkpoints" / "4")
     rows = (cut / "metrics.jsonl").read_text().splitlines()
     (cut / "metrics.jsonl").write_text("".join(line + "\n" for line in rows if json.loads(line)["step"] <= 2))
     assert train(cut, *ASYNC) == stale

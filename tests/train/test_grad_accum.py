@@ -1,6 +1,9 @@
 """Gradient accumulation equals the full-batch gradient, and ETR(α=β=0) is GRPO through the train step.
 
 Runs in-process on one device of the 8 fake CPU devices (no mesh needed: arrays stay on the default device).
+Compiling dominates on the tiny model, so the file compiles few programs: the four aggregation modes' losses
+and gradients are traced into one program per `grad_accum` (4 modes in one program compile in about a third
+of the time of 4 programs), and the ETR and compiler-option tests share one jitted train step.
 """
 
 import functools
@@ -18,13 +21,21 @@ from jaxrl.models import Transformer, TransformerConfig
 from jaxrl.train_step import LossSpec, TrainBatch, TrainState, loss_and_grad, train_step
 
 B, L, P_WIDTH = 8, 12, 4
+AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+
+
+def _init():
+    return Transformer(TransformerConfig.tiny(), rngs=nnx.Rngs(0))
 
 
 @pytest.fixture(scope="module")
 def model_parts():
-    model = Transformer(TransformerConfig.tiny(), rngs=nnx.Rngs(0))
-    graphdef, state = nnx.split(model)
-    return graphdef, state.to_pure_dict()
+    # the initialisation jitted (one program instead of one per eager op) without LLVM optimisation (it runs
+    # once); the graphdef from its shapes
+    graphdef, _ = nnx.split(nnx.eval_shape(_init))
+    init = jax.jit(lambda: nnx.split(_init())[1].to_pure_dict(),
+                   compiler_options={"xla_backend_optimization_level": 0})
+    return graphdef, init()
 
 
 def _batch(seed: int, *, sft_rows: int = 0) -> TrainBatch:
@@ -50,21 +61,28 @@ def _batch(seed: int, *, sft_rows: int = 0) -> TrainBatch:
                       jnp.full((B,), 0.28, jnp.float32), jnp.asarray(sft))
 
 
-def _loss_and_grad(params, graphdef, batch, spec):
-    fn = jax.jit(functools.partial(loss_and_grad, graphdef=graphdef, spec=spec))
-    loss, grads, metrics = fn(params, batch=batch)
-    return jax.device_get((loss, grads, metrics))
+def _agg_spec(agg: str, grad_accum: int) -> LossSpec:
+    # Every loss term on: clipped PG, KL in the loss, entropy bonus, SFT auxiliary (on the last 2 rows).
+    return LossSpec(agg=agg, kl_beta=0.1, entropy_coef=0.01, sft_lambda=0.5, grad_accum=grad_accum)
 
 
-@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
-                                 "seq-mean-token-sum-norm"])
-def test_grad_accum_4_equals_full_batch(model_parts, agg):
+@pytest.fixture(scope="module")
+def by_agg(model_parts):
+    """{grad_accum: {agg: (loss, grads, metrics)}} for grad_accum 1 and 4 on one batch, each grad_accum's four
+    aggregation modes in one jitted program."""
     graphdef, params = model_parts
-    # Every loss term on: clipped PG, KL in the loss, entropy bonus, SFT auxiliary on the last 2 rows.
-    spec = LossSpec(agg=agg, kl_beta=0.1, entropy_coef=0.01, sft_lambda=0.5)
     batch = _batch(1, sft_rows=2)
-    loss1, g1, m1 = _loss_and_grad(params, graphdef, batch, spec)
-    loss4, g4, m4 = _loss_and_grad(params, graphdef, batch, LossSpec(**{**spec.__dict__, "grad_accum": 4}))
+    out = {}
+    for k in (1, 4):
+        fn = jax.jit(lambda p, b, k=k: {a: loss_and_grad(p, graphdef, b, _agg_spec(a, k)) for a in AGGS})
+        out[k] = jax.device_get(fn(params, batch))
+    return out
+
+
+@pytest.mark.parametrize("agg", AGGS)
+def test_grad_accum_4_equals_full_batch(by_agg, agg):
+    loss1, g1, m1 = by_agg[1][agg]
+    loss4, g4, m4 = by_agg[4][agg]
     assert np.isfinite(loss1) and abs(loss1) > 1e-3
     np.testing.assert_allclose(loss4, loss1, rtol=1e-5, atol=1e-7)
     for key in ("pg/loss", "kl/loss", "sft/nll"):  # additive terms add up across micro-batches
@@ -81,6 +99,23 @@ def test_grad_accum_must_divide_batch(model_parts):
         loss_and_grad(params, graphdef, _batch(0), LossSpec(grad_accum=3))
 
 
+# The train step of the ETR and compiler-option tests: SGD (Adam would turn float-rounding differences of
+# near-zero gradients into ±lr steps) on a loss with a KL term and an entropy bonus.
+TX = optax.sgd(0.1)
+STEP_SPEC = LossSpec(kl_beta=0.1, entropy_coef=0.01)
+
+
+@functools.cache
+def _train_step(graphdef, options: tuple[tuple[str, str], ...] | None = None):
+    """The jitted train step (one per graphdef and XLA options, so that the tests share its compilation)."""
+    return jax.jit(functools.partial(train_step, graphdef=graphdef, spec=STEP_SPEC, tx=TX),
+                   compiler_options=None if options is None else dict(options))
+
+
+def _fresh_state(params) -> TrainState:
+    return TrainState(jax.tree.map(jnp.copy, params), TX.init(params), jnp.zeros((), jnp.int32))
+
+
 def test_etr_with_zero_elasticity_is_grpo_bit_for_bit(model_parts):
     graphdef, params = model_parts
     rng = np.random.default_rng(3)
@@ -95,14 +130,12 @@ def test_etr_with_zero_elasticity_is_grpo_bit_for_bit(model_parts):
     assert np.array_equal(etr.adv_NT, grpo.adv_NT)
     assert np.array_equal(etr.clip_low_N, grpo.clip_low_N)
     assert np.array_equal(etr.clip_high_N, grpo.clip_high_N)
-    tx = optax.adamw(1e-2)
-    step = jax.jit(functools.partial(train_step, graphdef=graphdef, spec=LossSpec(), tx=tx))
+    step = _train_step(graphdef)
     outs = []
     for adv in (grpo, etr):
         b = batch.replace(adv_BT=jnp.asarray(adv.adv_NT), clip_low_B=jnp.asarray(adv.clip_low_N),
                           clip_high_B=jnp.asarray(adv.clip_high_N))
-        state = TrainState(jax.tree.map(jnp.copy, params), tx.init(params), jnp.zeros((), jnp.int32))
-        outs.append(jax.device_get(step(state, b)))
+        outs.append(jax.device_get(step(_fresh_state(params), b)))
     (s_grpo, m_grpo), (s_etr, m_etr) = outs
     assert m_grpo["loss"] == m_etr["loss"] and m_grpo["loss"] != 0
     for a, b in zip(jax.tree.leaves(s_grpo.params), jax.tree.leaves(s_etr.params), strict=True):
@@ -120,13 +153,9 @@ def test_cpu_update_options_compile_and_keep_the_update(model_parts):
     options = update_compiler_options("cpu")
     assert options
     graphdef, params = model_parts
-    tx = optax.sgd(0.1)  # (Adam would turn float-rounding differences of near-zero gradients into ±lr steps)
-    spec = LossSpec(kl_beta=0.1, entropy_coef=0.01)
     outs = []
-    for opts in (None, options):
-        step = jax.jit(functools.partial(train_step, graphdef=graphdef, spec=spec, tx=tx), compiler_options=opts)
-        state = TrainState(params, tx.init(params), jnp.zeros((), jnp.int32))
-        outs.append(jax.device_get(step(state, _batch(5))))
+    for opts in (None, tuple(sorted(options.items()))):
+        outs.append(jax.device_get(_train_step(graphdef, opts)(_fresh_state(params), _batch(5))))
     (s0, m0), (s1, m1) = outs
     np.testing.assert_allclose(m1["loss"], m0["loss"], rtol=1e-6)
     np.testing.assert_allclose(m1["train/grad_norm"], m0["train/grad_norm"], rtol=1e-5)

@@ -5,8 +5,9 @@ and a checkpoint refuses a different base.
   no second copy) is 0 up to float noise; after an update it is positive.
 * The checkpoint's `params` item holds adapter leaves (`lora_a`, `lora_b`) only.
 * Resuming on a different base (another init seed of the preset) exits 2 naming the base mismatch.
-* QLoRA (int8 base) trains and evaluates (the sampler runs base + adapters): finite loss, non-zero adapter gradient, KL near 0 at step 1 (quantisation error of
-  the reference equals the policy's, both read the same dequantised base).
+* QLoRA (int8 base) trains and evaluates (the sampler runs base + adapters): finite loss, non-zero adapter
+  gradient, KL near 0 at step 1 (quantisation error of the reference equals the policy's, both read the same
+  dequantised base).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import pytest
 
 from _common import metrics, run_train
 
-LORA = ("model.lora={rank: 4, alpha: 8}", "algorithm.kl.beta=0.1", "optimizer.lr=5e-2")
+# checkpoint.every=100: the runs' final checkpoints (step 2) are the only ones read
+LORA = ("model.lora={rank: 4, alpha: 8}", "algorithm.kl.beta=0.1", "optimizer.lr=5e-2", "checkpoint.every=100")
 
 
 def _param_keys(run: Path) -> set[str]:

@@ -3,6 +3,10 @@
 For each objective in `train_step.OBJECTIVES`, the step's loss equals `aggregate(objective_BT)` computed here
 from the library function on the same log-probs (float32, tiny model, one device); importance weights of the
 mismatch correction scale the policy term token by token.
+
+Compiling dominates on the tiny model, so every step loss of the file is computed in one jitted program
+(`step_losses`; its gradients are not returned, so XLA drops the backward pass) and every library reference in
+another (`expected`), instead of two programs per test.
 """
 
 from __future__ import annotations
@@ -64,48 +68,72 @@ def batch_logp(parts):
 KWARGS = {"ppo_clip": {}, "gspo": {"clip_low": 3e-4, "clip_high": 4e-4},
           "gspo_token": {"clip_low": 3e-4, "clip_high": 4e-4}, "cispo": {"w_max": 1.28, "w_min": None},
           "sapo": {"tau_pos": 1.0, "tau_neg": 1.05}}
+WEIGHTED = "weighted (ppo_clip)"  # the default objective with importance weights
+UNWEIGHTED = "unweighted (default spec)"
 
 
-@pytest.mark.parametrize("name", sorted(OBJECTIVES))
-def test_step_loss_is_the_library_objective_aggregated(parts, batch_logp, name):
+@pytest.fixture(scope="module")
+def weights_BT():
+    return jnp.asarray(np.random.default_rng(1).uniform(0.5, 2.0, (B, T)), jnp.float32)
+
+
+@pytest.fixture(scope="module")
+def step_losses(parts, batch_logp, weights_BT):
+    """{objective: (loss, metrics["pg/loss"])} of the train step's `loss_and_grad` with each objective of
+    `OBJECTIVES`, and with the default spec with and without importance weights (WEIGHTED, UNWEIGHTED)."""
     graphdef, params = parts
-    batch, logp = batch_logp
-    spec = LossSpec(objective=name, objective_kwargs=tuple(sorted(KWARGS[name].items())))
-    loss, _, metrics = jax.jit(functools.partial(loss_and_grad, graphdef=graphdef, spec=spec))(params, batch=batch)
+    batch, _ = batch_logp
 
     @jax.jit
-    def reference(logp, batch):
-        if name == "ppo_clip":
-            ref_BT, _ = losses.clipped_objective(logp, batch.old_logp_BT, batch.adv_BT,
-                                                 batch.completion_mask_BT, clip_low=batch.clip_low_B,
-                                                 clip_high=batch.clip_high_B)
-        else:
-            fn = {"gspo": functools.partial(losses.gspo_objective, token_level=False),
-                  "gspo_token": functools.partial(losses.gspo_objective, token_level=True),
-                  "cispo": losses.cispo_objective, "sapo": losses.sapo_objective}[name]
-            ref_BT, _ = fn(logp, batch.old_logp_BT, batch.adv_BT, batch.completion_mask_BT, **KWARGS[name])
-        return losses.aggregate(ref_BT, batch.completion_mask_BT, "token-mean")
+    def run(params, batch, w_BT):
+        out = {name: loss_and_grad(params, graphdef, batch, LossSpec(
+            objective=name, objective_kwargs=tuple(sorted(KWARGS[name].items())))) for name in OBJECTIVES}
+        out[UNWEIGHTED] = loss_and_grad(params, graphdef, batch, LossSpec())
+        out[WEIGHTED] = loss_and_grad(params, graphdef, batch.replace(is_weight_BT=w_BT), LossSpec())
+        return {name: (loss, metrics["pg/loss"]) for name, (loss, _, metrics) in out.items()}
 
-    expected = reference(logp, batch)
-    assert abs(float(expected)) > 1e-4  # not trivially zero
-    np.testing.assert_allclose(float(loss), float(expected), rtol=1e-5, atol=1e-7)
-    np.testing.assert_allclose(float(metrics["pg/loss"]), float(expected), rtol=1e-5, atol=1e-7)
+    return jax.device_get(run(params, batch, weights_BT))
 
 
-def test_importance_weights_scale_the_policy_term_per_token(parts, batch_logp):
-    graphdef, params = parts
+def _library_objective_BT(name, logp, batch):
+    """The per-token objective of `name` from the library's function, on the step's log-probs."""
+    if name == "ppo_clip":
+        ref_BT, _ = losses.clipped_objective(logp, batch.old_logp_BT, batch.adv_BT, batch.completion_mask_BT,
+                                             clip_low=batch.clip_low_B, clip_high=batch.clip_high_B)
+        return ref_BT
+    fn = {"gspo": functools.partial(losses.gspo_objective, token_level=False),
+          "gspo_token": functools.partial(losses.gspo_objective, token_level=True),
+          "cispo": losses.cispo_objective, "sapo": losses.sapo_objective}[name]
+    ref_BT, _ = fn(logp, batch.old_logp_BT, batch.adv_BT, batch.completion_mask_BT, **KWARGS[name])
+    return ref_BT
+
+
+@pytest.fixture(scope="module")
+def expected(batch_logp, weights_BT):
+    """{objective: aggregate(library objective_BT)}, and WEIGHTED: aggregate(ppo_clip_BT * weights_BT)."""
     batch, logp = batch_logp
-    w_BT = jnp.asarray(np.random.default_rng(1).uniform(0.5, 2.0, (B, T)), jnp.float32)
-    step = jax.jit(functools.partial(loss_and_grad, graphdef=graphdef, spec=LossSpec()))
-    plain, _, _ = step(params, batch=batch)
-    weighted, _, _ = step(params, batch=batch.replace(is_weight_BT=w_BT))
 
     @jax.jit
     def reference(logp, batch, w_BT):
-        pg_BT, _ = losses.clipped_objective(logp, batch.old_logp_BT, batch.adv_BT, batch.completion_mask_BT,
-                                            clip_low=batch.clip_low_B, clip_high=batch.clip_high_B)
-        return losses.aggregate(pg_BT * w_BT, batch.completion_mask_BT, "token-mean")
+        m_BT = batch.completion_mask_BT
+        out = {name: losses.aggregate(_library_objective_BT(name, logp, batch), m_BT, "token-mean")
+               for name in OBJECTIVES}
+        out[WEIGHTED] = losses.aggregate(_library_objective_BT("ppo_clip", logp, batch) * w_BT, m_BT, "token-mean")
+        return out
 
-    expected = reference(logp, batch, w_BT)
-    np.testing.assert_allclose(float(weighted), float(expected), rtol=1e-5, atol=1e-7)
+    return jax.device_get(reference(logp, batch, weights_BT))
+
+
+@pytest.mark.parametrize("name", sorted(OBJECTIVES))
+def test_step_loss_is_the_library_objective_aggregated(step_losses, expected, name):
+    loss, pg_loss = step_losses[name]
+    assert abs(float(expected[name])) > 1e-4  # not trivially zero
+    np.testing.assert_allclose(float(loss), float(expected[name]), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(float(pg_loss), float(expected[name]), rtol=1e-5, atol=1e-7)
+
+
+def test_importance_weights_scale_the_policy_term_per_token(step_losses, expected):
+    plain, _ = step_losses[UNWEIGHTED]
+    weighted, _ = step_losses[WEIGHTED]
+    np.testing.assert_allclose(float(weighted), float(expected[WEIGHTED]), rtol=1e-5, atol=1e-7)
     assert abs(float(weighted) - float(plain)) > 1e-5

@@ -29,17 +29,28 @@ def test_values_are_the_value_head_on_each_completion_prefix():
     """V[b, t] is the value of the state before completion token t: the reward-model score (head on the last
     real token) of the row cut after position W − 1 + t, for left-padded prompts."""
     cfg = TransformerConfig.tiny(tie_embeddings=True, pad_token_id=0)
-    model = RewardModel(cfg, rngs=nnx.Rngs(1))
+    # the initialisation jitted (one program instead of one per eager op) without LLVM optimisation (it runs
+    # once); the graphdef from its shapes
+    graphdef, _ = nnx.split(nnx.eval_shape(lambda: RewardModel(cfg, rngs=nnx.Rngs(1))))
+    state = jax.jit(lambda: nnx.split(RewardModel(cfg, rngs=nnx.Rngs(1)))[1],
+                    compiler_options={"xla_backend_optimization_level": 0})()
+    model = nnx.merge(graphdef, state)
     rng = np.random.default_rng(0)
     w, t = 5, 4
     tokens = rng.integers(1, cfg.vocab_size, (2, w + t)).astype(np.int32)
     tokens[1, :2] = 0  # the second prompt is left-padded
     mask = tokens != 0
-    values = np.asarray(token_values_BT(model, jnp.asarray(tokens), jnp.asarray(mask), t))
-    score = jax.jit(lambda x: model(x, x != 0)[0])
-    for k in range(t):  # the rows cut after position w - 1 + k, right-padded to one shape
-        prefix = np.where(np.arange(w + t)[None, :] < w + k, tokens, 0)
-        np.testing.assert_allclose(values[:, k], np.asarray(score(jnp.asarray(prefix))), rtol=1e-5, atol=1e-6)
+    # the rows cut after position w - 1 + k, right-padded to one shape: [t, 2, L]
+    prefixes = np.stack([np.where(np.arange(w + t)[None, :] < w + k, tokens, 0) for k in range(t)])
+
+    @jax.jit  # the values and the scores of the t * 2 cut rows in one program
+    def values_and_scores(tokens, mask, prefixes):
+        rows = prefixes.reshape(-1, prefixes.shape[-1])
+        return token_values_BT(model, tokens, mask, t), model(rows, rows != 0)[0].reshape(prefixes.shape[:2])
+
+    values, scores = jax.device_get(values_and_scores(jnp.asarray(tokens), jnp.asarray(mask), jnp.asarray(prefixes)))
+    for k in range(t):
+        np.testing.assert_allclose(values[:, k], scores[k], rtol=1e-5, atol=1e-6)
 
 
 def _critic(run_dir, step: int) -> list[np.ndarray]:
@@ -93,7 +104,7 @@ def test_a_lora_critic_trains_adapters_over_the_policys_frozen_base(tmp_path):
     trunk), its value loss trains (finite, the values move), and the policy's adapters train as usual."""
     run_dir = tmp_path / "lora"
     proc = run_train(run_dir, "algorithm.name=ppo", "train.steps=2", "model.lora={rank: 4, alpha: 8}",
-                     "algorithm.ppo.critic_lora=true", "algorithm.ppo.critic_lr=3e-3")
+                     "algorithm.ppo.critic_lora=true", "algorithm.ppo.critic_lr=3e-3", "checkpoint.every=2")
     assert proc.returncode == 0, proc.stderr[-3000:]
     tree = ocp.StandardCheckpointer().restore((run_dir / "checkpoints" / "2" / "critic").resolve())
     assert set(tree["params"]) == {"adapters", "score"}

@@ -2,10 +2,16 @@
 
 * SIGKILL at a random point after a checkpoint, restart with the same command: metrics.jsonl (timing keys
   aside) and final parameters equal those of an uninterrupted run;
-* SIGTERM saves a checkpoint and exits 0; the restarted run again equals the uninterrupted one;
+* SIGTERM saves a checkpoint and exits 75; the restarted run again equals the uninterrupted one;
 * a corrupted newest checkpoint is skipped in favour of the previous one;
 * an infinite learning rate makes every update non-finite: steps are skipped (parameters unchanged) and the
-  run stops with exit 2, one clear line and a checkpoint.
+  run stops with exit 2, one clear line and a checkpoint;
+* CLIPO's head/optimiser state and the KL reference (the SFT-warm-started model) survive a restart, and a run
+  stopped right after its warm start resumes from step 0.
+
+The uninterrupted run (`reference`, shared by the file's tests) is a CLIPO run with a KL term to its SFT-warm-
+started model: the most state a restart must bring back (policy, optimiser, CLIPO head, reference model, data
+position), and one set of programs to compile for every resume test of the file.
 """
 
 import os
@@ -26,8 +32,10 @@ from _common import BASE, ROOT, env, metrics, run_train, train_cmd
 pytestmark = pytest.mark.slow
 
 STEPS = 6
-RESUME = ("algorithm.name=grpo", f"train.steps={STEPS}", "checkpoint.every=2", "checkpoint.keep=3",
-          "checkpoint.async_save=true")
+# single-digit problems (the embedded default's answers have two digits), so some rollouts succeed
+RESUME = ("algorithm.name=clipo", "algorithm.kl.beta=0.1", "sft_warmup.steps=2", "sft_warmup.batch_size=4",
+          'data.params={max_operand: 9, ops: "+-"}', f"train.steps={STEPS}", "checkpoint.every=2",
+          "checkpoint.keep=3", "checkpoint.async_save=true")
 
 
 def _ok(proc: subprocess.CompletedProcess) -> None:
@@ -61,11 +69,14 @@ def _wait_for_row(proc: subprocess.Popen, run_dir: Path, step: int, timeout: flo
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> Path:
-    """The uninterrupted run."""
+    """The uninterrupted run: checkpoints every 2 steps, the newest 3 kept, and the warm-started state as step 0
+    (kept past checkpoint.keep: a resumed run's KL reference is read from it)."""
     run_dir = tmp_path_factory.mktemp("uninterrupted")
-    _ok(run_train(run_dir, *RESUME))
+    proc = run_train(run_dir, *RESUME)
+    _ok(proc)
+    assert "SFT warm start" in proc.stderr  # (what a resumed run must not log)
     assert [r["step"] for r in metrics(run_dir)] == list(range(1, STEPS + 1))
-    assert _steps(run_dir) == [2, 4, 6]
+    assert _steps(run_dir) == [0, 2, 4, 6]
     return run_dir
 
 
@@ -86,6 +97,7 @@ def test_sigkill_then_restart_reproduces_the_uninterrupted_run(reference, tmp_pa
     assert killed_at < STEPS, "the run finished before it was killed; the test proves nothing"
     restarted = run_train(tmp_path, *RESUME)
     _ok(restarted)
+    assert "SFT warm start" not in restarted.stderr  # the KL reference is read from step 0, not rebuilt
     assert metrics(tmp_path) == metrics(reference), f"killed after step {killed_at}"
     for a, b in zip(_params(tmp_path), _params(reference), strict=True):
         assert np.array_equal(a, b)
@@ -104,7 +116,8 @@ def test_sigterm_saves_and_exits_75_then_resumes_exactly(reference, tmp_path):
     assert proc.returncode == 75, err[-3000:]
     stopped = max(r["step"] for r in metrics(tmp_path))
     assert stopped < STEPS
-    assert _steps(tmp_path) == [stopped], "SIGTERM must save the step it stopped after"
+    # step 0: the warm start's state, saved before RL step 1
+    assert _steps(tmp_path) == [0, stopped], "SIGTERM must save the step it stopped after (and no other)"
     assert "preemption" in err and "Traceback" not in err
     assert err.strip().splitlines()[-1] == (
         f"jaxrl train: stopped by SIGTERM after step {stopped}; checkpoint saved in {tmp_path}; run the same "
@@ -113,6 +126,7 @@ def test_sigterm_saves_and_exits_75_then_resumes_exactly(reference, tmp_path):
     restarted = run_train(tmp_path, *overrides)
     _ok(restarted)
     assert f"resumed from step {stopped}" in restarted.stderr
+    assert "SFT warm start" not in restarted.stderr  # the KL reference is read from step 0, not rebuilt
     assert metrics(tmp_path) == metrics(reference)
 
 
@@ -126,6 +140,7 @@ def test_corrupted_newest_checkpoint_falls_back_to_previous(reference, tmp_path)
     _ok(proc)
     assert "checkpoint step 6" in proc.stderr and "cannot be restored" in proc.stderr
     assert any(p.name.startswith("corrupt-6") for p in (run_dir / "checkpoints").iterdir())
+    assert "resumed from step 4" in proc.stderr and "SFT warm start" not in proc.stderr
     assert metrics(run_dir) == metrics(reference)  # steps 5 and 6 re-run from step 4, identically
     for a, b in zip(_params(run_dir), _params(reference), strict=True):
         assert np.array_equal(a, b)
@@ -154,32 +169,23 @@ def test_nonfinite_updates_are_skipped_then_the_run_stops_with_a_checkpoint(tmp_
         assert np.array_equal(a, b), "a skipped step must leave the parameters unchanged"
 
 
-def test_resume_restores_clipo_head_and_warm_started_reference(tmp_path):
-    """CLIPO's head/optimiser state and the KL reference (the SFT-warm-started model) survive a restart."""
-    # single-digit problems (the embedded default's answers have two digits), so some rollouts succeed
-    extra = ("algorithm.name=clipo", "algorithm.kl.beta=0.1", "sft_warmup.steps=2", "sft_warmup.batch_size=4",
-             "checkpoint.every=2", 'data.params={max_operand: 9, ops: "+-"}')
-    whole, split = tmp_path / "whole", tmp_path / "split"
-    _ok(run_train(whole, *extra, "train.steps=4"))
-    _ok(run_train(split, *extra, "train.steps=2"))
-    resumed = run_train(split, *extra, "train.steps=4")  # resumes from step 2
-    _ok(resumed)
-    rows = metrics(whole)
-    assert [r["step"] for r in rows] == [1, 2, 3, 4] and rows[3]["clipo/head_loss"] > 0
+def test_resume_restores_clipo_head_and_warm_started_reference(reference, tmp_path):
+    """CLIPO's head/optimiser state and the KL reference (the SFT-warm-started model) survive a restart: the
+    resumes from steps 2-4 of the tests above (SIGKILL, SIGTERM, corrupted checkpoint) equal the uninterrupted
+    run, KL and CLIPO's head loss included, and read the reference from step 0 instead of repeating the warm
+    start. Here: the run cut back to its warm start (stopped before its first periodic checkpoint) resumes from
+    step 0, without a second warm start, and takes exactly the uninterrupted run's steps (to a smaller
+    `train.steps` than the uninterrupted run's: nothing depends on it)."""
+    rows = metrics(reference)
+    assert rows[3]["clipo/head_loss"] > 0
     assert abs(rows[0]["kl"]) < 1e-5 and rows[3]["kl"] > 1e-4  # KL to the warm-started model starts at 0
-    assert metrics(split) == rows
-    # The warm-started state is kept as step 0 (past checkpoint.keep): the resumed run's reference is read
-    # from it, not rebuilt by repeating the warm start.
-    assert _steps(whole) == [0, 2, 4] and _steps(split) == [0, 2, 4]
-    assert "SFT warm start" not in resumed.stderr and "resumed from step 2" in resumed.stderr
-    # A run stopped after its warm start, before its first periodic checkpoint, resumes from step 0 (no
-    # warm start again) and takes exactly the uninterrupted run's steps.
     zero = tmp_path / "zero"
-    shutil.copytree(whole, zero)
-    for step in (2, 4):
+    shutil.copytree(reference, zero)
+    for step in (2, 4, 6):
         shutil.rmtree(zero / "checkpoints" / str(step))
     (zero / "metrics.jsonl").write_text("")
-    from_zero = run_train(zero, *extra, "train.steps=2")
+    from_zero = run_train(zero, *RESUME, "train.steps=4")
     _ok(from_zero)
     assert "SFT warm start" not in from_zero.stderr and "resumed from step 0" in from_zero.stderr
-    assert metrics(zero) == rows[:2]
+    assert metrics(zero) == rows[:4]
+    assert _steps(zero) == [0, 2, 4]  # the warm-started state is kept as step 0
