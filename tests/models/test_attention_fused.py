@@ -10,6 +10,8 @@ unpermutation, and gradients through all of it, for single calls and whole model
 finite garbage in the blocked core; only real positions are compared (nothing reads the others).
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -56,22 +58,30 @@ def _blocked(q, k, v, mask):
     return attend(q, k, v, KeyMask(mask), causal=True, block_q=4)
 
 
+def _out_value_and_grads(fn, q, k, v, mask, weights):
+    """(`fn`'s output, the weighted sum of it and its q/k/v gradients), one program per `fn` and shape: the
+    plain forward and the one under differentiation are the same operations."""
+    val, grads = jax.value_and_grad(lambda *a: jnp.sum(weights * fn(*a, mask)), argnums=(0, 1, 2))(q, k, v)
+    return fn(q, k, v, mask), val, grads
+
+
+_jit_out_value_and_grads = jax.jit(_out_value_and_grads, static_argnums=0)
+_FUSED = {kernel: lambda q, k, v, mask, kernel=kernel: _fused(q, k, v, mask, kernel) for kernel in ("cudnn", "splash")}
+
+
 @pytest.mark.parametrize("kernel", ["cudnn", "splash"])
 @pytest.mark.parametrize("length", [S, 5, 1])  # self-attention; completions after 8 / 12 prompt keys
 def test_values_and_gradients_equal_the_blocked_core(length, kernel):
+    """Outputs at real queries, 0 at padding queries, the weighted sum and finite q/k/v gradients equal the
+    blocked core's (computed once per length for both kernels)."""
     q, k, v, mask = _inputs(length)
     real_BL = np.asarray(mask[:, S - length:])
     weights = jnp.asarray(np.random.default_rng(1).normal(size=q.shape), jnp.float32) * real_BL[..., None, None,
                                                                                                  None]
-
-    def value_and_grads(fn):
-        return jax.jit(jax.value_and_grad(lambda *a: jnp.sum(weights * fn(*a, mask)), argnums=(0, 1, 2)))(q, k, v)
-
-    fused = lambda q, k, v, mask: _fused(q, k, v, mask, kernel)  # noqa: E731
-    got_out, want_out = jax.jit(fused)(q, k, v, mask), jax.jit(_blocked)(q, k, v, mask)
+    got_out, got, got_grads = _jit_out_value_and_grads(_FUSED[kernel], q, k, v, mask, weights)
+    want_out, want, want_grads = _jit_out_value_and_grads(_blocked, q, k, v, mask, weights)
     np.testing.assert_allclose(np.asarray(got_out)[real_BL], np.asarray(want_out)[real_BL], **VALUES)
     assert not np.any(np.asarray(got_out)[~real_BL]), "padding queries are 0"
-    (got, got_grads), (want, want_grads) = value_and_grads(fused), value_and_grads(_blocked)
     np.testing.assert_allclose(got, want, rtol=1e-5)
     for a, b in zip(got_grads, want_grads, strict=True):
         np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-5)
@@ -127,40 +137,50 @@ def test_whole_model_unshared_and_shared_prompt(cudnn_as_reference):
     cmask = rows[3]
     weights = jax.random.normal(jax.random.key(3), (*cmask.shape, cfg.hidden_size))
 
-    def run(kernel, fn):
+    def run(kernel, fn, p):
         def scalar(p):
             h = fn(Transformer.from_params(cfg.replace(attention=kernel), p), *rows)
             return jnp.sum(jnp.where(cmask[:, :, None], weights * h, 0.0)), h
 
-        (_, h), grads = jax.jit(jax.value_and_grad(scalar, has_aux=True))(params)
-        return np.asarray(h)[np.asarray(cmask)], grads
+        (_, h), grads = jax.value_and_grad(scalar, has_aux=True)(p)
+        return h, grads
 
+    kernels = ("xla", "cudnn", "splash")
     for fn in (unshared_hidden, Transformer.forward_groups):
-        want_h, want_grads = run("xla", fn)
-        for kernel in ("cudnn", "splash"):
-            h, grads = run(kernel, fn)
-            np.testing.assert_allclose(h, want_h, **VALUES, err_msg=f"{kernel} {fn.__name__}")
-            jax.tree_util.tree_map_with_path(_close, grads, want_grads)
+        # the three kernels' models in one program: about 30% less compiling than one program each
+        outs = jax.jit(lambda p: [run(kernel, fn, p) for kernel in kernels])(params)  # noqa: B023
+        (want_h, want_grads), *fused = outs
+        real = np.asarray(cmask)
+        for kernel, (h, grads) in zip(kernels[1:], fused, strict=True):
+            np.testing.assert_allclose(np.asarray(h)[real], np.asarray(want_h)[real], **VALUES,
+                                       err_msg=f"{kernel} {fn.__name__}")
+            jax.tree_util.tree_map_with_path(functools.partial(_close, label=f"{kernel} {fn.__name__}"), grads,
+                                             want_grads)
 
 
-def _close(path, got, want):
+def _close(path, got, want, label=""):
     """Gradient atol 1e-6 of the leaf's largest entry, as test_shared_prompt.py (|g| reaches ~50 there)."""
     scale = max(float(np.max(np.abs(want))), 1.0)
-    np.testing.assert_allclose(got, want, atol=1e-6 * scale, rtol=1e-5, err_msg=jax.tree_util.keystr(path))
+    np.testing.assert_allclose(got, want, atol=1e-6 * scale, rtol=1e-5,
+                               err_msg=f"{label} {jax.tree_util.keystr(path)}")
 
 
 def test_packed_rows(cudnn_as_reference):
     """Segment ids have no `jax.nn.dot_product_attention` argument: with "cudnn" packed rows run the blocked
     core (identical bits to "xla"); splash takes them (segment ids and padding as segment -1), within 1e-5."""
     cfg = TransformerConfig.tiny()
-    model = Transformer(cfg, rngs=nnx.Rngs(0))
+    params = nnx.state(Transformer(cfg, rngs=nnx.Rngs(0)), nnx.Param).to_pure_dict()
     tokens = jnp.asarray(np.random.default_rng(0).integers(3, 64, (2, 12)), jnp.int32)
     segments = jnp.asarray([[0] * 5 + [1] * 7, [0] * 9 + [1] * 3], jnp.int32)
     mask = jnp.asarray(np.arange(12)[None] < np.array([[12], [10]]))  # the second row ends in padding
-    logits = {}
-    for kernel in ("cudnn", "splash", "xla"):
-        model.cfg = cfg.replace(attention=kernel)
-        logits[kernel] = np.asarray(model.forward(tokens, mask_BL=mask, segment_BL=segments).logits)
+    kernels = ("cudnn", "splash", "xla")
+
+    @jax.jit  # one program for the three kernels (op-by-op dispatch compiled every primitive on its own)
+    def forward(p, tokens, mask, segments):
+        return [Transformer.from_params(cfg.replace(attention=kernel), p).forward(
+            tokens, mask_BL=mask, segment_BL=segments).logits for kernel in kernels]
+
+    logits = dict(zip(kernels, (np.asarray(x) for x in forward(params, tokens, mask, segments)), strict=True))
     np.testing.assert_array_equal(logits["cudnn"], logits["xla"])
     real = np.asarray(mask)
     np.testing.assert_allclose(logits["splash"][real], logits["xla"][real], **VALUES)
@@ -176,9 +196,10 @@ def test_splash_queries_padded_past_a_whole_block_of_real_keys():
     k, v = (jnp.asarray(rng.normal(size=(1, 1, slots, H)), jnp.float32) for _ in range(2))
     mask = jnp.ones((1, slots), bool)
 
-    def grads(kernel):
+    def grads(kernel, *qkv):
         loss = lambda q, k, v: jnp.sum(jnp.sin(attend(q, k, v, KeyMask(mask, kernel=kernel), causal=True)))  # noqa
-        return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
+        return jax.grad(loss, argnums=(0, 1, 2))(*qkv)
 
-    for got, want in zip(grads("splash"), grads("xla"), strict=True):
+    both = jax.jit(lambda *qkv: (grads("splash", *qkv), grads("xla", *qkv)))  # one program
+    for got, want in zip(*both(q, k, v), strict=True):
         np.testing.assert_allclose(got, want, atol=1e-6, rtol=1e-5)

@@ -84,19 +84,24 @@ CONFIGS = {
 }
 
 
-def _value_and_grads(cfg, params, rows, fn):
+def _value_and_grads(cfg, params, rows):
     """(loss, predicting hidden states, parameter gradients) of a weighted sum over the real completion
-    positions' hidden states, through `fn` (`Transformer.forward_groups` or `unshared_hidden`)."""
+    positions' hidden states, through `Transformer.forward_groups` and through `unshared_hidden`: both in one
+    program (about 30% less compiling than one program each)."""
     cmask = rows[3]
     dtype = params["norm"]["weight"].dtype
     weights = jax.random.normal(jax.random.key(3), (*cmask.shape, cfg.hidden_size)).astype(dtype)
 
-    def scalar(p):
-        h = fn(Transformer.from_params(cfg, p), *rows)
-        return jnp.sum(jnp.where(cmask[:, :, None], weights * h, 0.0)), h
+    def value_and_grads(fn, p):
+        def scalar(p):
+            h = fn(Transformer.from_params(cfg, p), *rows)
+            return jnp.sum(jnp.where(cmask[:, :, None], weights * h, 0.0)), h
 
-    (val, h), grads = jax.jit(jax.value_and_grad(scalar, has_aux=True))(params)
-    return val, h, grads
+        (val, h), grads = jax.value_and_grad(scalar, has_aux=True)(p)
+        return val, h, grads
+
+    return jax.jit(lambda p: [value_and_grads(fn, p) for fn in (Transformer.forward_groups, unshared_hidden)])(
+        params)
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
@@ -106,8 +111,7 @@ def test_hidden_and_gradients_equal_the_unshared_forward(name):
     the float64 gradient (measured; the float64 test below shows that the paths agree to 1e-14)."""
     cfg, params = _random_model(CONFIGS[name], seed=1)
     rows = [jnp.asarray(x) for x in grouped_rows(seed=2)]
-    val, h, grads = _value_and_grads(cfg, params, rows, Transformer.forward_groups)
-    ref_val, ref_h, ref_grads = _value_and_grads(cfg, params, rows, unshared_hidden)
+    (val, h, grads), (ref_val, ref_h, ref_grads) = _value_and_grads(cfg, params, rows)
     real = np.asarray(rows[3])
     np.testing.assert_allclose(np.asarray(h)[real], np.asarray(ref_h)[real], **VALUES)
     np.testing.assert_allclose(val, ref_val, rtol=1e-5)
@@ -158,8 +162,7 @@ def test_float64_the_paths_are_the_same_function(name, monkeypatch):
         cfg = _float64(cfg)
         params = jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), params)
         rows = [jnp.asarray(x) for x in grouped_rows(seed=2)]
-        val, h, grads = _value_and_grads(cfg, params, rows, Transformer.forward_groups)
-        ref_val, ref_h, ref_grads = _value_and_grads(cfg, params, rows, unshared_hidden)
+        (val, h, grads), (ref_val, ref_h, ref_grads) = _value_and_grads(cfg, params, rows)
         assert h.dtype == jnp.float64 and grads["norm"]["weight"].dtype == jnp.float64
         real = np.asarray(rows[3])
         np.testing.assert_allclose(np.asarray(h)[real], np.asarray(ref_h)[real], rtol=1e-10, atol=1e-12)
@@ -237,15 +240,19 @@ def test_causal_attend_with_more_keys_than_queries():
         probs = jax.nn.softmax(masked_scores(q, k, visible), axis=-1)
         return jnp.einsum("BKGLS,BKSH->BLKGH", probs, v)
 
-    value_and_grad = lambda fn: jax.jit(jax.value_and_grad(lambda *a: jnp.sum(weights * fn(*a)),
-                                                           argnums=(0, 1, 2)))
-    ref_val, ref_grads = value_and_grad(dense)(q, k, v)
-    for block_q in (1, 3, 7):
-        fn = jax.jit(lambda q, k, v: attend(q, k, v, visible, causal=True, block_q=block_q))  # noqa: B023
-        np.testing.assert_allclose(fn(q, k, v), jax.jit(dense)(q, k, v), **VALUES)
-        val, grads = value_and_grad(fn)(q, k, v)
-        np.testing.assert_allclose(val, ref_val, rtol=1e-5)
-        for got, want in zip(grads, ref_grads):
-            np.testing.assert_allclose(got, want, **GRADS)
+    def out_value_and_grads(fn, q, k, v):
+        val, grads = jax.value_and_grad(lambda *a: jnp.sum(weights * fn(*a)), argnums=(0, 1, 2))(q, k, v)
+        return fn(q, k, v), val, grads
+
+    block_sizes = (1, 3, 7)
+    fns = [functools.partial(attend, visible_BLS=visible, causal=True, block_q=n) for n in block_sizes]
+    # the dense reference and every block size in one program
+    (ref_out, ref_val, ref_grads), *blocked = jax.jit(
+        lambda q, k, v: [out_value_and_grads(fn, q, k, v) for fn in (dense, *fns)])(q, k, v)
+    for block_q, (out, val, grads) in zip(block_sizes, blocked, strict=True):
+        np.testing.assert_allclose(out, ref_out, **VALUES, err_msg=f"block_q {block_q}")
+        np.testing.assert_allclose(val, ref_val, rtol=1e-5, err_msg=f"block_q {block_q}")
+        for name, got, want in zip("qkv", grads, ref_grads, strict=True):
+            np.testing.assert_allclose(got, want, **GRADS, err_msg=f"block_q {block_q} d{name}")
     with pytest.raises(ValueError, match="at least as many keys"):
         attend(q, k[:, :, :5], v[:, :, :5], visible[:, :, :5], causal=True)
