@@ -100,20 +100,11 @@ def _teacher_forced(graphdef, state, ep, temperature: float = 1.0):
     return np.pad(out, ((0, 0), (ep.prompt_width, 0)))
 
 
-@pytest.mark.parametrize("mode, sampling_kw", [
-    ("reprefill", dict(temperature=1.0)),
-    ("continue", dict(temperature=1.0)),
-    ("continue", dict(temperature=0.7, top_k=40, top_p=0.9)),  # issue 33 item 5: the tempered policy
-])
-def test_rows_are_token_exact_under_sampling(split, stops, mode, sampling_kw):
+def _check_token_exact(graphdef, state, ep, spec):
     """Teacher-forced log-probs of each concatenated row, at the rollout's temperature (what the trainer
-    recomputes, `LossSpec.temperature`), equal the sampler's per-turn log-probs (1e-5), with or without
-    top-k / top-p: the ratio starts at exactly 1."""
-    graphdef, state = split
-    spec = EpisodeSpec(group_size=2, max_turns=3, max_new_tokens=10, max_total_tokens=120, cache=mode,
-                       cache_slots=SLOTS, **sampling_kw, **BUCKETS)
-    factory = functools.partial(EchoEnv, stops=stops)
-    ep = collect_episodes(graphdef, state, RECORDS, TOK, factory, spec, seed=5)
+    recomputes, `LossSpec.temperature`), equal the sampler's per-turn log-probs (1e-5): the ratio starts at
+    exactly 1. A tempered rollout's log-probs are not the untempered policy's; observations are in the row
+    (mask 1) but not trained (loss mask 0)."""
     logp = _teacher_forced(graphdef, state, ep, spec.temperature)
     m = ep.loss_mask_BL
     assert m.sum() == ep.action_tokens_N.sum() > 0 and ep.obs_tokens_N.sum() > 0
@@ -122,9 +113,19 @@ def test_rows_are_token_exact_under_sampling(split, stops, mode, sampling_kw):
     if spec.temperature != 1.0:  # power: the untempered policy is another distribution
         assert np.abs(ep.old_logp_BL[m] - _teacher_forced(graphdef, state, ep)[m]).max() > 1e-2
     assert np.all(ep.old_logp_BL[~m] == 0)
-    # observations are in the row (mask 1) but not trained (loss mask 0)
     prompt_N = ep.mask_BL[:, : ep.prompt_width].sum(1)
     np.testing.assert_array_equal(ep.mask_BL.sum(1) - ep.loss_mask_BL.sum(1), ep.obs_tokens_N + prompt_N)
+
+
+@pytest.mark.parametrize("mode", ["reprefill", "continue"])
+def test_rows_are_token_exact_under_sampling(split, stops, mode):
+    """`_check_token_exact` at τ = 1 in both cache modes (τ = 0.7 with top-k / top-p: in
+    `test_no_recompile_across_turns_or_rollouts`, which compiles that setting)."""
+    graphdef, state = split
+    spec = EpisodeSpec(group_size=2, max_turns=3, max_new_tokens=10, max_total_tokens=120, cache=mode,
+                       cache_slots=SLOTS, temperature=1.0, **BUCKETS)
+    factory = functools.partial(EchoEnv, stops=stops)
+    _check_token_exact(graphdef, state, collect_episodes(graphdef, state, RECORDS, TOK, factory, spec, seed=5), spec)
 
 
 def test_continue_equals_reprefill_and_compaction(split, stops):
@@ -148,10 +149,12 @@ def test_continue_equals_reprefill_and_compaction(split, stops):
 
 
 def test_no_recompile_across_turns_or_rollouts(split, stops):
-    """A rollout compiles the turn function once per (chunk bucket, fresh or carried cache), not per turn."""
+    """A rollout compiles the turn function once per (chunk bucket, fresh or carried cache), not per turn.
+    Its sampling setting, compiled by no other test (issue 33 item 5: the tempered policy with top-k and
+    top-p), is also checked token-exact (`_check_token_exact`): the two checks share its two programs."""
     graphdef, state = split
-    spec = EpisodeSpec(group_size=2, max_turns=3, max_new_tokens=10, max_total_tokens=120, temperature=1.0,
-                       top_k=50, cache="continue", cache_slots=SLOTS, **BUCKETS)  # top_k: not compiled before
+    spec = EpisodeSpec(group_size=2, max_turns=3, max_new_tokens=10, max_total_tokens=120, temperature=0.7,
+                       top_k=40, top_p=0.9, cache="continue", cache_slots=SLOTS, **BUCKETS)
     factory = functools.partial(EchoEnv, stops=stops)
     before = multiturn.compile_count()
     ep = collect_episodes(graphdef, state, RECORDS, TOK, factory, spec, seed=1)
@@ -160,6 +163,7 @@ def test_no_recompile_across_turns_or_rollouts(split, stops):
     for seed in (2, 3):  # other seeds: other turn counts and lengths, same buckets
         collect_episodes(graphdef, state, RECORDS, TOK, factory, spec, seed=seed)
     assert multiturn.compile_count() == before
+    _check_token_exact(graphdef, state, ep, spec)
 
 
 def test_scan_and_per_layer_decode_agree(split, stops):

@@ -3,13 +3,14 @@ reference's faithful mode (spec/multi-agent.md §1.7, §5.1): PPO with a critic 
 joint Solver + Checker batch, k1 KL in the reward per token (β 0.1), PPO clip 0.2 / 0.2 with dual clip 3,
 value clip 0.5, critic warm-up (the reference's 10 steps, 1 here), one sample per prompt.
 
-One CPU device in a subprocess (as tests/train), a few SFT warm-start steps on the role demonstrations and two
-RL steps. The assertions are on the wiring, not on learning (too short for that; docs/multi_agent.md has the
-full run): every RL step logs the three roles' metrics, the Solver's mean reward is its answer reward plus
-the fact-check reward (R = r_RM + r_fc, the reference's sum), rates are rates, step 1 trains the critic only
-and step 2 both, and greedy evaluation reports the answer, fact-check and hallucination columns (accuracy =
-the answer reward's mean), which `jaxrl eval` of the run's checkpoint reproduces exactly. The GRPO variant
-(critic-free, the config's own) runs in tests/sharding/test_multihost_cli.py and experiments/.
+One CPU device in a subprocess (as tests/train), a one-layer model (D = 32), one SFT warm-start step on the
+role demonstrations (it compiles the SFT step once: more steps draw rows of other lengths, another compile)
+and two RL steps. The assertions are on the wiring, not on learning (too short for that; docs/multi_agent.md
+has the full run): every RL step logs the three roles' metrics, the Solver's mean reward is its answer reward
+plus the fact-check reward (R = r_RM + r_fc, the reference's sum), rates are rates, step 1 trains the critic
+only and step 2 both, and greedy evaluation reports the answer, fact-check and hallucination columns
+(accuracy = the answer reward's mean), which `jaxrl eval` of the run's checkpoint reproduces exactly. The GRPO
+variant (critic-free, the config's own) runs in tests/sharding/test_multihost_cli.py and experiments/.
 """
 
 from __future__ import annotations
@@ -26,12 +27,13 @@ from tests._xla import suite_cache_dir, xla_flags
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = suite_cache_dir()
-SHORT = ("sft_warmup.steps=4", "sft_warmup.batch_size=6", "train.steps=2", "train.eval_every=2",
-         "data.prompts_per_step=2", "data.eval_size=4", "rollout.group_size=2", "rollout.max_new_tokens=40",
+# one layer, D = 32: compiling dominates these runs and a program's compile time grows with the layers
+SMALL_MODEL = ("{hidden_size: 32, num_layers: 1, num_heads: 2, num_kv_heads: 2, head_dim: 16, mlp_dim: 64, "
+               "max_position_embeddings: %d}")
+SHORT = ("sft_warmup.steps=1", "sft_warmup.batch_size=6", "train.steps=2", "train.eval_every=2",
+         "data.prompts_per_step=2", "data.eval_size=2", "rollout.group_size=2", "rollout.max_new_tokens=40",
          "rollout.gen_buckets=[40]", "logging.progress_bar=false", "logging.tensorboard=false",
-         "checkpoint.every=1000", "checkpoint.async_save=false",
-         "model.overrides={hidden_size: 64, num_layers: 2, num_heads: 2, num_kv_heads: 2, head_dim: 32, "
-         "mlp_dim: 128, max_position_embeddings: 640}")
+         "checkpoint.every=1000", "checkpoint.async_save=false", "model.overrides=" + SMALL_MODEL % 640)
 ROLE_KEYS = ("role/solver/reward/mean", "role/checker/reward/mean", "role/proposer/pairs/mean",
              "role/solver/response_length/mean", "role/checker/response_length/mean",
              "role/proposer/response_length/mean", "march/hallucination_rate", "reward/fact_check/mean")
@@ -61,7 +63,7 @@ FAITHFUL = ("algorithm.name=ppo", "algorithm.ppo.gamma=0.998", "algorithm.ppo.la
             "multi_agent.params.train_roles=[solver, checker]")
 
 
-@pytest.mark.slow  # ~1.5 minutes on 2 idle cores (compiles dominate)
+@pytest.mark.slow  # ~70 CPU-seconds over its two CLI processes (compiles dominate)
 def test_march_tiny_trains_from_config_in_the_faithful_mode(tmp_path):
     rows = _train_rows("march_tiny.yaml", (*SHORT, *FAITHFUL, "rollout.group_size=1",
                                            "algorithm.ppo.critic_warmup_steps=1"), tmp_path / "march")
@@ -96,21 +98,22 @@ def test_march_tiny_trains_from_config_in_the_faithful_mode(tmp_path):
     assert "eval/avg@4" in last and {k: out.get(k) for k in last} == last, (out, last)
 
 
-SSP_SHORT = ("sft_warmup.steps=4", "sft_warmup.batch_size=6", "train.steps=2", "train.eval_every=2",
-             "data.prompts_per_step=2", "data.eval_size=4", "rollout.group_size=2",
+# the same one-layer model (the config's 4 layers of D = 128 compiled most of this test's time)
+SSP_SHORT = ("sft_warmup.steps=1", "sft_warmup.batch_size=6", "train.steps=2", "train.eval_every=2",
+             "data.prompts_per_step=2", "data.eval_size=2", "rollout.group_size=2",
              "logging.progress_bar=false", "logging.tensorboard=false", "checkpoint.every=1000",
-             "checkpoint.async_save=false")
+             "checkpoint.async_save=false", "model.overrides=" + SMALL_MODEL % 512)
 REASONS = ("format", "length", "leak", "materials", "searches", "grounded")
 
 
-@pytest.mark.slow  # ~1.5 minutes on 2 idle cores
+@pytest.mark.slow  # ~47 CPU-seconds (was ~65 with the config's 4-layer model)
 def test_ssp_tiny_trains_from_config(tmp_path):
     """The SSP skeleton from configs/ssp_tiny.yaml: curriculum metrics logged, every proposal is valid,
     rejected by one rule or by the RAG check (the shares sum to 1). The sequential schedule updates the
     Proposer, then the Solver with old log-probs taken after the Proposer's update, so the Solver phase's
     PPO ratio starts at exactly 1 (the sampler's log-probs, from before that update, would not give 1).
     """
-    # an entropy bonus gives both phases a gradient even when every reward is 0 (a 4-step warm start)
+    # an entropy bonus gives both phases a gradient even when every reward is 0 (a 1-step warm start)
     rows = _train_rows("ssp_tiny.yaml", (*SSP_SHORT, "algorithm.entropy_coef=0.01"), tmp_path / "ssp")
     train = [r for r in rows if "reward/mean" in r]
     assert [r["step"] for r in train] == [1, 2]

@@ -21,7 +21,7 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from tests._xla import xla_flags
+from tests._xla import suite_cache_dir, xla_flags
 
 from jaxrl.multi_agent import adapters as role_adapters
 from jaxrl.train_step import TrainState
@@ -29,7 +29,8 @@ from jaxrl.train_step import TrainState
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = ("model.overrides={hidden_size: 32, num_layers: 1, num_heads: 2, num_kv_heads: 2, head_dim: 16, "
          "mlp_dim: 64, max_position_embeddings: 640}",
-         "sft_warmup.steps=4", "sft_warmup.batch_size=4", "train.eval_every=0", "data.prompts_per_step=2",
+         # one warm-start step: one compile of the SFT step (more steps draw rows of other lengths)
+         "sft_warmup.steps=1", "sft_warmup.batch_size=4", "train.eval_every=0", "data.prompts_per_step=2",
          "data.eval_size=4", "rollout.group_size=2", "rollout.max_new_tokens=16", "rollout.gen_buckets=[16]",
          "logging.progress_bar=false", "logging.tensorboard=false", "checkpoint.every=1",
          "checkpoint.async_save=false", "model.lora={rank: 4, alpha: 8}", "optimizer.lr=5e-2",
@@ -68,8 +69,11 @@ def test_per_role_state_copies_and_role_updates_are_independent():
 
 
 def _env() -> dict[str, str]:
+    """The suite's compile cache, every program in it (not only those over 1 s to compile): the relaunched run
+    loads the uninterrupted run's programs instead of compiling them again."""
     e = dict(os.environ)
     e.update(XLA_FLAGS=xla_flags(1), JAX_PLATFORMS="cpu",
+             JAX_COMPILATION_CACHE_DIR=str(suite_cache_dir()), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
              HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1")
     return e
 

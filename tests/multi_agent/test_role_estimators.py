@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tests._xla import xla_flags
+from tests._xla import suite_cache_dir, xla_flags
 
 from jaxrl.algorithms import ALGORITHMS, AlgoSettings, segment_advantages
 from jaxrl.config import AlgorithmConfig, load_config
@@ -87,8 +87,11 @@ SMALL = (("model.overrides={hidden_size: 32, num_layers: 1, num_heads: 2, num_kv
 
 
 def _train(run_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
+    """`jaxrl train` of the shrunk config; the suite's compile cache, every program in it (not only those over
+    1 s to compile), so that the second and third runs load the first one's programs their own settings share."""
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAXRL_CACHE")} | {"XLA_FLAGS": xla_flags()}
-    env.update(JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    env.update(JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+               JAX_COMPILATION_CACHE_DIR=str(suite_cache_dir()), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
     sets = [a for o in (*SMALL, *overrides) for a in ("--set", o)]
     return subprocess.run([sys.executable, "-m", "jaxrl.cli", "train", MARCH, "--run-dir", str(run_dir), *sets],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)

@@ -17,9 +17,13 @@ from jaxrl.rewards import resolve
 from jaxrl.io.tokenizer import builtin_tokenizer
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+# one policy layer, D = 32 (the configs' 4 layers of D = 128 made the step's compile most of each test); the
+# configs' own max_position_embeddings stay (dotted keys merge into model.overrides)
+SMALL_MODEL = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 2, "head_dim": 16, "mlp_dim": 64}
 SHORT = ["--set", "train.steps=1", "--set", "sft_warmup.steps=0", "--set", "train.eval_every=0",
          "--set", "data.train_size=32", "--set", "data.eval_size=4", "--set", "logging.progress_bar=false",
-         "--set", "checkpoint.async_save=false"]
+         "--set", "checkpoint.async_save=false",
+         *[a for k, v in SMALL_MODEL.items() for a in ("--set", f"model.overrides.{k}={v}")]]
 
 
 def proxy_texts(requests):
