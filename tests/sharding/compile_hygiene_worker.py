@@ -10,15 +10,14 @@ import os
 import sys
 from pathlib import Path
 
-from tests._xla import DEFAULTS, xla_flags
+from tests._xla import xla_flags
 
 _DEVICES = int(sys.argv[2]) * int(sys.argv[3]) * int(sys.argv[4])  # 8, or 1 for a one-device config
-# XLA:CPU's MLIR fusion emitters off: they generate each fusion's kernel after every HLO pass (the SPMD
-# partitioner, which writes the warnings, runs first), and took half of this process's CPU time: evpv_tiny's
+# tests/_xla.py's COMPILE_ONLY: -O0 and XLA:CPU's MLIR fusion emitters off, this process is all compiling (run
+# from the repository root). The emitters generate each fusion's kernel after every HLO pass (the SPMD
+# partitioner, which writes the warnings, runs first) and took half of this process's CPU time: evpv_tiny's
 # three programs on 8 devices 27.0 -> 14.1 s CPU (2026-11-29); the positive control (`probe`) still warns.
-BACKEND = "" if DEFAULTS else " --xla_cpu_use_fusion_emitters=false"
-# tests/_xla.py: -O0, this process is all compiling (run from the repository root)
-os.environ["XLA_FLAGS"] = xla_flags(_DEVICES, compile_only=True) + BACKEND
+os.environ["XLA_FLAGS"] = xla_flags(_DEVICES, compile_only=True)
 os.environ["JAX_PLATFORMS"] = "cpu"
 
 import jax  # noqa: E402
