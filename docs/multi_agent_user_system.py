@@ -79,19 +79,19 @@ class DraftRevise:
         revise = [f"{q}\nA draft answer: {d.strip()}\nYour answer:" for q, d in zip(questions, drafts.completions)]
         revised = self._generate("reviser", graphdef, params, revise, spec, g, k_revise)
         rep = [dict(r) for r in records for _ in range(g)]
-        r_NK, info = score_rows(rewards, [revise[i // g] for i in range(len(rep))], revised.completions, rep,
-                                revised.lengths_N)
+        r_BR, info = score_rows(rewards, [revise[i // g] for i in range(len(rep))], revised.completions, rep,
+                                revised.lengths_B)
         parts, sizes = [], []
         if train and "drafter" in self.train_roles:  # a draft is as good as its best revision
-            best = np.nanmax(r_NK.reshape(len(records), g, -1), axis=1)
+            best = np.nanmax(r_BR.reshape(len(records), g, -1), axis=1)
             parts.append((drafts, [dict(r) for r in records], best))
             sizes.append(1)
         if not train or "reviser" in self.train_roles:
-            parts.append((revised, rep, r_NK))
+            parts.append((revised, rep, r_BR))
             sizes.append(g)
-        total = (np.nan_to_num(r_NK) * np.asarray(info.weights_K)[None]).sum(1)
-        metrics = {**info.metrics, **role_metrics("reviser", total, revised.lengths_N),
-                   **role_metrics("drafter", np.full((len(records),), np.nan), drafts.lengths_N)}
+        total = (np.nan_to_num(r_BR) * np.asarray(info.weights_R)[None]).sum(1)
+        metrics = {**info.metrics, **role_metrics("reviser", total, revised.lengths_B),
+                   **role_metrics("drafter", np.full((len(records),), np.nan), drafts.lengths_B)}
         return joint_rollout(parts, role_ids=ROLE_IDS, reward_names=tuple(info.names),
-                             weights_K=np.asarray(info.weights_K, np.float32), pad_id=int(self.tokenizer.pad_token_id),
+                             weights_R=np.asarray(info.weights_R, np.float32), pad_id=int(self.tokenizer.pad_token_id),
                              metrics=metrics, score_infos=(info,), group_sizes=sizes)

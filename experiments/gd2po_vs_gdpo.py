@@ -37,7 +37,7 @@ SMALL = ["model.overrides={hidden_size: 64, num_layers: 2, num_heads: 4, num_kv_
          " mlp_dim: 192}", "sft_warmup.steps=150", "data.eval_size=16"]  # CI: a smaller model
 
 
-def group_conflicts(rewards_NK: np.ndarray, group_size: int) -> tuple[float, float]:
+def group_conflicts(rewards_BR: np.ndarray, group_size: int) -> tuple[float, float]:
     """(share of groups with a conflicting sample, share of conflicting samples) of one step's rewards.
 
     Each group goes through `losses.gd2po_advantages` (hard mode, all-ones mask) alone, so its
@@ -48,9 +48,9 @@ def group_conflicts(rewards_NK: np.ndarray, group_size: int) -> tuple[float, flo
     from jaxrl import losses
 
     fracs = []
-    for i in range(0, rewards_NK.shape[0], group_size):
-        r_GK = jnp.asarray(rewards_NK[i:i + group_size], jnp.float32)
-        _, m = losses.gd2po_advantages(r_GK, group_size, jnp.ones((group_size, 1), bool), mode="hard")
+    for i in range(0, rewards_BR.shape[0], group_size):
+        r_GR = jnp.asarray(rewards_BR[i:i + group_size], jnp.float32)
+        _, m = losses.gd2po_advantages(r_GR, group_size, jnp.ones((group_size, 1), bool), mode="hard")
         fracs.append(float(m["gd2po/conflict_frac"]))
     f_P = np.asarray(fracs)
     return float(np.mean(f_P > 0)), float(np.mean(f_P))
@@ -109,16 +109,16 @@ def run_one(method: str, seed: int, steps: int, run_dir: Path, *, init: Path, bu
         train(cfg, run_dir)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     evals = {r["step"]: r["eval/accuracy"] for r in rows if "eval/accuracy" in r}
-    return {"rewards_TNK": np.stack(log), "group_size": cfg.rollout.group_size, "eval_accuracy": evals,
+    return {"rewards_TBR": np.stack(log), "group_size": cfg.rollout.group_size, "eval_accuracy": evals,
             "rows": rows}
 
 
 def summarise(run: dict) -> dict[str, np.ndarray]:
     """Per-step curves [T] of one run: answer, length, joint success, conflicting groups and samples."""
-    r_TNK, g = run["rewards_TNK"], run["group_size"]
-    conf = np.asarray([group_conflicts(r_NK, g) for r_NK in r_TNK])
-    return {"answer": r_TNK[:, :, 0].mean(1), "length": r_TNK[:, :, 1].mean(1),
-            "joint": (r_TNK == 1).all(axis=2).mean(1), "conflict_groups": conf[:, 0],
+    r_TBR, g = run["rewards_TBR"], run["group_size"]
+    conf = np.asarray([group_conflicts(r_BR, g) for r_BR in r_TBR])
+    return {"answer": r_TBR[:, :, 0].mean(1), "length": r_TBR[:, :, 1].mean(1),
+            "joint": (r_TBR == 1).all(axis=2).mean(1), "conflict_groups": conf[:, 0],
             "conflict_samples": conf[:, 1]}
 
 
@@ -140,7 +140,7 @@ def report(runs: dict[str, list[dict]], seeds: Sequence[int], out_dir: Path, *, 
     header = ["run", "conflicting groups (all steps)", "conflicting samples (all steps)",
               f"joint success, steps 1-{k}", f"joint success, last {k}", f"answer, last {k}",
               f"length, last {k}", "held-out acc. step 0", f"held-out acc. step {steps}"]
-    same = [np.array_equal(a["rewards_TNK"], b["rewards_TNK"])
+    same = [np.array_equal(a["rewards_TBR"], b["rewards_TBR"])
             for a, b in zip(runs.get("gd2po_hard", []), runs.get("gd2po_snr", []))]
     note = (" gd2po_snr sampled exactly the rewards of gd2po_hard in every seed (it dropped the same"
             " samples)."

@@ -45,42 +45,42 @@ def length_budget(prompts: list[str], completions: list[str], *, completion_leng
     return [float(int(n) <= budget) for n in completion_length]
 
 
-def collapse_count(rewards_GK: np.ndarray, adv_G: np.ndarray, tol: float = 1e-4) -> tuple[int, int]:
+def collapse_count(rewards_GR: np.ndarray, adv_G: np.ndarray, tol: float = 1e-4) -> tuple[int, int]:
     """(D, C) of one group: D distinct reward vectors, C = D - (distinct advantage values over them).
 
     Args:
-      rewards_GK: [G, K] reward vectors of one group.
+      rewards_GR: [G, K] reward vectors of one group.
       adv_G: [G] their advantages (a function of the vector within a group, for GRPO and GDPO alike).
       tol: advantages closer than this count as equal.
 
     Returns:
       (D, D - number of distinct advantage values over the D vectors).
     """
-    rewards_GK, adv_G = np.asarray(rewards_GK, np.float64), np.asarray(adv_G, np.float64)
-    _, first = np.unique(rewards_GK, axis=0, return_index=True)
+    rewards_GR, adv_G = np.asarray(rewards_GR, np.float64), np.asarray(adv_G, np.float64)
+    _, first = np.unique(rewards_GR, axis=0, return_index=True)
     adv_D = np.sort(adv_G[first])
     distinct_adv = 1 + int(np.sum(np.diff(adv_D) > tol)) if adv_D.size else 0
     return int(adv_D.size), int(adv_D.size - distinct_adv)
 
 
-def advantages(rewards_NK: np.ndarray, group_size: int, method: str) -> np.ndarray:
+def advantages(rewards_BR: np.ndarray, group_size: int, method: str) -> np.ndarray:
     """[N] sequence advantages of `method` ('grpo': summed reward, group-normalised; 'gdpo': per reward, summed,
     batch-standardised), from the library's functions, equal reward weights."""
     import jax.numpy as jnp
 
     from jaxrl import losses
 
-    r_NK = jnp.asarray(rewards_NK, jnp.float32)
+    r_BR = jnp.asarray(rewards_BR, jnp.float32)
     if method == "grpo":
-        return np.asarray(losses.group_advantages(r_NK.sum(axis=1), group_size))
-    return np.asarray(losses.gdpo_advantages(r_NK, group_size))
+        return np.asarray(losses.group_advantages(r_BR.sum(axis=1), group_size))
+    return np.asarray(losses.gdpo_advantages(r_BR, group_size))
 
 
-def step_collapse(rewards_NK: np.ndarray, group_size: int, method: str) -> tuple[float, float]:
+def step_collapse(rewards_BR: np.ndarray, group_size: int, method: str) -> tuple[float, float]:
     """(mean distinct vectors per group, mean collapsed vectors per group) of one step's rollouts."""
-    adv_N = advantages(rewards_NK, group_size, method)
-    counts = [collapse_count(rewards_NK[i:i + group_size], adv_N[i:i + group_size])
-              for i in range(0, len(adv_N), group_size)]
+    adv_B = advantages(rewards_BR, group_size, method)
+    counts = [collapse_count(rewards_BR[i:i + group_size], adv_B[i:i + group_size])
+              for i in range(0, len(adv_B), group_size)]
     d, c = np.asarray(counts, np.float64).T
     return float(d.mean()), float(c.mean())
 
@@ -95,7 +95,7 @@ def recording() -> Iterator[list[np.ndarray]]:
 
     def recorded(run, state, records, step, **kw):
         state, metrics, ro = real(run, state, records, step, **kw)
-        log.append(np.asarray(ro.rewards_NK, np.float64).copy())
+        log.append(np.asarray(ro.rewards_BR, np.float64).copy())
         return state, metrics, ro
 
     rl_loop.rl_step = recorded
@@ -157,7 +157,7 @@ def run_one(method: str, seed: int, steps: int, run_dir: Path, *, budget: int, s
         last = train(cfg, run_dir)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     evals = {r["step"]: r["eval/accuracy"] for r in rows if "eval/accuracy" in r}
-    return {"rewards_TNK": np.stack(log), "last": last, "eval_accuracy": evals, "rows": rows,
+    return {"rewards_TBR": np.stack(log), "last": last, "eval_accuracy": evals, "rows": rows,
             "group_size": cfg.rollout.group_size}
 
 
@@ -168,11 +168,11 @@ def summarise(runs: dict[str, list[dict]]) -> dict[str, dict[str, np.ndarray]]:
     for method, seeds in runs.items():
         joint, means, col_grpo, col_gdpo, distinct = [], [], [], [], []
         for r in seeds:
-            r_TNK, g = r["rewards_TNK"], r["group_size"]
-            joint.append((r_TNK == 1).all(axis=2).mean(axis=1))
-            means.append(r_TNK.mean(axis=1))
-            cg = [step_collapse(r_NK, g, "grpo") for r_NK in r_TNK]
-            cd = [step_collapse(r_NK, g, "gdpo") for r_NK in r_TNK]
+            r_TBR, g = r["rewards_TBR"], r["group_size"]
+            joint.append((r_TBR == 1).all(axis=2).mean(axis=1))
+            means.append(r_TBR.mean(axis=1))
+            cg = [step_collapse(r_BR, g, "grpo") for r_BR in r_TBR]
+            cd = [step_collapse(r_BR, g, "gdpo") for r_BR in r_TBR]
             distinct.append([d for d, _ in cg])
             col_grpo.append([c for _, c in cg])
             col_gdpo.append([c for _, c in cd])
@@ -220,13 +220,13 @@ def save_run(path: Path, run: dict) -> None:
     """One finished run as an .npz (rewards [T, N, K], group size, held-out accuracy by step)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     acc = np.asarray(sorted(run["eval_accuracy"].items()), np.float64).reshape(-1, 2)
-    np.savez(path, rewards_TNK=run["rewards_TNK"], group_size=run["group_size"], eval_accuracy=acc)
+    np.savez(path, rewards_TBR=run["rewards_TBR"], group_size=run["group_size"], eval_accuracy=acc)
 
 
 def load_run(path: Path) -> dict:
     """Inverse of `save_run`."""
     z = np.load(path)
-    return {"rewards_TNK": z["rewards_TNK"], "group_size": int(z["group_size"]),
+    return {"rewards_TBR": z["rewards_TBR"], "group_size": int(z["group_size"]),
             "eval_accuracy": {int(s): float(a) for s, a in z["eval_accuracy"]}}
 
 

@@ -57,18 +57,18 @@ def _join(prompt_BW, tokens_BT, logp_BT, lengths_B, *, pad_id: int):
 
 
 def device_sequences(prompt_ids: Sequence[Sequence[int]], gen: Generation, group_size: int, pad_id: int,
-                     prompt_buckets: Sequence[int] | None, lengths_N: np.ndarray
+                     prompt_buckets: Sequence[int] | None, lengths_B: np.ndarray
                      ) -> tuple[jax.Array, np.ndarray, np.ndarray, jax.Array]:
     """`sequences` with the token and log-prob arrays left on the devices, split like the sampler's rows
     (each host builds the prompt rows of its own devices: `hosts.host_to_global`); the masks, from the
-    prompt lengths and the gathered completion lengths `lengths_N`, on the host."""
+    prompt lengths and the gathered completion lengths `lengths_B`, on the host."""
     prompt_PL, pmask_PL = pad_prompts(prompt_ids, prompt_buckets, pad_id)
-    prompt_NW = np.repeat(prompt_PL, group_size, axis=0).astype(np.int32)
-    cmask_NT = np.arange(gen.tokens.shape[1])[None, :] < lengths_N[:, None]
-    mask = np.concatenate([np.repeat(pmask_PL, group_size, axis=0), cmask_NT], axis=1)
-    prompt = hosts.host_to_global(prompt_NW, gen.tokens.sharding)
+    prompt_BW = np.repeat(prompt_PL, group_size, axis=0).astype(np.int32)
+    cmask_BT = np.arange(gen.tokens.shape[1])[None, :] < lengths_B[:, None]
+    mask = np.concatenate([np.repeat(pmask_PL, group_size, axis=0), cmask_BT], axis=1)
+    prompt = hosts.host_to_global(prompt_BW, gen.tokens.sharding)
     tokens, old_logp = _join(prompt, gen.tokens, gen.logprobs, gen.lengths, pad_id=pad_id)
-    return tokens, mask, cmask_NT, old_logp
+    return tokens, mask, cmask_BT, old_logp
 
 
 def decode(tokenizer, tokens_BT: np.ndarray, lengths_B: np.ndarray) -> list[str]:
@@ -107,7 +107,7 @@ def collect(graphdef, params, records: list[dict[str, Any]], tokenizer, rewards,
     for i, text in zip(mine, decode(tokenizer, own_BT, lengths[mine])):
         completions[i] = text
     t1 = time.perf_counter()  # the sampler has finished: its lengths and tokens were read back
-    rewards_NK, info = score_rows(rewards, [r["prompt"] for r in rep], completions, rep, lengths, owners)
+    rewards_BR, info = score_rows(rewards, [r["prompt"] for r in rep], completions, rep, lengths, owners)
     metrics = dict(info.metrics)
     # stage times of the step's breakdown (`jaxrl.rl.step` moves them out of the rollout's metrics)
     metrics.update({"time/generation": t1 - t0, "time/reward": time.perf_counter() - t1})
@@ -115,7 +115,7 @@ def collect(graphdef, params, records: list[dict[str, Any]], tokenizer, rewards,
     metrics["response_length/max"] = float(lengths.max())
     metrics["response/finished_frac"] = float(finished.mean())
     return Rollout.of(Rows(tokens, mask, cmask, old_logp, lengths, finished, completions), records=rep,
-                      rewards_NK=rewards_NK, weights_K=info.weights_K, reward_names=info.names, metrics=metrics,
+                      rewards_BR=rewards_BR, weights_R=info.weights_R, reward_names=info.names, metrics=metrics,
                       score_infos=(info,), pad_id=pad_id)
 
 
@@ -130,12 +130,12 @@ def concat(parts: Sequence[Rollout], pad_id: int) -> Rollout:
     return Rollout(
         tokens_BL=rows_lib.concat([left(p.tokens_BL, p, pad_id) for p in parts]),
         mask_BL=rows_lib.concat([left(p.mask_BL, p, False) for p in parts]),
-        completion_mask_BT=cat("completion_mask_BT"), old_logp_BT=cat("old_logp_BT"), lengths_N=cat("lengths_N"),
-        finished_N=cat("finished_N"), completions=[c for p in parts for c in p.completions], role=parts[0].role,
-        records=[r for p in parts for r in p.records], rewards_NK=cat("rewards_NK"), weights_K=parts[0].weights_K,
+        completion_mask_BT=cat("completion_mask_BT"), old_logp_BT=cat("old_logp_BT"), lengths_B=cat("lengths_B"),
+        finished_B=cat("finished_B"), completions=[c for p in parts for c in p.completions], role=parts[0].role,
+        records=[r for p in parts for r in p.records], rewards_BR=cat("rewards_BR"), weights_R=parts[0].weights_R,
         reward_names=parts[0].reward_names, metrics=dict(parts[0].metrics),
         score_infos=tuple(i for p in parts for i in p.score_infos),
-        segment_N=None if parts[0].segment_N is None else cat("segment_N"), segment_sizes=parts[0].segment_sizes,
+        segment_B=None if parts[0].segment_B is None else cat("segment_B"), segment_sizes=parts[0].segment_sizes,
         pad_id=parts[0].pad_id)
 
 

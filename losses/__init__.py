@@ -1,15 +1,15 @@
 """jaxrl.losses: pure, jit-able RL post-training objectives, advantage estimators and aggregators.
 
 Dimension key (shape suffixes on every tensor name):
-  B  batch of sequences (prompts x samples)       T  completion tokens (padded width)
-  N  samples, N = P x G, groups contiguous         G  group size (samples per prompt)
-  P  prompts                                        K  reward components (also written R in the design doc)
-  D  model dim                                      V  vocabulary
-  C  vocabulary chunk
+  B  rows: sequences, B = P x G, groups contiguous T  completion tokens (padded width)
+  P  prompts                                        G  group size (samples per prompt)
+  R  reward columns (components)                    D  model dim
+  V  vocabulary                                     C  vocabulary chunk
+(The letters of `jaxrl.types` and docs/DESIGN.md; DIR's pair losses in `dir.py` keep their own key.)
 
 Conventions:
 * Functions take arrays and small frozen configs or keyword scalars, never a model or the experiment config.
-* Three kinds of function: advantage estimators (rewards_N -> adv_N), per-token objectives (-> loss_BT, or
+* Three kinds of function: advantage estimators (rewards_B -> adv_B), per-token objectives (-> loss_BT, or
   (loss, metrics) after aggregation), and aggregators ((values_BT, mask_BT, mode) -> scalar).
 * Every loss returns `(scalar, metrics)`; metrics is a flat dict of scalar arrays with slash-namespaced keys
   (`pg/clip_frac`, `kl/k3`, `entropy/mean`).

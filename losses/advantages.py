@@ -1,6 +1,6 @@
 """Group-relative advantage estimators (GRPO, Dr.GRPO, TRL batch scaling, RLOO) and the DAPO group filter.
 
-Samples are laid out as N = P x G with the G samples of one prompt contiguous (rows `p*G .. p*G+G-1`).
+Samples are laid out as B = P x G with the G samples of one prompt contiguous (rows `p*G .. p*G+G-1`).
 
 Deviations from / choices against the references:
 * `std` is the unbiased (n-1) standard deviation, as torch.std, verl `masked_var(unbiased=True)` and TRL
@@ -23,15 +23,15 @@ import jax.numpy as jnp
 _SCALES = ("group", "none", "batch")
 
 
-def _check_rewards(rewards_N: chex.Array, group_size: int) -> None:
-    chex.assert_rank(rewards_N, 1)
-    if not jnp.issubdtype(rewards_N.dtype, jnp.floating):
-        raise TypeError(f"rewards_N must be a floating array, got dtype {rewards_N.dtype}")
+def _check_rewards(rewards_B: chex.Array, group_size: int) -> None:
+    chex.assert_rank(rewards_B, 1)
+    if not jnp.issubdtype(rewards_B.dtype, jnp.floating):
+        raise TypeError(f"rewards_B must be a floating array, got dtype {rewards_B.dtype}")
     if not isinstance(group_size, int) or group_size < 1:
         raise ValueError(f"group_size must be a positive int, got {group_size!r}")
-    if rewards_N.shape[0] % group_size:
+    if rewards_B.shape[0] % group_size:
         raise ValueError(
-            f"rewards_N has {rewards_N.shape[0]} samples, not a multiple of group_size={group_size}"
+            f"rewards_B has {rewards_B.shape[0]} samples, not a multiple of group_size={group_size}"
         )
 
 
@@ -54,7 +54,7 @@ def _masked_mean_std(x_PG: chex.Array, valid_PG: chex.Array, axis) -> tuple[chex
 
 
 def group_advantages(
-    rewards_N: chex.Array,
+    rewards_B: chex.Array,
     group_size: int,
     *,
     scale: str = "group",
@@ -70,7 +70,7 @@ def group_advantages(
     Liu et al., arXiv:2503.20783. eps: verl 1e-6 (default here), TRL 1e-4.
 
     Args:
-      rewards_N: [N] float rewards, N = P * group_size, groups contiguous. NaN marks a failed reward only when
+      rewards_B: [B] float rewards, N = P * group_size, groups contiguous. NaN marks a failed reward only when
         `nan_aware` is set (otherwise NaN propagates to its whole group).
       group_size: G, samples per prompt.
       scale: "group", "none" or "batch".
@@ -78,14 +78,14 @@ def group_advantages(
       nan_aware: leave NaN rewards out of means and stds and give them advantage 0 (TRL semantics).
 
     Returns:
-      [N] advantages, dtype of `rewards_N`.
+      [B] advantages, dtype of `rewards_B`.
     """
-    _check_rewards(rewards_N, group_size)
+    _check_rewards(rewards_B, group_size)
     if scale not in _SCALES:
         raise ValueError(f"scale must be one of {_SCALES}, got {scale!r}")
-    valid_N = ~jnp.isnan(rewards_N) if nan_aware else jnp.ones(rewards_N.shape, bool)
-    r_PG = rewards_N.reshape(-1, group_size)
-    valid_PG = valid_N.reshape(-1, group_size)
+    valid_B = ~jnp.isnan(rewards_B) if nan_aware else jnp.ones(rewards_B.shape, bool)
+    r_PG = rewards_B.reshape(-1, group_size)
+    valid_PG = valid_B.reshape(-1, group_size)
     if group_size == 1:  # verl special case: no baseline, unit scale.
         mean_P1, std_P1 = jnp.zeros_like(r_PG), jnp.ones_like(r_PG)
     else:
@@ -98,15 +98,15 @@ def group_advantages(
     elif scale == "none":
         adv_PG = centred_PG
     else:
-        _, std_batch = _masked_mean_std(rewards_N, valid_N, axis=0)
+        _, std_batch = _masked_mean_std(rewards_B, valid_B, axis=0)
         adv_PG = centred_PG / (std_batch + eps)
-    adv_N = adv_PG.reshape(-1)
+    adv_B = adv_PG.reshape(-1)
     if nan_aware:
-        adv_N = jnp.where(valid_N, adv_N, 0.0)
-    return adv_N
+        adv_B = jnp.where(valid_B, adv_B, 0.0)
+    return adv_B
 
 
-def rloo_advantages(rewards_N: chex.Array, group_size: int) -> chex.Array:
+def rloo_advantages(rewards_B: chex.Array, group_size: int) -> chex.Array:
     """REINFORCE leave-one-out advantages.
 
     A_i = R_i - (1/(G-1)) sum_{j in g(i), j != i} R_j = G/(G-1) (R_i - mu_g);  A_i = 0 exactly when the
@@ -115,35 +115,35 @@ def rloo_advantages(rewards_N: chex.Array, group_size: int) -> chex.Array:
     Ahmadian et al., arXiv:2402.14740.
 
     Args:
-      rewards_N: [N] float rewards, groups of `group_size` contiguous.
+      rewards_B: [B] float rewards, groups of `group_size` contiguous.
       group_size: G >= 2.
 
     Returns:
-      [N] advantages.
+      [B] advantages.
     """
-    _check_rewards(rewards_N, group_size)
+    _check_rewards(rewards_B, group_size)
     if group_size < 2:
         raise ValueError(f"rloo_advantages needs group_size >= 2 (leave-one-out baseline), got {group_size}")
-    r_PG = rewards_N.reshape(-1, group_size)
+    r_PG = rewards_B.reshape(-1, group_size)
     loo_mean_PG = (jnp.sum(r_PG, axis=1, keepdims=True) - r_PG) / (group_size - 1)
     adv_PG = jnp.where(_all_equal(r_PG, jnp.ones(r_PG.shape, bool)), 0.0, r_PG - loo_mean_PG)
     return adv_PG.reshape(-1)
 
 
-def dynamic_sampling_mask(rewards_N: chex.Array, group_size: int) -> chex.Array:
+def dynamic_sampling_mask(rewards_B: chex.Array, group_size: int) -> chex.Array:
     """DAPO dynamic-sampling filter: keep the groups whose rewards are not all equal.
 
     keep_i = max_{j in g(i)} R_j > min_{j in g(i)} R_j.  DAPO, Yu et al., arXiv:2503.14476 (section 3.2).
     NaN rewards are ignored; an all-NaN group is dropped.
 
     Args:
-      rewards_N: [N] float rewards, groups of `group_size` contiguous.
+      rewards_B: [B] float rewards, groups of `group_size` contiguous.
       group_size: G.
 
     Returns:
-      [N] bool, True for every sample of a group with non-zero reward spread.
+      [B] bool, True for every sample of a group with non-zero reward spread.
     """
-    _check_rewards(rewards_N, group_size)
-    r_PG = rewards_N.reshape(-1, group_size)
+    _check_rewards(rewards_B, group_size)
+    r_PG = rewards_B.reshape(-1, group_size)
     keep_P1 = jnp.nanmax(r_PG, axis=1, keepdims=True) > jnp.nanmin(r_PG, axis=1, keepdims=True)
     return jnp.broadcast_to(keep_P1, r_PG.shape).reshape(-1)

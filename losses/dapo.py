@@ -46,7 +46,7 @@ class DAPOConfig:
 
 
 def overlong_penalty(
-    lengths_N: chex.Array, *, max_length: int, buffer: int, factor: float = 1.0
+    lengths_B: chex.Array, *, max_length: int, buffer: int, factor: float = 1.0
 ) -> chex.Array:
     """Soft overlong punishment added to the task reward.
 
@@ -54,22 +54,22 @@ def overlong_penalty(
     i.e. 0 up to L_max - L_buf tokens, then linearly down to -kappa at L_max.
 
     Args:
-      lengths_N: [N] int or float response lengths L_i (valid tokens, EOS included).
+      lengths_B: [B] int or float response lengths L_i (valid tokens, EOS included).
       max_length: L_max.  buffer: L_buf in (0, L_max].  factor: kappa.
 
     Returns:
-      [N] float32 penalties (<= 0).
+      [B] float32 penalties (<= 0).
     """
-    chex.assert_rank(lengths_N, 1)
+    chex.assert_rank(lengths_B, 1)
     if not 0 < buffer <= max_length:
         raise ValueError(f"buffer must be in (0, max_length={max_length}], got {buffer}")
-    exceed_N = lengths_N.astype(jnp.float32) - (max_length - buffer)
-    return jnp.minimum(-exceed_N / buffer * factor, 0.0)
+    exceed_B = lengths_B.astype(jnp.float32) - (max_length - buffer)
+    return jnp.minimum(-exceed_B / buffer * factor, 0.0)
 
 
-def overlong_shaped_rewards(rewards_N: chex.Array, lengths_N: chex.Array, cfg: DAPOConfig) -> chex.Array:
-    """rewards_N + overlong_penalty(lengths_N) with the config's L_max, L_buf, kappa."""
-    chex.assert_equal_shape([rewards_N, lengths_N])
-    return rewards_N + overlong_penalty(
-        lengths_N, max_length=cfg.overlong_max_length, buffer=cfg.overlong_buffer, factor=cfg.overlong_factor
+def overlong_shaped_rewards(rewards_B: chex.Array, lengths_B: chex.Array, cfg: DAPOConfig) -> chex.Array:
+    """rewards_B + overlong_penalty(lengths_B) with the config's L_max, L_buf, kappa."""
+    chex.assert_equal_shape([rewards_B, lengths_B])
+    return rewards_B + overlong_penalty(
+        lengths_B, max_length=cfg.overlong_max_length, buffer=cfg.overlong_buffer, factor=cfg.overlong_factor
     )

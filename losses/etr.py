@@ -55,10 +55,10 @@ class ETRConfig:
             )
 
 
-def group_reward_std(rewards_N: chex.Array, group_size: int) -> chex.Array:
-    """Unbiased std of the rewards of each sample's group, broadcast to [N] (0 for group size 1)."""
-    _check_rewards(rewards_N, group_size)
-    r_PG = rewards_N.reshape(-1, group_size)
+def group_reward_std(rewards_B: chex.Array, group_size: int) -> chex.Array:
+    """Unbiased std of the rewards of each sample's group, broadcast to [B] (0 for group size 1)."""
+    _check_rewards(rewards_B, group_size)
+    r_PG = rewards_B.reshape(-1, group_size)
     std_P1 = jnp.std(r_PG, axis=1, ddof=1, keepdims=True) if group_size > 1 else jnp.zeros_like(r_PG)
     return jnp.broadcast_to(std_P1, r_PG.shape).reshape(-1)
 

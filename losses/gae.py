@@ -47,29 +47,29 @@ def _check_unit(name: str, x: float) -> None:
         raise ValueError(f"gae_advantages: {name} must be in [0, 1], got {x}")
 
 
-def outcome_token_rewards(rewards_N: chex.Array, mask_NT: chex.Array) -> chex.Array:
+def outcome_token_rewards(rewards_B: chex.Array, mask_BT: chex.Array) -> chex.Array:
     """Places each row's scalar reward at its last trained token (verl's token_level_rewards), 0 elsewhere.
 
     Args:
-      rewards_N: [N] float outcome rewards.
-      mask_NT: [N, T] response mask (1 = trained token); may have holes.
+      rewards_B: [B] float outcome rewards.
+      mask_BT: [B, T] response mask (1 = trained token); may have holes.
 
     Returns:
-      [N, T] float32; a row without trained tokens is all 0.
+      [B, T] float32; a row without trained tokens is all 0.
     """
-    chex.assert_rank([rewards_N, mask_NT], [1, 2])
-    chex.assert_equal_shape_prefix([rewards_N, mask_NT], 1)
-    m_NT = mask_NT.astype(bool)
-    t = m_NT.shape[1]
-    last_N = t - 1 - jnp.argmax(m_NT[:, ::-1], axis=1)  # index of the last True (argmax: first maximum)
-    at_last_NT = (jnp.arange(t)[None, :] == last_N[:, None]) & jnp.any(m_NT, axis=1, keepdims=True)
-    return jnp.where(at_last_NT, rewards_N.astype(jnp.float32)[:, None], 0.0)
+    chex.assert_rank([rewards_B, mask_BT], [1, 2])
+    chex.assert_equal_shape_prefix([rewards_B, mask_BT], 1)
+    m_BT = mask_BT.astype(bool)
+    t = m_BT.shape[1]
+    last_B = t - 1 - jnp.argmax(m_BT[:, ::-1], axis=1)  # index of the last True (argmax: first maximum)
+    at_last_BT = (jnp.arange(t)[None, :] == last_B[:, None]) & jnp.any(m_BT, axis=1, keepdims=True)
+    return jnp.where(at_last_BT, rewards_B.astype(jnp.float32)[:, None], 0.0)
 
 
 def gae_advantages(
-    token_rewards_NT: chex.Array,
-    values_NT: chex.Array,
-    mask_NT: chex.Array,
+    token_rewards_BT: chex.Array,
+    values_BT: chex.Array,
+    mask_BT: chex.Array,
     *,
     gamma: float,
     lam: float,
@@ -78,46 +78,46 @@ def gae_advantages(
     """GAE advantages and value targets (module docstring), verl's masking of holes, optional whitening.
 
     Args:
-      token_rewards_NT: [N, T] float per-token rewards (`outcome_token_rewards` for an outcome reward).
-      values_NT: [N, T] float critic values of the rollout (V_old).
-      mask_NT: [N, T] response mask (1 = trained token, 0 = padding or tool observation).
+      token_rewards_BT: [B, T] float per-token rewards (`outcome_token_rewards` for an outcome reward).
+      values_BT: [B, T] float critic values of the rollout (V_old).
+      mask_BT: [B, T] response mask (1 = trained token, 0 = padding or tool observation).
       gamma: discount γ in [0, 1].
       lam: GAE λ in [0, 1].
       whiten: whiten the advantages over the batch's trained tokens (verl always does).
 
     Returns:
-      (adv_NT, returns_NT): [N, T] float32 each, 0 at masked positions, gradient stopped. returns = A + V
+      (adv_BT, returns_BT): [B, T] float32 each, 0 at masked positions, gradient stopped. returns = A + V
       before whitening.
     """
-    chex.assert_rank([token_rewards_NT, values_NT, mask_NT], 2)
-    chex.assert_equal_shape([token_rewards_NT, values_NT, mask_NT])
+    chex.assert_rank([token_rewards_BT, values_BT, mask_BT], 2)
+    chex.assert_equal_shape([token_rewards_BT, values_BT, mask_BT])
     _check_unit("gamma", gamma)
     _check_unit("lam", lam)
-    m_NT = mask_NT.astype(bool)
-    r_NT = jnp.where(m_NT, token_rewards_NT.astype(jnp.float32), 0.0)
-    v_NT = jnp.where(m_NT, values_NT.astype(jnp.float32), 0.0)
+    m_BT = mask_BT.astype(bool)
+    r_BT = jnp.where(m_BT, token_rewards_BT.astype(jnp.float32), 0.0)
+    v_BT = jnp.where(m_BT, values_BT.astype(jnp.float32), 0.0)
     g, gl = jnp.float32(gamma), jnp.float32(gamma * lam)
 
     def step(carry, x):
-        next_v_N, next_a_N = carry
-        r_N, v_N, m_N = x
-        a_N = jnp.where(m_N, r_N + g * next_v_N - v_N + gl * next_a_N, next_a_N)
-        return (jnp.where(m_N, v_N, next_v_N), a_N), a_N
+        next_v_B, next_a_B = carry
+        r_B, v_B, m_B = x
+        a_B = jnp.where(m_B, r_B + g * next_v_B - v_B + gl * next_a_B, next_a_B)
+        return (jnp.where(m_B, v_B, next_v_B), a_B), a_B
 
-    zeros_N = jnp.zeros(m_NT.shape[0], jnp.float32)
-    _, adv_TN = jax.lax.scan(step, (zeros_N, zeros_N), (r_NT.T, v_NT.T, m_NT.T), reverse=True)
-    adv_NT = jnp.where(m_NT, adv_TN.T, 0.0)
-    returns_NT = jnp.where(m_NT, adv_NT + v_NT, 0.0)
+    zeros_B = jnp.zeros(m_BT.shape[0], jnp.float32)
+    _, adv_TN = jax.lax.scan(step, (zeros_B, zeros_B), (r_BT.T, v_BT.T, m_BT.T), reverse=True)
+    adv_BT = jnp.where(m_BT, adv_TN.T, 0.0)
+    returns_BT = jnp.where(m_BT, adv_BT + v_BT, 0.0)
     if whiten:
-        adv_NT = jnp.where(m_NT, masked_whiten(adv_NT, m_NT), 0.0)
-    return jax.lax.stop_gradient(adv_NT), jax.lax.stop_gradient(returns_NT)
+        adv_BT = jnp.where(m_BT, masked_whiten(adv_BT, m_BT), 0.0)
+    return jax.lax.stop_gradient(adv_BT), jax.lax.stop_gradient(returns_BT)
 
 
 def value_loss(
-    values_NT: chex.Array,
-    old_values_NT: chex.Array,
-    returns_NT: chex.Array,
-    mask_NT: chex.Array,
+    values_BT: chex.Array,
+    old_values_BT: chex.Array,
+    returns_BT: chex.Array,
+    mask_BT: chex.Array,
     *,
     clip: float | None,
     agg: "AggMode | str" = AggMode.TOKEN_MEAN,
@@ -127,10 +127,10 @@ def value_loss(
     """PPO clipped value loss (module docstring), verl `compute_value_loss`.
 
     Args:
-      values_NT: [N, T] float critic predictions V (the only input that receives a gradient).
-      old_values_NT: [N, T] float rollout values V_old (centre of the clip range).
-      returns_NT: [N, T] float value targets R (from `gae_advantages`).
-      mask_NT: [N, T] response mask.
+      values_BT: [B, T] float critic predictions V (the only input that receives a gradient).
+      old_values_BT: [B, T] float rollout values V_old (centre of the clip range).
+      returns_BT: [B, T] float value targets R (from `gae_advantages`).
+      mask_BT: [B, T] response mask.
       clip: c ≥ 0 (verl `critic.cliprange_value`); None: no clipping, l_t = (V − R)².
       agg: aggregation mode (verl `loss_agg_mode`).
       horizon: seq-mean-token-sum-norm constant, passed to `aggregate`.
@@ -139,25 +139,25 @@ def value_loss(
     Returns:
       (loss, metrics): scalar loss; metrics `critic/vf_clip_frac` and `critic/vpred_mean` (this batch's mask).
     """
-    chex.assert_rank([values_NT, old_values_NT, returns_NT, mask_NT], 2)
-    chex.assert_equal_shape([values_NT, old_values_NT, returns_NT, mask_NT])
+    chex.assert_rank([values_BT, old_values_BT, returns_BT, mask_BT], 2)
+    chex.assert_equal_shape([values_BT, old_values_BT, returns_BT, mask_BT])
     if clip is not None and not clip >= 0.0:
         raise ValueError(f"value_loss: clip must be >= 0 or None, got {clip}")
-    m_NT = mask_NT.astype(bool)
-    v_NT = jnp.where(m_NT, values_NT.astype(jnp.float32), 0.0)
-    old_NT = jax.lax.stop_gradient(jnp.where(m_NT, old_values_NT.astype(jnp.float32), 0.0))
-    ret_NT = jax.lax.stop_gradient(jnp.where(m_NT, returns_NT.astype(jnp.float32), 0.0))
-    unclipped_NT = jnp.square(v_NT - ret_NT)
+    m_BT = mask_BT.astype(bool)
+    v_BT = jnp.where(m_BT, values_BT.astype(jnp.float32), 0.0)
+    old_BT = jax.lax.stop_gradient(jnp.where(m_BT, old_values_BT.astype(jnp.float32), 0.0))
+    ret_BT = jax.lax.stop_gradient(jnp.where(m_BT, returns_BT.astype(jnp.float32), 0.0))
+    unclipped_BT = jnp.square(v_BT - ret_BT)
     if clip is None:
-        loss_NT, clipped_frac = unclipped_NT, jnp.float32(0.0)
+        loss_BT, clipped_frac = unclipped_BT, jnp.float32(0.0)
     else:
-        v_clip_NT = jnp.clip(v_NT, old_NT - clip, old_NT + clip)
-        clipped_NT = jnp.square(v_clip_NT - ret_NT)
-        loss_NT = jnp.maximum(unclipped_NT, clipped_NT)
-        clipped_frac = masked_mean((clipped_NT > unclipped_NT).astype(jnp.float32), m_NT)
-    loss = 0.5 * aggregate(loss_NT, m_NT, agg, horizon=horizon, normalizer=normalizer)
+        v_clip_BT = jnp.clip(v_BT, old_BT - clip, old_BT + clip)
+        clipped_BT = jnp.square(v_clip_BT - ret_BT)
+        loss_BT = jnp.maximum(unclipped_BT, clipped_BT)
+        clipped_frac = masked_mean((clipped_BT > unclipped_BT).astype(jnp.float32), m_BT)
+    loss = 0.5 * aggregate(loss_BT, m_BT, agg, horizon=horizon, normalizer=normalizer)
     metrics = {
         "critic/vf_clip_frac": clipped_frac,
-        "critic/vpred_mean": masked_mean(jax.lax.stop_gradient(v_NT), m_NT),
+        "critic/vpred_mean": masked_mean(jax.lax.stop_gradient(v_BT), m_BT),
     }
     return loss, metrics

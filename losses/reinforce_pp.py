@@ -39,59 +39,59 @@ from jaxrl.losses.advantages import _check_rewards, group_advantages
 from jaxrl.losses.gdpo import masked_whiten
 
 
-def _check(rewards_N: chex.Array, mask_NT: chex.Array) -> None:
-    chex.assert_rank([rewards_N, mask_NT], [1, 2])
-    chex.assert_equal_shape_prefix([rewards_N, mask_NT], 1)
+def _check(rewards_B: chex.Array, mask_BT: chex.Array) -> None:
+    chex.assert_rank([rewards_B, mask_BT], [1, 2])
+    chex.assert_equal_shape_prefix([rewards_B, mask_BT], 1)
 
 
-def _whiten(values_NT: chex.Array, mask_NT: chex.Array) -> chex.Array:
-    m_NT = mask_NT.astype(bool)
-    return jnp.where(m_NT, masked_whiten(jnp.where(m_NT, values_NT, 0.0), m_NT), 0.0)
+def _whiten(values_BT: chex.Array, mask_BT: chex.Array) -> chex.Array:
+    m_BT = mask_BT.astype(bool)
+    return jnp.where(m_BT, masked_whiten(jnp.where(m_BT, values_BT, 0.0), m_BT), 0.0)
 
 
 def reinforce_pp_advantages(
-    rewards_N: chex.Array, mask_NT: chex.Array, *, gamma: float = 1.0, nan_aware: bool = False
+    rewards_B: chex.Array, mask_BT: chex.Array, *, gamma: float = 1.0, nan_aware: bool = False
 ) -> chex.Array:
     """REINFORCE++ advantages (module docstring): discounted return of the last-token reward, whitened.
 
     Args:
-      rewards_N: [N] float outcome rewards, one per row.
-      mask_NT: [N, T] response mask (1 = trained token).
+      rewards_B: [B] float outcome rewards, one per row.
+      mask_BT: [B, T] response mask (1 = trained token).
       gamma: discount γ in [0, 1] per trained token (verl `algorithm.gamma`, default 1).
       nan_aware: NaN rewards leave the statistics and get advantage 0.
 
     Returns:
-      [N, T] advantages, 0 at masked positions.
+      [B, T] advantages, 0 at masked positions.
     """
-    _check(rewards_N, mask_NT)
-    _check_rewards(rewards_N, 1)
+    _check(rewards_B, mask_BT)
+    _check_rewards(rewards_B, 1)
     if not 0.0 <= gamma <= 1.0:
         raise ValueError(f"reinforce_pp_advantages: gamma must be in [0, 1], got {gamma}")
-    valid_N = ~jnp.isnan(rewards_N) if nan_aware else jnp.ones(rewards_N.shape, bool)
-    m_NT = mask_NT.astype(bool) & valid_N[:, None]
-    m_f = m_NT.astype(rewards_N.dtype)
-    after_NT = jnp.cumsum(m_f[:, ::-1], axis=1)[:, ::-1] - m_f  # trained tokens after t
-    r_N = jnp.where(valid_N, rewards_N, 0.0)
-    returns_NT = r_N[:, None] * jnp.power(jnp.asarray(gamma, rewards_N.dtype), after_NT)
-    return jax.lax.stop_gradient(_whiten(returns_NT, m_NT))
+    valid_B = ~jnp.isnan(rewards_B) if nan_aware else jnp.ones(rewards_B.shape, bool)
+    m_BT = mask_BT.astype(bool) & valid_B[:, None]
+    m_f = m_BT.astype(rewards_B.dtype)
+    after_BT = jnp.cumsum(m_f[:, ::-1], axis=1)[:, ::-1] - m_f  # trained tokens after t
+    r_B = jnp.where(valid_B, rewards_B, 0.0)
+    returns_BT = r_B[:, None] * jnp.power(jnp.asarray(gamma, rewards_B.dtype), after_BT)
+    return jax.lax.stop_gradient(_whiten(returns_BT, m_BT))
 
 
 def reinforce_pp_baseline_advantages(
-    rewards_N: chex.Array, group_size: int, mask_NT: chex.Array, *, nan_aware: bool = False
+    rewards_B: chex.Array, group_size: int, mask_BT: chex.Array, *, nan_aware: bool = False
 ) -> chex.Array:
     """REINFORCE++-baseline advantages (module docstring): group-mean baseline, then batch whitening.
 
     Args:
-      rewards_N: [N] float rewards, N = P * group_size, groups contiguous.
+      rewards_B: [B] float rewards, N = P * group_size, groups contiguous.
       group_size: G (1: no baseline, b_i = R_i).
-      mask_NT: [N, T] response mask.
+      mask_BT: [B, T] response mask.
       nan_aware: NaN rewards leave the group means and the whitening statistics and get advantage 0.
 
     Returns:
-      [N, T] advantages, 0 at masked positions.
+      [B, T] advantages, 0 at masked positions.
     """
-    _check(rewards_N, mask_NT)
-    b_N = group_advantages(rewards_N, group_size, scale="none", nan_aware=nan_aware)
-    valid_N = ~jnp.isnan(rewards_N) if nan_aware else jnp.ones(rewards_N.shape, bool)
-    m_NT = mask_NT.astype(bool) & valid_N[:, None]
-    return jax.lax.stop_gradient(_whiten(jnp.broadcast_to(b_N[:, None], m_NT.shape), m_NT))
+    _check(rewards_B, mask_BT)
+    b_B = group_advantages(rewards_B, group_size, scale="none", nan_aware=nan_aware)
+    valid_B = ~jnp.isnan(rewards_B) if nan_aware else jnp.ones(rewards_B.shape, bool)
+    m_BT = mask_BT.astype(bool) & valid_B[:, None]
+    return jax.lax.stop_gradient(_whiten(jnp.broadcast_to(b_B[:, None], m_BT.shape), m_BT))

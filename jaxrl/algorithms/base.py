@@ -47,13 +47,13 @@ class AlgoSettings:
 class Advantages(NamedTuple):
     """Per-token advantages of the completion positions and per-sample clip bounds."""
 
-    adv_NT: np.ndarray
-    clip_low_N: np.ndarray
-    clip_high_N: np.ndarray
+    adv_BT: np.ndarray
+    clip_low_B: np.ndarray
+    clip_high_B: np.ndarray
     metrics: dict[str, float]
 
 
-# (rewards_NK, weights_K, completion_mask_NT, settings) -> Advantages
+# (rewards_BR, weights_R, completion_mask_BT, settings) -> Advantages
 AdvantageFn = Callable[[np.ndarray, np.ndarray, np.ndarray, AlgoSettings], Advantages]
 
 
@@ -114,69 +114,69 @@ class Algorithm:
     critic: bool = False
 
 
-def combined_reward(rewards_NK: np.ndarray, weights_K: np.ndarray) -> np.ndarray:
+def combined_reward(rewards_BR: np.ndarray, weights_R: np.ndarray) -> np.ndarray:
     """Weighted sum over rewards; NaN (a skipped reward) stays NaN so the estimator can exclude the sample."""
-    return (rewards_NK * weights_K[None, :]).sum(axis=1).astype(np.float32)
+    return (rewards_BR * weights_R[None, :]).sum(axis=1).astype(np.float32)
 
 
-def task_reward(rewards_NK: np.ndarray, weights_K: np.ndarray, s: AlgoSettings) -> np.ndarray:
+def task_reward(rewards_BR: np.ndarray, weights_R: np.ndarray, s: AlgoSettings) -> np.ndarray:
     """The weighted sum of the task columns per sample, skipped (NaN) rewards counted as 0."""
-    cols = list(s.task_columns) or list(range(rewards_NK.shape[1]))
-    return combined_reward(np.nan_to_num(rewards_NK[:, cols]), np.asarray(weights_K)[cols])
+    cols = list(s.task_columns) or list(range(rewards_BR.shape[1]))
+    return combined_reward(np.nan_to_num(rewards_BR[:, cols]), np.asarray(weights_R)[cols])
 
 
-def sequence_advantages(adv_N, mask_NT, s: AlgoSettings, metrics=None) -> Advantages:
+def sequence_advantages(adv_B, mask_BT, s: AlgoSettings, metrics=None) -> Advantages:
     """Broadcasts one advantage per sample over its completion tokens, with the constant clip bounds."""
-    adv_N = np.asarray(adv_N, np.float32)
-    n = adv_N.shape[0]
+    adv_B = np.asarray(adv_B, np.float32)
+    n = adv_B.shape[0]
     return Advantages(
-        adv_NT=adv_N[:, None] * np.asarray(mask_NT, np.float32),
-        clip_low_N=np.full((n,), s.clip_low, np.float32),
-        clip_high_N=np.full((n,), s.clip_high, np.float32),
+        adv_BT=adv_B[:, None] * np.asarray(mask_BT, np.float32),
+        clip_low_B=np.full((n,), s.clip_low, np.float32),
+        clip_high_B=np.full((n,), s.clip_high, np.float32),
         metrics=dict(metrics or {}),
     )
 
 
-def segment_advantages(fn: AdvantageFn, rewards_NK: np.ndarray, weights_K: np.ndarray, mask_NT: np.ndarray,
-                       s: AlgoSettings, segment_N: np.ndarray | None, sizes: tuple[int, ...],
+def segment_advantages(fn: AdvantageFn, rewards_BR: np.ndarray, weights_R: np.ndarray, mask_BT: np.ndarray,
+                       s: AlgoSettings, segment_B: np.ndarray | None, sizes: tuple[int, ...],
                        estimators: Sequence[AdvantageFn | None] = ()) -> Advantages:
     """`fn` on each segment of the rows (a multi-agent system's roles) with that segment's group size.
 
     Advantages are never normalised across segments (spec/multi-agent.md §3.8): a batch-level statistic
     (GDPO's batch standardisation) is taken within a segment. Metrics are row-weighted means over the
-    segments that report them. `segment_N` None: `fn` on all rows with the run's group size.
+    segments that report them. `segment_B` None: `fn` on all rows with the run's group size.
     `estimators`: per segment id, an estimator that replaces `fn` on that segment's rows (None: `fn`), e.g.
     RLOO for one role and GRPO for the others (`multi_agent.estimators`).
     """
-    if segment_N is None:
-        return fn(rewards_NK, weights_K, mask_NT, s)
-    mask_NT = np.asarray(mask_NT)
-    n, t = mask_NT.shape
-    adv_NT = np.zeros((n, t), np.float32)
-    low_N, high_N = np.zeros((n,), np.float32), np.zeros((n,), np.float32)
+    if segment_B is None:
+        return fn(rewards_BR, weights_R, mask_BT, s)
+    mask_BT = np.asarray(mask_BT)
+    n, t = mask_BT.shape
+    adv_BT = np.zeros((n, t), np.float32)
+    low_B, high_B = np.zeros((n,), np.float32), np.zeros((n,), np.float32)
     sums: dict[str, float] = {}
     counts: dict[str, int] = {}
-    for seg in np.unique(segment_N):
-        rows = np.flatnonzero(segment_N == seg)
+    for seg in np.unique(segment_B):
+        rows = np.flatnonzero(segment_B == seg)
         own = estimators[seg] if seg < len(estimators) else None
-        out = (own or fn)(rewards_NK[rows], weights_K, mask_NT[rows],
+        out = (own or fn)(rewards_BR[rows], weights_R, mask_BT[rows],
                           dataclasses.replace(s, group_size=int(sizes[seg])))
-        adv_NT[rows], low_N[rows], high_N[rows] = out.adv_NT, out.clip_low_N, out.clip_high_N
+        adv_BT[rows], low_B[rows], high_B[rows] = out.adv_BT, out.clip_low_B, out.clip_high_B
         for k, v in out.metrics.items():
             sums[k] = sums.get(k, 0.0) + float(v) * len(rows)
             counts[k] = counts.get(k, 0) + len(rows)
-    return Advantages(adv_NT, low_N, high_N, {k: sums[k] / counts[k] for k in sums})
+    return Advantages(adv_BT, low_B, high_B, {k: sums[k] / counts[k] for k in sums})
 
 
-def zero_std_group_frac(total_N: np.ndarray, group_size: int, segment_N: np.ndarray | None,
+def zero_std_group_frac(total_B: np.ndarray, group_size: int, segment_B: np.ndarray | None,
                         sizes: tuple[int, ...]) -> float:
     """The fraction of groups whose rewards are all equal (no GRPO signal); groups of one row are not
     counted (they have no spread to lose). NaN when there is no group of two or more."""
-    if segment_N is None:
-        segment_N, sizes = np.zeros(len(total_N), np.int32), (group_size,)
+    if segment_B is None:
+        segment_B, sizes = np.zeros(len(total_B), np.int32), (group_size,)
     flat: list[bool] = []
-    for seg in np.unique(segment_N):
+    for seg in np.unique(segment_B):
         g = int(sizes[seg])
         if g > 1:
-            flat += list(total_N[segment_N == seg].reshape(-1, g).std(axis=1) == 0)
+            flat += list(total_B[segment_B == seg].reshape(-1, g).std(axis=1) == 0)
     return float(np.mean(flat)) if flat else float("nan")

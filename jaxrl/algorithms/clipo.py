@@ -59,7 +59,7 @@ class ClipoHead:
 
     def __call__(self, params, ro, key) -> tuple[np.ndarray, dict[str, float]]:
         h_BD = self._pooled(params, ro.tokens_BL, ro.mask_BL, ro.completion_mask_BT)
-        correct_B = jnp.asarray(task_reward(ro.rewards_NK, ro.weights_K, self.settings) > 0)
+        correct_B = jnp.asarray(task_reward(ro.rewards_BR, ro.weights_R, self.settings) > 0)
         self.params, self.opt_state, bonus_B, metrics = self._step(self.params, self.opt_state, h_BD,
                                                                    correct_B, key)
         out = {k: float(v) for k, v in metrics.items()}

@@ -19,7 +19,7 @@ from jaxrl.rollout import Rollout, concat, select_groups
 def informative_groups(ro: Rollout, s: AlgoSettings) -> np.ndarray:
     """[P] bool: groups whose task rewards are not all equal (`losses.dynamic_sampling_mask`, on the host:
     the merged batch changes size every round, and a jnp version would compile for each size)."""
-    return np.ptp(task_reward(ro.rewards_NK, ro.weights_K, s).reshape(-1, s.group_size), axis=1) > 0
+    return np.ptp(task_reward(ro.rewards_BR, ro.weights_R, s).reshape(-1, s.group_size), axis=1) > 0
 
 
 def dynamic_sampling(first: Rollout, collect: Callable[[int], Rollout], s: AlgoSettings

@@ -1,4 +1,4 @@
-"""Advantage functions of the built-in algorithms: rewards_NK -> per-token advantages and clip bounds.
+"""Advantage functions of the built-in algorithms: rewards_BR -> per-token advantages and clip bounds.
 
 | algo     | rewards combined              | advantage                                  | clip bounds           |
 |----------|-------------------------------|--------------------------------------------|-----------------------|
@@ -42,92 +42,92 @@ def grpo(scale: str):
     """GRPO (scale "group", arXiv:2402.03300) or Dr.GRPO (scale "none", arXiv:2503.20783) on the summed
     reward."""
 
-    def advantages(rewards_NK, weights_K, mask_NT, s: AlgoSettings) -> Advantages:
-        r_N = combined_reward(rewards_NK, weights_K)
-        adv_N = _jitted(losses.group_advantages, group_size=s.group_size, scale=scale, eps=s.eps,
-                        nan_aware=True)(jnp.asarray(r_N))
-        return sequence_advantages(adv_N, mask_NT, s)
+    def advantages(rewards_BR, weights_R, mask_BT, s: AlgoSettings) -> Advantages:
+        r_B = combined_reward(rewards_BR, weights_R)
+        adv_B = _jitted(losses.group_advantages, group_size=s.group_size, scale=scale, eps=s.eps,
+                        nan_aware=True)(jnp.asarray(r_B))
+        return sequence_advantages(adv_B, mask_BT, s)
 
     return advantages
 
 
-def rloo(rewards_NK, weights_K, mask_NT, s: AlgoSettings) -> Advantages:
+def rloo(rewards_BR, weights_R, mask_BT, s: AlgoSettings) -> Advantages:
     """RLOO: the leave-one-out mean of the group as baseline (arXiv:2402.14740)."""
-    r_N = np.nan_to_num(combined_reward(rewards_NK, weights_K))
-    adv_N = _jitted(losses.rloo_advantages, group_size=s.group_size)(jnp.asarray(r_N))
-    return sequence_advantages(adv_N, mask_NT, s)
+    r_B = np.nan_to_num(combined_reward(rewards_BR, weights_R))
+    adv_B = _jitted(losses.rloo_advantages, group_size=s.group_size)(jnp.asarray(r_B))
+    return sequence_advantages(adv_B, mask_BT, s)
 
 
-def gdpo(rewards_NK, weights_K, mask_NT, s: AlgoSettings) -> Advantages:
+def gdpo(rewards_BR, weights_R, mask_BT, s: AlgoSettings) -> Advantages:
     """GDPO (arXiv:2601.05242): each reward normalised within its group, weighted sum, batch standardisation
     over samples (`gdpo.batch_norm: sample`, TRL) or over tokens (`token`, verl). With a single reward the
     reference (NVlabs/GDPO) falls back to plain GRPO, and so does this."""
-    if rewards_NK.shape[1] == 1:
-        return grpo("group")(rewards_NK, weights_K, mask_NT, s)
-    r_NK = jnp.asarray(np.nan_to_num(rewards_NK))
+    if rewards_BR.shape[1] == 1:
+        return grpo("group")(rewards_BR, weights_R, mask_BT, s)
+    r_BR = jnp.asarray(np.nan_to_num(rewards_BR))
     if s.section.gdpo.batch_norm.value == "token":
-        adv_NT = losses.gdpo_token_advantages(r_NK, s.group_size, jnp.asarray(mask_NT), weights=weights_K,
+        adv_BT = losses.gdpo_token_advantages(r_BR, s.group_size, jnp.asarray(mask_BT), weights=weights_R,
                                               eps=s.eps)
-        return sequence_advantages(np.zeros(r_NK.shape[0]), mask_NT, s)._replace(
-            adv_NT=np.asarray(adv_NT, np.float32))
-    adv_N = _jitted(losses.gdpo_advantages, group_size=s.group_size, eps=s.eps)(
-        r_NK, weights=None if weights_K is None else jnp.asarray(weights_K))
-    return sequence_advantages(adv_N, mask_NT, s)
+        return sequence_advantages(np.zeros(r_BR.shape[0]), mask_BT, s)._replace(
+            adv_BT=np.asarray(adv_BT, np.float32))
+    adv_B = _jitted(losses.gdpo_advantages, group_size=s.group_size, eps=s.eps)(
+        r_BR, weights=None if weights_R is None else jnp.asarray(weights_R))
+    return sequence_advantages(adv_B, mask_BT, s)
 
 
-def gd2po(rewards_NK, weights_K, mask_NT, s: AlgoSettings) -> Advantages:
+def gd2po(rewards_BR, weights_R, mask_BT, s: AlgoSettings) -> Advantages:
     """GD²PO: GDPO with conflicting samples filtered (hard, or by signal-to-noise) and consensus scaling."""
     c = s.section.gd2po
-    r_NK = jnp.asarray(np.nan_to_num(rewards_NK))
-    adv_NT, metrics = losses.gd2po_advantages(
-        r_NK, s.group_size, jnp.asarray(mask_NT), mode=c.mode.value, tau=c.tau, weights=weights_K, eps=s.eps,
+    r_BR = jnp.asarray(np.nan_to_num(rewards_BR))
+    adv_BT, metrics = losses.gd2po_advantages(
+        r_BR, s.group_size, jnp.asarray(mask_BT), mode=c.mode.value, tau=c.tau, weights=weights_R, eps=s.eps,
         eps_snr=c.eps_snr)
-    base = sequence_advantages(np.zeros(r_NK.shape[0]), mask_NT, s)
-    return base._replace(adv_NT=np.asarray(adv_NT, np.float32),
+    base = sequence_advantages(np.zeros(r_BR.shape[0]), mask_BT, s)
+    return base._replace(adv_BT=np.asarray(adv_BT, np.float32),
                          metrics={k: float(v) for k, v in metrics.items()})
 
 
-def etr(rewards_NK, weights_K, mask_NT, s: AlgoSettings) -> Advantages:
+def etr(rewards_BR, weights_R, mask_BT, s: AlgoSettings) -> Advantages:
     """ETR [READING]: GRPO advantages with elastic per-sample clip bounds (`losses.etr_clip_bounds`)."""
     c = s.section.etr
-    r_N = jnp.asarray(combined_reward(rewards_NK, weights_K))
-    adv_N = _jitted(losses.group_advantages, group_size=s.group_size, scale="group", eps=s.eps,
-                    nan_aware=True)(r_N)
+    r_B = jnp.asarray(combined_reward(rewards_BR, weights_R))
+    adv_B = _jitted(losses.group_advantages, group_size=s.group_size, scale="group", eps=s.eps,
+                    nan_aware=True)(r_B)
     cfg = losses.ETRConfig(clip_low=s.clip_low, clip_high=s.clip_high, alpha=c.alpha, beta=c.beta,
                            adv_cap=c.adv_max)
-    std_N = losses.group_reward_std(jnp.nan_to_num(r_N), s.group_size)
-    low_N, high_N = losses.etr_clip_bounds(adv_N, std_N, cfg)
-    out = sequence_advantages(adv_N, mask_NT, s, {"etr/clip_low_mean": float(jnp.mean(low_N)),
-                                                  "etr/clip_high_mean": float(jnp.mean(high_N))})
-    return out._replace(clip_low_N=np.asarray(low_N, np.float32), clip_high_N=np.asarray(high_N, np.float32))
+    std_B = losses.group_reward_std(jnp.nan_to_num(r_B), s.group_size)
+    low_B, high_B = losses.etr_clip_bounds(adv_B, std_B, cfg)
+    out = sequence_advantages(adv_B, mask_BT, s, {"etr/clip_low_mean": float(jnp.mean(low_B)),
+                                                  "etr/clip_high_mean": float(jnp.mean(high_B))})
+    return out._replace(clip_low_B=np.asarray(low_B, np.float32), clip_high_B=np.asarray(high_B, np.float32))
 
 
-def reinforce_pp(rewards_NK, weights_K, mask_NT, s: AlgoSettings) -> Advantages:
+def reinforce_pp(rewards_BR, weights_R, mask_BT, s: AlgoSettings) -> Advantages:
     """REINFORCE++ (arXiv:2501.03262, verl `reinforce_plus_plus`): `losses.reinforce_pp_advantages` with
     γ = `algorithm.reinforce_pp.gamma`."""
-    r_N = jnp.asarray(combined_reward(rewards_NK, weights_K))
-    adv_NT = losses.reinforce_pp_advantages(r_N, jnp.asarray(mask_NT), gamma=s.section.reinforce_pp.gamma,
+    r_B = jnp.asarray(combined_reward(rewards_BR, weights_R))
+    adv_BT = losses.reinforce_pp_advantages(r_B, jnp.asarray(mask_BT), gamma=s.section.reinforce_pp.gamma,
                                             nan_aware=True)
-    return _token_advantages(adv_NT, mask_NT, s)
+    return _token_advantages(adv_BT, mask_BT, s)
 
 
-def reinforce_pp_baseline(rewards_NK, weights_K, mask_NT, s: AlgoSettings) -> Advantages:
+def reinforce_pp_baseline(rewards_BR, weights_R, mask_BT, s: AlgoSettings) -> Advantages:
     """REINFORCE++-baseline (verl `reinforce_plus_plus_baseline`):
     `losses.reinforce_pp_baseline_advantages`."""
-    r_N = jnp.asarray(combined_reward(rewards_NK, weights_K))
-    adv_NT = losses.reinforce_pp_baseline_advantages(r_N, s.group_size, jnp.asarray(mask_NT), nan_aware=True)
-    return _token_advantages(adv_NT, mask_NT, s)
+    r_B = jnp.asarray(combined_reward(rewards_BR, weights_R))
+    adv_BT = losses.reinforce_pp_baseline_advantages(r_B, s.group_size, jnp.asarray(mask_BT), nan_aware=True)
+    return _token_advantages(adv_BT, mask_BT, s)
 
 
-def outcome_rewards(rewards_NK, weights_K, mask_NT, s: AlgoSettings) -> Advantages:
-    """PPO's estimator stage (`Algorithm.critic`): the per-token rewards r_NT, the weighted reward at each
+def outcome_rewards(rewards_BR, weights_R, mask_BT, s: AlgoSettings) -> Advantages:
+    """PPO's estimator stage (`Algorithm.critic`): the per-token rewards r_BT, the weighted reward at each
     row's last trained token (verl's `token_level_rewards`; a skipped, NaN, reward counts 0), which the run's
     critic turns into GAE advantages (`jaxrl.rl.critic.ActorCritic`)."""
-    r_N = jnp.asarray(np.nan_to_num(combined_reward(rewards_NK, weights_K)))
-    return _token_advantages(losses.outcome_token_rewards(r_N, jnp.asarray(mask_NT)), mask_NT, s)
+    r_B = jnp.asarray(np.nan_to_num(combined_reward(rewards_BR, weights_R)))
+    return _token_advantages(losses.outcome_token_rewards(r_B, jnp.asarray(mask_BT)), mask_BT, s)
 
 
-def _token_advantages(adv_NT, mask_NT, s: AlgoSettings) -> Advantages:
+def _token_advantages(adv_BT, mask_BT, s: AlgoSettings) -> Advantages:
     """Per-token advantages with the constant clip bounds."""
-    base = sequence_advantages(np.zeros(np.shape(mask_NT)[0]), mask_NT, s)
-    return base._replace(adv_NT=np.asarray(adv_NT, np.float32))
+    base = sequence_advantages(np.zeros(np.shape(mask_BT)[0]), mask_BT, s)
+    return base._replace(adv_BT=np.asarray(adv_BT, np.float32))

@@ -30,8 +30,8 @@ class KLRewardPenalty:
 
     def __call__(self, params, ro, key) -> tuple[np.ndarray, dict[str, float]]:
         del params, key
-        kl_N = self._kl_BT(ro).sum(axis=1)
-        return -self.beta * kl_N, {"kl": float(kl_N.mean())}
+        kl_B = self._kl_BT(ro).sum(axis=1)
+        return -self.beta * kl_B, {"kl": float(kl_B.mean())}
 
     def token_rewards(self, ro) -> tuple[np.ndarray, dict[str, float]]:
         """The penalty on each completion token, −β m_t k_t (all hosts' rows), where a critic's GAE reads

@@ -8,7 +8,7 @@ Public API:
   EpisodeSpec, Episodes, collect_episodes, scripted_episodes      (episodes.py)
   GymTextEnv, SkyRLTextEnv, TRLToolEnv                            (adapters*.py: other libraries' env APIs)
 
-Dimension letters: N episodes (= P records × G), L row width, K turns.
+Dimension letters (`jaxrl.types`): B episodes (= P records × G), L row width, U turns.
 """
 
 from jaxrl.envs.adapters_gym import GymTextEnv

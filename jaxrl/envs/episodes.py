@@ -8,14 +8,14 @@ model emits EOS, `max_turns` is reached or the context would exceed `max_total_t
     old_logp_BL  = the sampler's log π(a_k,t | context) on action tokens, 0 elsewhere
 
 in the layout of `jaxrl.types.Rows` (prompt_width columns of prompt, then the completion region).
-`rewards_N` is the episode return Σ_u r_u of the per-turn rewards (`turn_rewards_NU`, U turns); environments that
+`rewards_B` is the episode return Σ_u r_u of the per-turn rewards (`turn_rewards_BU`, U turns); environments that
 only score the final answer give a return equal to that final reward.
 
 Every reset / step / demonstration is checked against the `Env` contract (`jaxrl.envs.contract`); a step that
 breaks it (or raises, or runs past `step_timeout_s`) stops the rollout with `EnvError` (on_error "raise") or
-ends that episode with return 0 (on_error "end_episode": `errors_N`, metric `env/errors`).
+ends that episode with return 0 (on_error "end_episode": `errors_B`, metric `env/errors`).
 
-Hosts: with `row_sharding` (`jaxrl.sharding.row_sharding` of the N rows) a host runs the environments of the
+Hosts: with `row_sharding` (`jaxrl.sharding.row_sharding` of the B rows) a host runs the environments of the
 rows it owns (`jaxrl.sharding.hosts.row_owners`) and no others, so a tool is called once per episode on a pod,
 not once per host. The rows' tokens and log-probs are then valid at the rows this host holds (its own; also
 the others' when some row sits on several hosts, whose values come from their owners); the per-row numbers
@@ -57,7 +57,7 @@ class EpisodeSpec:
       chunk_buckets, gen_buckets: compiled chunk / per-turn decode widths; row_buckets: widths of the
         training rows' prompt and completion regions.
       on_error: a step that breaks the contract, raises or times out: "raise" (EnvError) or "end_episode"
-        (that episode ends with return 0 and counts in `Episodes.errors_N`).
+        (that episode ends with return 0 and counts in `Episodes.errors_B`).
       step_timeout_s: wait at most this long for one step (None: no limit, the step runs on this thread).
     """
 
@@ -93,36 +93,36 @@ class EpisodeSpec:
 class Episodes:
     """N episodes as host arrays (row n = p·G + g); field names follow `jaxrl.rollout.Rollout` if shared.
 
-    `prompts`, `completions` and `turn_info` are valid at the rows this host drove (`driven_N`; "" and []
+    `prompts`, `completions` and `turn_info` are valid at the rows this host drove (`driven_B`; "" and []
     elsewhere), `tokens_BL` and `old_logp_BL` at the rows it holds (pad and 0 elsewhere); every other field
     is the same on every host."""
 
-    tokens_BL: np.ndarray  # int32 [N, L], L = prompt_width + completion width
+    tokens_BL: np.ndarray  # int32 [B, L], L = prompt_width + completion width
     mask_BL: np.ndarray  # bool, real tokens
     loss_mask_BL: np.ndarray  # bool, sampled action tokens only
     old_logp_BL: np.ndarray  # float32, sampler log-probs on action tokens, 0 elsewhere
     prompt_width: int
-    rewards_N: np.ndarray  # float32 episode return
-    turn_rewards_NU: np.ndarray  # float32 [N, max_turns] per-turn rewards (0 after the last turn)
-    turns_N: np.ndarray  # int32 model turns
-    tool_calls_N: np.ndarray  # int32
-    tool_errors_N: np.ndarray  # int32
-    obs_tokens_N: np.ndarray  # int32 observation tokens fed after the prompt
-    action_tokens_N: np.ndarray  # int32 sampled tokens
-    lengths_N: np.ndarray  # int32 completion-region length (actions + observations)
-    finished_N: np.ndarray  # bool, ended by the env or EOS (False: cut by a turn or token budget)
+    rewards_B: np.ndarray  # float32 episode return
+    turn_rewards_BU: np.ndarray  # float32 [B, U] per-turn rewards (0 after the last turn)
+    turns_B: np.ndarray  # int32 model turns
+    tool_calls_B: np.ndarray  # int32
+    tool_errors_B: np.ndarray  # int32
+    obs_tokens_B: np.ndarray  # int32 observation tokens fed after the prompt
+    action_tokens_B: np.ndarray  # int32 sampled tokens
+    lengths_B: np.ndarray  # int32 completion-region length (actions + observations)
+    finished_B: np.ndarray  # bool, ended by the env or EOS (False: cut by a turn or token budget)
     records: list[dict[str, Any]]  # the record of each episode (repeated G times)
     prompts: list[str]
     completions: list[str]  # readable transcript of the completion region (special tokens kept)
     turn_info: list[list[dict[str, Any]]]  # the env's info of every turn
     metrics: dict[str, float]
-    driven_N: np.ndarray | None = None  # bool, the rows this host drove (None: all)
+    driven_B: np.ndarray | None = None  # bool, the rows this host drove (None: all)
     row_sharding: Any = None  # the rows' layout when hosts drove their own rows (`collect_episodes`)
-    errors_N: np.ndarray | None = None  # bool, ended by an environment error (on_error "end_episode")
+    errors_B: np.ndarray | None = None  # bool, ended by an environment error (on_error "end_episode")
     first_error: str = ""  # the first such error of this host's episodes
 
     @property
-    def completion_mask_NT(self) -> np.ndarray:
+    def completion_mask_BT(self) -> np.ndarray:
         return self.loss_mask_BL[:, self.prompt_width:]
 
     def rows(self, role: str = "") -> Rows:
@@ -130,7 +130,7 @@ class Episodes:
         environment's observation tokens are real but not trained), host arrays."""
         w = self.prompt_width
         return Rows(self.tokens_BL, self.mask_BL, self.loss_mask_BL[:, w:], self.old_logp_BL[:, w:],
-                    self.lengths_N.astype(np.int32), self.finished_N, list(self.completions), role=role)
+                    self.lengths_B.astype(np.int32), self.finished_B, list(self.completions), role=role)
 
 
 @dataclasses.dataclass
@@ -207,11 +207,11 @@ def collect_episodes(graphdef, params, records: Sequence[dict[str, Any]], tokeni
       env_factory: `tokenizer -> Env`, e.g. `jaxrl.envs.make_env(name, params)`; one env per episode.
       spec: `EpisodeSpec`; seed: int or PRNG key of this rollout.
       row_offset: global index of this call's first episode (its row id for the random draws).
-      row_sharding: the layout of the N rows (`jaxrl.sharding.row_sharding`, as the model pins them): each
+      row_sharding: the layout of the B rows (`jaxrl.sharding.row_sharding`, as the model pins them): each
         host drives its own rows' episodes (module notes). None: every host drives every episode.
 
     Returns:
-      Episodes with N = P·G rows.
+      Episodes with B = P·G rows.
     """
     rep, eps = _start(env_factory, records, tokenizer, spec, row_sharding)
     eos = int(tokenizer.eos_token_id)
@@ -339,12 +339,12 @@ def _assemble(eps: list, rep: list[dict[str, Any]], tokenizer, spec: EpisodeSpec
         next((e.error for e in mine if e.error), ""),
     )
     out.metrics.update({
-        "reward/mean": float(out.rewards_N.mean()), "episode/turns": float(out.turns_N.mean()),
-        "episode/tool_calls": float(out.tool_calls_N.mean()),
-        "episode/tool_errors": float(out.tool_errors_N.mean()),
-        "episode/obs_tokens": float(out.obs_tokens_N.mean()),
+        "reward/mean": float(out.rewards_B.mean()), "episode/turns": float(out.turns_B.mean()),
+        "episode/tool_calls": float(out.tool_calls_B.mean()),
+        "episode/tool_errors": float(out.tool_errors_B.mean()),
+        "episode/obs_tokens": float(out.obs_tokens_B.mean()),
         "episode/action_tokens": float(action_tokens.mean()),
-        "episode/finished_frac": float(out.finished_N.mean()),
+        "episode/finished_frac": float(out.finished_B.mean()),
         "env/errors": float(errors.sum()),
     })
     return out

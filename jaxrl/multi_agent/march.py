@@ -50,26 +50,26 @@ HALLUCINATION = "hallucination"
 
 @dataclasses.dataclass(frozen=True)
 class Chains:
-    """Everything one collect call generated, role by role (N = P·G chains, S Checker samples each)."""
+    """Everything one collect call generated, role by role (B = P·G chains, S Checker samples each)."""
 
-    solver: Rows  # N rows
-    proposer: Rows  # N rows
+    solver: Rows  # B rows
+    proposer: Rows  # B rows
     checker: Rows  # N·S rows, chain i's samples at i·S .. i·S + S-1
     pairs: list[list[tuple[str, str]]]  # the Proposer's (question, answer) pairs of each chain
-    votes_NSQ: np.ndarray
-    qmask_NQ: np.ndarray
-    labelled_N: np.ndarray
+    votes_BSQ: np.ndarray
+    qmask_BQ: np.ndarray
+    labelled_B: np.ndarray
 
 
-def chain_rewards(votes_NSQ: np.ndarray, qmask_NQ: np.ndarray, labelled_N: np.ndarray, mode: str
+def chain_rewards(votes_BSQ: np.ndarray, qmask_BQ: np.ndarray, labelled_B: np.ndarray, mode: str
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(r_fc per chain, refuted claims per chain, claims per chain), `losses.research.march` arithmetic."""
-    r_N = np.asarray(fact_check_reward(votes_NSQ, qmask_NQ, mode=mode, labelled_B=labelled_N), np.float32)
-    c_NQ = votes_NSQ.sum(axis=1)
-    checked_N = labelled_N.astype(bool)[:, None]
-    refuted_N = ((c_NQ < 0) & qmask_NQ & checked_N).sum(axis=1)
-    claims_N = (qmask_NQ & checked_N).sum(axis=1)
-    return r_N, refuted_N, claims_N
+    r_B = np.asarray(fact_check_reward(votes_BSQ, qmask_BQ, mode=mode, labelled_B=labelled_B), np.float32)
+    c_BQ = votes_BSQ.sum(axis=1)
+    checked_B = labelled_B.astype(bool)[:, None]
+    refuted_B = ((c_BQ < 0) & qmask_BQ & checked_B).sum(axis=1)
+    claims_B = (qmask_BQ & checked_B).sum(axis=1)
+    return r_B, refuted_B, claims_B
 
 
 def checker_gold_frac(checker_texts: Sequence[str], pairs: Sequence[Sequence[tuple[str, str]]],
@@ -274,38 +274,38 @@ class MarchSystem:
         rep = [dict(r) for r in records for _ in range(g)]
         n = len(rep)
         prompts = [mt.solver_text(self.context(r)[0], str(r["question"])) for r in rep]
-        rm_NK, info = score_rows(rewards, prompts, ch.solver.completions, rep, ch.solver.lengths_N)
-        r_fc, refuted, claims = chain_rewards(ch.votes_NSQ, ch.qmask_NQ, ch.labelled_N, self.mode)
+        rm_BR, info = score_rows(rewards, prompts, ch.solver.completions, rep, ch.solver.lengths_B)
+        r_fc, refuted, claims = chain_rewards(ch.votes_BSQ, ch.qmask_BQ, ch.labelled_B, self.mode)
         frac = np.where(claims > 0, refuted / np.maximum(claims, 1), 0.0).astype(np.float32)
         names = (*info.names, FACT_CHECK, HALLUCINATION)
-        weights = np.concatenate([np.asarray(info.weights_K, np.float32), [1.0, 0.0]]).astype(np.float32)
-        solver_NK = np.concatenate([rm_NK, r_fc[:, None], frac[:, None]], axis=1)
-        r_rm = (np.nan_to_num(rm_NK) * weights[None, : rm_NK.shape[1]]).sum(1)
-        has_claims = ch.labelled_N & (ch.qmask_NQ.sum(1) > 0)
-        checker_NK = np.zeros_like(solver_NK)
-        checker_NK[:, -2] = np.where(has_claims, r_fc, np.nan)
+        weights = np.concatenate([np.asarray(info.weights_R, np.float32), [1.0, 0.0]]).astype(np.float32)
+        solver_BR = np.concatenate([rm_BR, r_fc[:, None], frac[:, None]], axis=1)
+        r_rm = (np.nan_to_num(rm_BR) * weights[None, : rm_BR.shape[1]]).sum(1)
+        has_claims = ch.labelled_B & (ch.qmask_BQ.sum(1) > 0)
+        checker_BR = np.zeros_like(solver_BR)
+        checker_BR[:, -2] = np.where(has_claims, r_fc, np.nan)
         last = ch.checker.take(np.arange(n) * s + s - 1)
         parts = []
         if not train or "solver" in self.train_roles:
-            parts.append((ch.solver, rep, solver_NK))
+            parts.append((ch.solver, rep, solver_BR))
         if train and "checker" in self.train_roles:
-            parts.append((last, rep, checker_NK))
+            parts.append((last, rep, checker_BR))
         metrics = dict(info.metrics)
-        metrics.update(role_metrics("solver", r_rm + r_fc, ch.solver.lengths_N))
-        metrics.update(role_metrics("checker", checker_NK[:, -2], last.lengths_N))
-        metrics.update(role_metrics("proposer", np.full((n,), np.nan), ch.proposer.lengths_N))
+        metrics.update(role_metrics("solver", r_rm + r_fc, ch.solver.lengths_B))
+        metrics.update(role_metrics("checker", checker_BR[:, -2], last.lengths_B))
+        metrics.update(role_metrics("proposer", np.full((n,), np.nan), ch.proposer.lengths_B))
         metrics["role/solver/correct/mean"] = float(r_rm.mean())
         metrics["role/proposer/pairs/mean"] = float(np.mean([len(p) for p in ch.pairs]))
         metrics[f"reward/{FACT_CHECK}/mean"] = float(r_fc.mean())
         metrics["march/hallucination_rate"] = float(refuted.sum() / max(claims.sum(), 1))
         metrics["march/claims/mean"] = float(claims.mean())
         metrics["march/fault_frac"] = float(np.mean(r_fc < 0))
-        metrics["march/labelled_frac"] = float(ch.labelled_N.mean())
+        metrics["march/labelled_frac"] = float(ch.labelled_B.mean())
         golds = [str(r["answers"][0]) for r in rep]
         metrics["march/checker_gold_frac"] = checker_gold_frac(ch.checker.completions, ch.pairs, golds, s)
-        ro = joint_rollout(parts, role_ids=ROLE_IDS, reward_names=names, weights_K=weights,
+        ro = joint_rollout(parts, role_ids=ROLE_IDS, reward_names=names, weights_R=weights,
                            pad_id=int(self.tokenizer.pad_token_id), metrics=metrics, score_infos=(info,),
                            group_sizes=[g] * len(parts))
-        ro.metrics["response_length/mean"] = float(ro.lengths_N.mean())
-        ro.metrics["response/finished_frac"] = float(ro.finished_N.mean())
+        ro.metrics["response_length/mean"] = float(ro.lengths_B.mean())
+        ro.metrics["response/finished_frac"] = float(ro.finished_B.mean())
         return ro

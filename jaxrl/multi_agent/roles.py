@@ -44,19 +44,19 @@ def _pad_to(x: np.ndarray, left: int, right: int, fill) -> np.ndarray:
 
 
 def joint_rollout(parts: Sequence[tuple[Rows, list[dict[str, Any]], np.ndarray]], *,
-                  role_ids: dict[str, int], reward_names: tuple[str, ...], weights_K: np.ndarray, pad_id: int,
+                  role_ids: dict[str, int], reward_names: tuple[str, ...], weights_R: np.ndarray, pad_id: int,
                   metrics: dict[str, float], score_infos: tuple = (),
                   group_sizes: Sequence[int] | None = None) -> Rollout:
     """Concatenates the trained roles' rows into one `Rollout`.
 
     Args:
-      parts: (rows, records, rewards_NK) per trained role (`Rows.role` names it), in row order; records are
+      parts: (rows, records, rewards_BR) per trained role (`Rows.role` names it), in row order; records are
         the rows' dataset records (one per row); a row whose combined reward is NaN gets no trained tokens.
       role_ids: role name -> id (the system's fixed numbering); written into each row's record.
-      reward_names, weights_K: the K reward columns shared by every role (0 where a column is not the role's).
+      reward_names, weights_R: the R reward columns shared by every role (0 where a column is not the role's).
       score_infos: the `jaxrl.rewards.ScoreInfo` of the scoring calls (the run's reward-failure tracker).
       group_sizes: each part's group size (rows normalised together): the rollout's segments are the roles
-        (`Rollout.segment_N` = role id), so no advantage statistic mixes roles. None: the run's group size
+        (`Rollout.segment_B` = role id), so no advantage statistic mixes roles. None: the run's group size
         for every role, one segment.
     """
     if not parts:
@@ -68,23 +68,23 @@ def joint_rollout(parts: Sequence[tuple[Rows, list[dict[str, Any]], np.ndarray]]
     cols = {k: [] for k in ("tokens", "mask", "cmask", "logp", "rewards", "lengths", "finished")}
     records: list[dict[str, Any]] = []
     completions: list[str] = []
-    for rows, recs, r_NK in parts:
+    for rows, recs, r_BR in parts:
         n = rows.tokens_BL.shape[0]
-        if len(recs) != n or r_NK.shape != (n, len(reward_names)):
-            raise ValueError(f"role {rows.role}: {n} rows, {len(recs)} records, rewards {r_NK.shape}")
+        if len(recs) != n or r_BR.shape != (n, len(reward_names)):
+            raise ValueError(f"role {rows.role}: {n} rows, {len(recs)} records, rewards {r_BR.shape}")
         left, right = width - rows.prompt_width, comp - rows.completion_mask_BT.shape[1]
-        trained_N = ~np.isnan((r_NK * weights_K[None]).sum(1))
+        trained_B = ~np.isnan((r_BR * weights_R[None]).sum(1))
         cols["tokens"].append(_pad_to(rows.tokens_BL, left, right, pad_id))
         cols["mask"].append(_pad_to(rows.mask_BL, left, right, False))
-        cols["cmask"].append(_pad_to(rows.completion_mask_BT, 0, right, False) & trained_N[:, None])
+        cols["cmask"].append(_pad_to(rows.completion_mask_BT, 0, right, False) & trained_B[:, None])
         cols["logp"].append(_pad_to(rows.old_logp_BT, 0, right, 0.0))
-        cols["rewards"].append(r_NK.astype(np.float32))
-        cols["lengths"].append(rows.lengths_N)
-        cols["finished"].append(rows.finished_N)
+        cols["rewards"].append(r_BR.astype(np.float32))
+        cols["lengths"].append(rows.lengths_B)
+        cols["finished"].append(rows.finished_B)
         records += [dict(rec, role=rows.role, role_id=role_ids[rows.role]) for rec in recs]
         completions += rows.completions
     cat = {k: np.concatenate(v, axis=0) for k, v in cols.items()}
-    segment_N, sizes = None, ()
+    segment_B, sizes = None, ()
     if group_sizes is not None:
         size_of = dict.fromkeys(range(max(role_ids.values()) + 1), 0)
         for (rows, _, _), g in zip(parts, group_sizes):
@@ -92,13 +92,13 @@ def joint_rollout(parts: Sequence[tuple[Rows, list[dict[str, Any]], np.ndarray]]
                 raise ValueError(f"role {rows.role}: group size {g} does not divide its "
                                  f"{rows.tokens_BL.shape[0]} rows")
             size_of[role_ids[rows.role]] = int(g)
-        segment_N = np.asarray([r["role_id"] for r in records], np.int32)
+        segment_B = np.asarray([r["role_id"] for r in records], np.int32)
         sizes = tuple(size_of[i] for i in sorted(size_of))
     rows = Rows(cat["tokens"].astype(np.int32), cat["mask"], cat["cmask"], cat["logp"].astype(np.float32),
                 cat["lengths"], cat["finished"], completions)
-    return Rollout.of(rows, records=records, rewards_NK=cat["rewards"], weights_K=np.asarray(weights_K, np.float32),
+    return Rollout.of(rows, records=records, rewards_BR=cat["rewards"], weights_R=np.asarray(weights_R, np.float32),
                       reward_names=tuple(reward_names), metrics=dict(metrics), score_infos=tuple(score_infos),
-                      segment_N=segment_N, segment_sizes=sizes)
+                      segment_B=segment_B, segment_sizes=sizes)
 
 
 def row_roles(ro: Rollout) -> np.ndarray:
@@ -106,9 +106,9 @@ def row_roles(ro: Rollout) -> np.ndarray:
     return np.asarray([r["role_id"] for r in ro.records], np.int32)
 
 
-def role_metrics(name: str, rewards_N: np.ndarray, lengths_N: np.ndarray) -> dict[str, float]:
+def role_metrics(name: str, rewards_B: np.ndarray, lengths_B: np.ndarray) -> dict[str, float]:
     """`role/<name>/reward/mean` (NaN rows left out) and `role/<name>/response_length/mean`."""
-    finite = rewards_N[~np.isnan(rewards_N)]
+    finite = rewards_B[~np.isnan(rewards_B)]
     return {f"role/{name}/reward/mean": float(finite.mean()) if finite.size else float("nan"),
             f"role/{name}/response_length/mean":
-                float(np.mean(lengths_N)) if len(lengths_N) else float("nan")}
+                float(np.mean(lengths_B)) if len(lengths_B) else float("nan")}

@@ -473,12 +473,12 @@ class SspSystem:
         names, weights = ("ssp",), np.ones((1,), np.float32)
         if not train:
             eps = self._episodes("solver", graphdef, params, records, self.solver_env, spec, g, keys[2])
-            r = solver_reward(eps.rewards_N > 0, *answer_tag_counts(eps.completions))
+            r = solver_reward(eps.rewards_B > 0, *answer_tag_counts(eps.completions))
             rows = eps.rows("solver")
             return joint_rollout([(rows, list(eps.records), np.asarray(r)[:, None])], role_ids=ROLE_IDS,
-                                 reward_names=names, weights_K=weights,
+                                 reward_names=names, weights_R=weights,
                                  pad_id=int(self.tokenizer.pad_token_id),
-                                 metrics=role_metrics("solver", np.asarray(r), rows.lengths_N),
+                                 metrics=role_metrics("solver", np.asarray(r), rows.lengths_B),
                                  group_sizes=[g])
         prop = self._episodes("proposer", graphdef, params, records, self.proposer_env, spec,
                               self.proposer_samples, keys[0])
@@ -493,12 +493,12 @@ class SspSystem:
                           {"question": old["question"], "answers": [old["answer"]], "valid": False}
                           for p, a, ok, old in zip(problems, answers, valid, reused)]
         sol = self._episodes("solver", graphdef, params, solver_records, self.solver_env, spec, g, keys[1])
-        r_s = np.asarray(solver_reward(sol.rewards_N > 0, *answer_tag_counts(sol.completions)))
+        r_s = np.asarray(solver_reward(sol.rewards_B > 0, *answer_tag_counts(sol.completions)))
         r_p = np.asarray(proposer_reward(r_s.reshape(-1, g), mode="1-acc", valid_P=valid,
                                          format_penalty=self.format_penalty))
         p_rows, s_rows = prop.rows("proposer"), sol.rows("solver")
-        metrics = {**role_metrics("proposer", r_p, p_rows.lengths_N),
-                   **role_metrics("solver", r_s, s_rows.lengths_N)}
+        metrics = {**role_metrics("proposer", r_p, p_rows.lengths_B),
+                   **role_metrics("solver", r_s, s_rows.lengths_B)}
         solved = (r_s.reshape(-1, g) > 0).mean(1)
         if self.pool is not None:  # every non-dummy problem of this step, with its success rate
             self.pool.push([(r["question"], r["answers"][0], p) for r, p in zip(solver_records, solved)
@@ -512,6 +512,6 @@ class SspSystem:
             metrics[f"ssp/invalid/{reason}"] = float(np.mean([p.reason == reason for p in problems]))
         metrics["ssp/rag_rejected"] = float(np.mean([p.valid and not v for p, v in zip(problems, valid)]))
         parts = [(p_rows, list(prop.records), r_p[:, None]), (s_rows, list(sol.records), r_s[:, None])]
-        return joint_rollout(parts, role_ids=ROLE_IDS, reward_names=names, weights_K=weights,
+        return joint_rollout(parts, role_ids=ROLE_IDS, reward_names=names, weights_R=weights,
                              pad_id=int(self.tokenizer.pad_token_id), metrics=metrics,
                              group_sizes=[self.proposer_samples, g])

@@ -4,7 +4,7 @@ Built-in verifiers (math / exact answer, format, length, overlong, countdown, re
 pairwise judge: a function or an OpenRS judge model; Proxy-GRM; EVPV-gated PRM steps, docs/rewards.md) and
 user functions given as "module:function" — `function:` rewards import and run user code.
 Setup calls `resolve(specs)` once (every spec validated before any model is built); each step calls
-`score(resolved, prompts, completions, fields)`, which returns a `[N, K]` float32 matrix and a `ScoreInfo`,
+`score(resolved, prompts, completions, fields)`, which returns a `[B, R]` float32 matrix and a `ScoreInfo`,
 and `RewardFailureTracker.update(info)`, which stops a run whose reward fails on every sample.
 """
 

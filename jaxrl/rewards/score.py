@@ -1,4 +1,4 @@
-"""Scoring completions with resolved rewards into an `[N, K]` reward matrix.
+"""Scoring completions with resolved rewards into an `[B, R]` reward matrix.
 
 A reward that raises, returns None, NaN, ±inf or a non-number for a sample *fails* on that sample: it is
 counted (`ScoreInfo.errors`, metric `reward/<name>/errors`), its first failure kept
@@ -39,13 +39,13 @@ class RewardFn(Protocol):
 class ScoreInfo(NamedTuple):
     """What `score` reports besides the matrix.
 
-    names: K reward names. weights_K: float32 [K]. errors: failed samples per reward. metrics:
+    names: R reward names. weights_R: float32 [R]. errors: failed samples per reward. metrics:
     `reward/<name>/mean|errors`. num_samples: N. first_failure: per reward with a failure, its first one (a
     traceback, whose last line is the exception, or "sample i returned x").
     """
 
     names: tuple[str, ...]
-    weights_K: np.ndarray
+    weights_R: np.ndarray
     errors: dict[str, int]
     metrics: dict[str, float]
     num_samples: int = 0
@@ -89,7 +89,7 @@ def score(
     rewards: Rewards | Sequence[Any], prompts: list[str], completions: list[str],
     fields: dict[str, Sequence[Any]] | None = None
 ) -> tuple[np.ndarray, ScoreInfo]:
-    """Scores N completions with K rewards.
+    """Scores B completions with R rewards.
 
     Args:
       rewards: the `Rewards` from `resolve` (resolved once at setup). A sequence of `RewardSpec`s is still
@@ -99,8 +99,8 @@ def score(
       fields: per-sample sequences of length N (dataset fields, `completion_length`).
 
     Returns:
-      rewards_NK: float32 [N, K]; NaN where a failing sample's reward has on_error="skip".
-      info: `ScoreInfo` (names, weights_K float32 [K], failed-sample counts, first failures, metrics).
+      rewards_BR: float32 [B, R]; NaN where a failing sample's reward has on_error="skip".
+      info: `ScoreInfo` (names, weights_R float32 [R], failed-sample counts, first failures, metrics).
     """
     resolved = resolve(rewards)
     fields = dict(fields or {})
@@ -108,7 +108,7 @@ def score(
     if len(prompts) != n or any(len(v) != n for v in fields.values()):
         bad = {k: len(v) for k, v in fields.items() if len(v) != n}
         raise ValueError(f"score: {n} completions but {len(prompts)} prompts and field lengths {bad}")
-    rewards_NK = np.zeros((n, len(resolved)), np.float32)
+    rewards_BR = np.zeros((n, len(resolved)), np.float32)
     errors, metrics, first_failure = {}, {}, {}
     for k, reward in enumerate(resolved):
         missing = sorted(reward.required_fields - fields.keys())
@@ -118,7 +118,7 @@ def score(
         raw, first = _call(reward, prompts, completions, reward.select(fields))
         ok = [_valid(x) for x in raw]
         fill = 0.0 if reward.on_error == "zero" else math.nan
-        rewards_NK[:, k] = [float(x) if good else fill for x, good in zip(raw, ok)]
+        rewards_BR[:, k] = [float(x) if good else fill for x, good in zip(raw, ok)]
         errors[reward.name] = n - sum(ok)
         if errors[reward.name]:
             bad_i = ok.index(False)
@@ -126,8 +126,8 @@ def score(
             log.warning("reward %r: %d of %d samples failed (on_error=%s); first: %s", reward.name,
                         errors[reward.name], n, reward.on_error,
                         first_failure[reward.name].strip().splitlines()[-1])
-        column = rewards_NK[:, k]
+        column = rewards_BR[:, k]
         finite = column[~np.isnan(column)]
         metrics[f"reward/{reward.name}/mean"] = float(finite.mean()) if finite.size else math.nan
         metrics[f"reward/{reward.name}/errors"] = float(errors[reward.name])
-    return rewards_NK, ScoreInfo(resolved.names, resolved.weights_K, errors, metrics, n, first_failure)
+    return rewards_BR, ScoreInfo(resolved.names, resolved.weights_R, errors, metrics, n, first_failure)

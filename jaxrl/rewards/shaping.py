@@ -71,6 +71,6 @@ def overlong_penalty(
     max_len: L_max (the generation budget); buffer: L_buf in (0, L_max]; factor: κ.
     """
     del prompts, completions
-    lengths_N = np.asarray(completion_length, np.int64).reshape(-1)
-    penalty_N = losses.overlong_penalty(lengths_N, max_length=max_len, buffer=buffer, factor=factor)
-    return [float(x) for x in np.asarray(penalty_N)]
+    lengths_B = np.asarray(completion_length, np.int64).reshape(-1)
+    penalty_B = losses.overlong_penalty(lengths_B, max_length=max_len, buffer=buffer, factor=factor)
+    return [float(x) for x in np.asarray(penalty_B)]

@@ -66,8 +66,8 @@ class Rewards:
         return tuple(r.name for r in self.rewards)
 
     @property
-    def weights_K(self) -> np.ndarray:
-        """float32 [K] reward weights."""
+    def weights_R(self) -> np.ndarray:
+        """float32 [R] reward weights."""
         return np.asarray([r.weight for r in self.rewards], np.float32).reshape(len(self.rewards))
 
     @property
@@ -190,7 +190,7 @@ def build_reward(spec: Any, *, fields: Iterable[str] | None = None) -> Reward:
 
 
 def resolve(specs: Sequence[Any] | Rewards, *, fields: Iterable[str] | None = None) -> Rewards:
-    """Resolves K reward specs once (at setup, before any model is built); see the module docstring.
+    """Resolves R reward specs once (at setup, before any model is built); see the module docstring.
 
     Args:
       specs: K `jaxrl.config.RewardSpec`s (already resolved `Reward`s pass through; a `Rewards` is returned).

@@ -7,7 +7,7 @@ checkpoints and evaluation work on episodes unchanged:
     tokens_BL          = [prompt | action, observation, action, ...]   exactly the ids the model saw
     completion_mask_BT = 1 on sampled action tokens, 0 on observation tokens (never trained on)
     old_logp_BT        = the sampler's log-probs of the action tokens
-    rewards_NK         = [episode return | the config's rewards scored on the transcript]
+    rewards_BR         = [episode return | the config's rewards scored on the transcript]
 
 `demonstration_rows` lays out an environment's demonstrations (`env.demonstration(record)`, a list of action
 texts) the same way, for the SFT warm start: the model learns the tool format on rows identical to sampled ones.
@@ -52,26 +52,26 @@ def to_rollout(eps: Episodes, rewards, tokenizer) -> Rollout:
     Episodes whose hosts drove their own rows (`eps.row_sharding`) give a rollout like
     `jaxrl.rollout.collect`'s: tokens and log-probs as global arrays split over the rows' hosts, each
     transcript scored by its row's owner and the reward matrix gathered."""
-    rewards_NK = eps.rewards_N[:, None].astype(np.float32)
+    rewards_BR = eps.rewards_B[:, None].astype(np.float32)
     names, weights = (ENV_REWARD,), np.ones((1,), np.float32)
-    errors = 0 if eps.errors_N is None else int(eps.errors_N.sum())
-    infos = (rewards_lib.ScoreInfo((ENV_REWARD,), weights, {ENV_REWARD: errors}, {}, len(eps.rewards_N),
+    errors = 0 if eps.errors_B is None else int(eps.errors_B.sum())
+    infos = (rewards_lib.ScoreInfo((ENV_REWARD,), weights, {ENV_REWARD: errors}, {}, len(eps.rewards_B),
                                    {ENV_REWARD: eps.first_error or "environment error"} if errors else {}),)
     metrics = dict(eps.metrics)
-    metrics[f"reward/{ENV_REWARD}/mean"] = float(eps.rewards_N.mean())
-    n = rewards_NK.shape[0]
+    metrics[f"reward/{ENV_REWARD}/mean"] = float(eps.rewards_B.mean())
+    n = rewards_BR.shape[0]
     owners = None if eps.row_sharding is None else hosts.row_owners(eps.row_sharding, (n,))
     if len(rewards):
-        extra_NK, info = score_rows(rewards, eps.prompts, eps.completions, eps.records, eps.lengths_N, owners)
-        rewards_NK = np.concatenate([rewards_NK, extra_NK], axis=1)
-        names, weights = (*names, *info.names), np.concatenate([weights, info.weights_K])
+        extra_BR, info = score_rows(rewards, eps.prompts, eps.completions, eps.records, eps.lengths_B, owners)
+        rewards_BR = np.concatenate([rewards_BR, extra_BR], axis=1)
+        names, weights = (*names, *info.names), np.concatenate([weights, info.weights_R])
         infos = (*infos, info)
         metrics.update(info.metrics)
     rows = eps.rows()
     if eps.row_sharding is not None:  # each host's rows to its own devices
         rows = dataclasses.replace(rows, **{k: hosts.host_to_global(getattr(rows, k), eps.row_sharding)
                                             for k in ("tokens_BL", "old_logp_BT")})
-    return Rollout.of(rows, records=list(eps.records), rewards_NK=rewards_NK, weights_K=weights, reward_names=names,
+    return Rollout.of(rows, records=list(eps.records), rewards_BR=rewards_BR, weights_R=weights, reward_names=names,
                       metrics=metrics, score_infos=infos, pad_id=int(tokenizer.pad_token_id))
 
 

@@ -96,7 +96,7 @@ def prompt_groups(run: Run, ro, *, extra_rows: bool = False) -> tuple[int, str]:
     why = ""
     if g == 1:
         why = "groups of 1 (rollout.group_size: 1)"
-    elif ro.segment_N is not None:
+    elif ro.segment_B is not None:
         why = "multi-agent role segments"
     elif extra_rows:
         why = "extra rows (SFT-aux) are appended"
@@ -147,7 +147,7 @@ def assemble(run: Run, params, ro, adv, *, extra_rows: TrainBatch | None = None,
     zeros = np.zeros((n, t), np.float32)
     group, _ = prompt_groups(run, ro, extra_rows=extra_rows is not None or pad)
     batch = TrainBatch(ro.tokens_BL, ro.mask_BL, ro.completion_mask_BT, ro.old_logp_BT, zeros,
-                       np.asarray(adv.adv_NT, np.float32), adv.clip_low_N, adv.clip_high_N,
+                       np.asarray(adv.adv_BT, np.float32), adv.clip_low_B, adv.clip_high_B,
                        np.zeros((n,), np.float32), group=group)
     if extra_rows is not None:
         extra_rows = pad_rows(extra_rows, n, row_multiple(run))

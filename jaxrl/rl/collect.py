@@ -34,7 +34,7 @@ class Collector(Protocol):
     """Produces a step's rollout; owns its demonstrations, its record check and its checkpointed state."""
 
     name: str  # the key of its state in checkpoints (`extra["stages"]`)
-    segments: bool  # its rows carry role segments (`Rollout.segment_N`): they update unshared
+    segments: bool  # its rows carry role segments (`Rollout.segment_B`): they update unshared
 
     def __call__(self, params, records: Records, spec: SamplingSpec, key, *,
                  train: bool) -> rollout_lib.Rollout: ...

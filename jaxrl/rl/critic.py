@@ -76,7 +76,7 @@ class ActorCritic:
     def __call__(self, run, state, params, ro, adv, records, step: int, clock: step_time.StageClock, *,
                  frozen: bool) -> Updated:
         c, (n, t) = self.critic, ro.completion_mask_BT.shape
-        rewards_BT, metrics = np.asarray(adv.adv_NT, np.float32), {}
+        rewards_BT, metrics = np.asarray(adv.adv_BT, np.float32), {}
         for term in self.token_rewards:
             r_BT, term_metrics = term(ro)
             rewards_BT, metrics = rewards_BT + r_BT, {**metrics, **term_metrics}
@@ -93,7 +93,7 @@ class ActorCritic:
         adv_BT, returns_BT = jax.device_get(gae_BT(rewards_BT, values_BT, mask_BT, gamma=c.spec.gamma,
                                                    lam=c.spec.lam, whiten=c.spec.whiten))
         warm = step <= c.spec.warmup_steps
-        out = self.inner(run, state, params, ro, adv._replace(adv_NT=np.asarray(adv_BT[:n], np.float32)), records,
+        out = self.inner(run, state, params, ro, adv._replace(adv_BT=np.asarray(adv_BT[:n], np.float32)), records,
                          step, clock, frozen=frozen or warm)
         batch = shard_batch(run, ValueBatch(*rows, mask_BT, values_BT, np.asarray(returns_BT, np.float32)))
         with clock("update_critic"):

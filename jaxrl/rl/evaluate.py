@@ -45,20 +45,20 @@ def evaluate(collect, params, records, encoder, spec: SamplingSpec, *, batch_siz
     batches = eval_batches(records, encoder, max(batch_size, 1))
     for batch in tracked(batches, "evaluation (greedy)", unit="batches"):
         ro = collect(params, batch, spec, 0)
-        scores.append(ro.rewards_NK)
+        scores.append(ro.rewards_BR)
         names = ro.reward_names
-    r_NK = np.concatenate(scores)
-    out = {f"eval/reward/{name}/mean": float(np.nanmean(r_NK[:, k])) for k, name in enumerate(names)}
-    out["eval/accuracy"] = float(np.mean(np.nan_to_num(r_NK[:, 0]) > 0))
+    r_BR = np.concatenate(scores)
+    out = {f"eval/reward/{name}/mean": float(np.nanmean(r_BR[:, k])) for k, name in enumerate(names)}
+    out["eval/accuracy"] = float(np.mean(np.nan_to_num(r_BR[:, 0]) > 0))
     if sampled is not None and sampled.num_samples > 1:
         k = sampled.num_samples
         correct = []
         for i, batch in enumerate(tracked(batches, f"evaluation ({k} samples)", unit="batches")):
             ro = collect(params, batch, sampled, seed + i)
-            correct.append((np.nan_to_num(ro.rewards_NK[:, 0]) > 0).reshape(-1, k))
-        c_PK = np.concatenate(correct).astype(np.float64)
-        out[f"eval/avg@{k}"] = losses.avg_at_k(c_PK)
-        n_P, c_P = np.full(c_PK.shape[0], k), c_PK.sum(axis=1).astype(np.int64)
+            correct.append((np.nan_to_num(ro.rewards_BR[:, 0]) > 0).reshape(-1, k))
+        c_PR = np.concatenate(correct).astype(np.float64)
+        out[f"eval/avg@{k}"] = losses.avg_at_k(c_PR)
+        n_P, c_P = np.full(c_PR.shape[0], k), c_PR.sum(axis=1).astype(np.int64)
         for j in pass_ks(k):
             out[f"eval/pass@{j}"] = losses.pass_at_k(n_P, c_P, j)
     return out

@@ -35,7 +35,7 @@ def step_key(seed: int, step: int, stream: int) -> jax.Array:
 
 def total_reward(ro: rollout_lib.Rollout) -> np.ndarray:
     """The weighted sum of a rollout's rewards per sample, with skipped (NaN) rewards counted as 0."""
-    return combined_reward(np.nan_to_num(ro.rewards_NK), ro.weights_K)
+    return combined_reward(np.nan_to_num(ro.rewards_BR), ro.weights_R)
 
 
 def collect(run: Run, params, records, step: int, round_: int = 0) -> rollout_lib.Rollout:
@@ -108,18 +108,18 @@ def rl_step(run: Run, state: TrainState, records, step: int, next_records=None):
     if algo.resample is not None:
         ro, resample_metrics = algo.resample(ro, lambda k: _collect_timed(clock, collect_fn, k), s)
         metrics.update(resample_metrics)
-    total_N = total_reward(ro)
-    metrics["reward/mean"] = float(total_N.mean())
-    metrics["frac_zero_std_groups"] = zero_std_group_frac(total_N, s.group_size, ro.segment_N,
+    total_B = total_reward(ro)
+    metrics["reward/mean"] = float(total_B.mean())
+    metrics["frac_zero_std_groups"] = zero_std_group_frac(total_B, s.group_size, ro.segment_B,
                                                           ro.segment_sizes)
     actor_frozen = False
     for shaper in run.shapers:
-        values_N, shaper_metrics = shaper(policy, ro, step_key(run.seed, step, 2))
+        values_B, shaper_metrics = shaper(policy, ro, step_key(run.seed, step, 2))
         metrics.update(shaper_metrics)
-        ro = ro.add_reward_column(values_N, shaper.name)
+        ro = ro.add_reward_column(values_B, shaper.name)
         actor_frozen = actor_frozen or shaper.actor_frozen(step)
-    adv = segment_advantages(algo.advantages, ro.rewards_NK, ro.weights_K, ro.completion_mask_BT, s,
-                             ro.segment_N, ro.segment_sizes, run.segment_estimators)
+    adv = segment_advantages(algo.advantages, ro.rewards_BR, ro.weights_R, ro.completion_mask_BT, s,
+                             ro.segment_B, ro.segment_sizes, run.segment_estimators)
     metrics.update(adv.metrics)
     run.feed.launch(run, step + 1, next_records, functools.partial(_collect_now, run))  # async: the next rollout
     # the schedule (`jaxrl.rl.update`): one joint update, or one per role segment in turn

@@ -89,7 +89,7 @@ class Joint(_Stateless):
             extra = run.algorithm.extra_rows(records, run.tokenizer, ro.prompt_width,
                                              ro.completion_mask_BT.shape[1])
         batch, metrics = self.stages.assemble(run, params, ro, adv, extra_rows=extra,
-                                              pad=ro.segment_N is not None, clock=clock)
+                                              pad=ro.segment_B is not None, clock=clock)
         del params  # LoRA: the merged policy is not held during the update
         if not frozen:
             with clock("update"):
@@ -125,10 +125,10 @@ class Phased(_Stateless):
         return Updated(state, metrics, 1)
 
     def _phases(self, ro: rollout_lib.Rollout) -> tuple[int, ...]:
-        if ro.segment_N is None:
+        if ro.segment_B is None:
             return ()
         if self.order is None:
-            return tuple(int(x) for x in np.unique(ro.segment_N))
+            return tuple(int(x) for x in np.unique(ro.segment_B))
         return self.order
 
     def _phased(self, run: Run, state: TrainState, params: Any, ro: rollout_lib.Rollout, adv, step: int,
@@ -137,14 +137,14 @@ class Phased(_Stateless):
         out: dict[str, float] = {}
         done: list[dict[str, float]] = []
         for seg in phases:
-            rows = np.flatnonzero(ro.segment_N == seg)
+            rows = np.flatnonzero(ro.segment_B == seg)
             if not rows.size:
                 continue
             if done:
                 with clock("weight_sync"):
                     params = step_time.synced(run.policy.sampling_params(state.params))
-            sub = adv._replace(adv_NT=adv.adv_NT[rows], clip_low_N=adv.clip_low_N[rows],
-                               clip_high_N=adv.clip_high_N[rows])
+            sub = adv._replace(adv_BT=adv.adv_BT[rows], clip_low_B=adv.clip_low_B[rows],
+                               clip_high_B=adv.clip_high_B[rows])
             role = names[seg]
             batch, mismatch = self.stages.assemble(run, role_params(params, role),
                                                    rollout_lib.take_rows(ro, rows), sub,

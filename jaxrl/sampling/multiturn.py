@@ -2,11 +2,11 @@
 
 One `TurnDecoder.turn(contexts, max_new)` call decodes the next action of every live episode together:
 
-    cache, z_N = forward(chunk_NW, cache)              # new context tokens of each row (left-padded to W)
+    cache, z_B = forward(chunk_BW, cache)              # new context tokens of each row (left-padded to W)
     for t < gen_width while some row is live:          # lax.while_loop
-        y_N ~ filter(z_N / τ);  ℓ_N = log_softmax(z_N / τ)[y_N]
-        live_N &= not (y_N ∈ eos  or  the last tokens spell a stop sequence  or  t + 1 = max_new_N)
-        z_N, cache = forward(y_N, mask = live_N, cache) # a token that ends the turn is not fed here
+        y_B ~ filter(z_B / τ);  ℓ_B = log_softmax(z_B / τ)[y_B]
+        live_B &= not (y_B ∈ eos  or  the last tokens spell a stop sequence  or  t + 1 = max_new_B)
+        z_B, cache = forward(y_B, mask = live_B, cache) # a token that ends the turn is not fed here
 
 Two cache policies (`mode`):
 * "reprefill": every turn starts from an empty cache and the chunk is the whole context (prompt, earlier
@@ -23,7 +23,7 @@ fixed for the episode batch (finished rows get max_new = 0 and a masked dummy to
 top-p and per-row max_new are traced. So a rollout compiles once per (chunk bucket, fresh cache or not),
 never per turn; `compile_count()` counts traces.
 
-Hosts (multi-controller JAX): with `row_sharding` (the batch layout of the N rows,
+Hosts (multi-controller JAX): with `row_sharding` (the batch layout of the B rows,
 `jaxrl.sharding.row_sharding`) each host passes the contexts of the rows it owns only (None elsewhere,
 `jaxrl.sharding.hosts.row_owners`): the chunk is built from every host's rows as one global array, the
 outputs are pinned to the same layout and each host reads back its own rows' tokens; only the chunk width,
@@ -65,13 +65,13 @@ def compile_count() -> int:
 
 
 class Turn(NamedTuple):
-    """One decoded turn for N rows (host arrays; rows with max_new = 0 have length 0).
+    """One decoded turn for B rows (host arrays; rows with max_new = 0 have length 0).
 
     Attributes:
-      tokens: [N, T] int32 sampled tokens, pad after the end.
-      logprobs: [N, T] float32 log π(token | context), 0 after the end.
-      lengths: [N] int32 sampled tokens of the turn (stop tokens and EOS included).
-      stopped: [N] bool, the turn ended with an EOS token or a stop sequence (False: it hit max_new).
+      tokens: [B, T] int32 sampled tokens, pad after the end.
+      logprobs: [B, T] float32 log π(token | context), 0 after the end.
+      lengths: [B] int32 sampled tokens of the turn (stop tokens and EOS included).
+      stopped: [B] bool, the turn ended with an EOS token or a stop sequence (False: it hit max_new).
     """
 
     tokens: np.ndarray
@@ -102,38 +102,38 @@ def stop_token_sequences(tokenizer, stops: Sequence[str]) -> list[list[int]]:
     return out
 
 
-def _turn(graphdef, state, cache, chunk_NW, chunk_mask_NW, key, rows_N, temperature, top_p, max_new_N,
+def _turn(graphdef, state, cache, chunk_BW, chunk_mask_BW, key, rows_B, temperature, top_p, max_new_B,
           stop_SK, eos_E, pad_id, *, gen_width, greedy, top_k, use_top_p, per_layer, capacity, keep_cache):
     """Prefills the chunk into `cache` (a fresh one of `capacity` slots when None), then decodes one turn.
 
     Args:
       graphdef, state: `nnx.split` of a `jaxrl.models.Transformer`.
       cache: the carried `KVCache` (continue mode) or None (fresh cache).
-      chunk_NW, chunk_mask_NW: [N, W] left-padded new tokens and their mask (idle rows: all masked).
-      key: PRNG key of this turn; rows_N: [N] int32 global row ids for the per-row draws.
-      temperature, top_p: float32 scalars; max_new_N: [N] int32 per-row turn budget <= gen_width.
+      chunk_BW, chunk_mask_BW: [N, W] left-padded new tokens and their mask (idle rows: all masked).
+      key: PRNG key of this turn; rows_B: [B] int32 global row ids for the per-row draws.
+      temperature, top_p: float32 scalars; max_new_B: [B] int32 per-row turn budget <= gen_width.
       stop_SK: [S, K] int32 stop sequences, right-aligned and left-filled with -1 (= any token); a row of -3
         matches nothing (no stop sequences). eos_E: [E] int32 (-1 never matches); pad_id: int32 scalar.
 
     Returns:
-      (tokens_NT, logp_NT, length_N, stopped_N, cache or None) with T = gen_width.
+      (tokens_BT, logp_BT, length_B, stopped_B, cache or None) with T = gen_width.
     """
     global _trace_count
     _trace_count += 1
-    chex.assert_rank([chunk_NW, chunk_mask_NW, stop_SK], 2)
+    chex.assert_rank([chunk_BW, chunk_mask_BW, stop_SK], 2)
     model = nnx.merge(graphdef, state)
     pin = model.constrain  # the batch layout of the rows (a no-op without a mesh)
-    chunk_NW, chunk_mask_NW = pin(chunk_NW, ("batch", "length")), pin(chunk_mask_NW, ("batch", "length"))
-    rows = chunk_NW.shape[0]
+    chunk_BW, chunk_mask_BW = pin(chunk_BW, ("batch", "length")), pin(chunk_mask_BW, ("batch", "length"))
+    rows = chunk_BW.shape[0]
     if cache is None:
         cache = KVCache.init(model.cfg, rows, capacity, model.cfg.dtype)
         cache = _pin_cache(jax.lax.optimization_barrier(cache), pin)
     layers = None
     if per_layer:
         layers, cache = model.layer_states(), cache.unstack()
-    out = model.forward(chunk_NW, None, chunk_mask_NW, cache=cache, layers=layers, return_hidden=True,
+    out = model.forward(chunk_BW, None, chunk_mask_BW, cache=cache, layers=layers, return_hidden=True,
                         return_logits=False)
-    logits_NV = _last_logits(model, out.hidden[:, -1])
+    logits_BV = _last_logits(model, out.hidden[:, -1])
     top_p_arg = top_p if use_top_p else None
     width = stop_SK.shape[1]
 
@@ -141,32 +141,32 @@ def _turn(graphdef, state, cache, chunk_NW, chunk_mask_NW, key, rows_N, temperat
         return (carry[0] < gen_width) & ~jnp.all(carry[5])
 
     def body(carry):
-        t, logits_NV, cache, tokens_NT, logp_NT, done_N, length_N, hist_NK, stopped_N = carry
-        keys_N = None if greedy else filters.row_keys(key, t, rows_N)
-        tok_N = filters.choose_tokens(logits_NV, keys_N, temperature, greedy=greedy, top_k=top_k,
+        t, logits_BV, cache, tokens_BT, logp_BT, done_B, length_B, hist_BR, stopped_B = carry
+        keys_B = None if greedy else filters.row_keys(key, t, rows_B)
+        tok_B = filters.choose_tokens(logits_BV, keys_B, temperature, greedy=greedy, top_k=top_k,
                                       top_p=top_p_arg)
-        logp_N = filters.sampled_logprobs(logits_NV, tok_N, temperature, greedy=greedy)
-        live_N = ~done_N
-        tok_N = jnp.where(live_N, tok_N, pad_id)
-        tokens_NT = jax.lax.dynamic_update_slice(tokens_NT, tok_N[:, None], (0, t))
-        logp_NT = jax.lax.dynamic_update_slice(logp_NT, jnp.where(live_N, logp_N, 0.0)[:, None], (0, t))
-        length_N = length_N + live_N.astype(jnp.int32)
-        hist_NK = jnp.concatenate([hist_NK[:, 1:], tok_N[:, None]], axis=1)
-        stop_hit_N = jnp.any(jnp.all((stop_SK[None] == -1) | (hist_NK[:, None, :] == stop_SK[None]), -1), -1)
-        hit_N = live_N & (jnp.any(tok_N[:, None] == eos_E[None, :], axis=-1) | stop_hit_N)
-        done_N = done_N | hit_N | (live_N & (length_N >= max_new_N))
-        feed_N = live_N & ~done_N  # a token that ends the turn is fed at the start of the next one
-        step = model.forward(tok_N[:, None], None, feed_N[:, None], cache=cache, layers=layers)
-        logits_NV = step.logits[:, -1].astype(jnp.float32)
-        return t + 1, logits_NV, step.cache, tokens_NT, logp_NT, done_N, length_N, hist_NK, stopped_N | hit_N
+        logp_B = filters.sampled_logprobs(logits_BV, tok_B, temperature, greedy=greedy)
+        live_B = ~done_B
+        tok_B = jnp.where(live_B, tok_B, pad_id)
+        tokens_BT = jax.lax.dynamic_update_slice(tokens_BT, tok_B[:, None], (0, t))
+        logp_BT = jax.lax.dynamic_update_slice(logp_BT, jnp.where(live_B, logp_B, 0.0)[:, None], (0, t))
+        length_B = length_B + live_B.astype(jnp.int32)
+        hist_BR = jnp.concatenate([hist_BR[:, 1:], tok_B[:, None]], axis=1)
+        stop_hit_B = jnp.any(jnp.all((stop_SK[None] == -1) | (hist_BR[:, None, :] == stop_SK[None]), -1), -1)
+        hit_B = live_B & (jnp.any(tok_B[:, None] == eos_E[None, :], axis=-1) | stop_hit_B)
+        done_B = done_B | hit_B | (live_B & (length_B >= max_new_B))
+        feed_B = live_B & ~done_B  # a token that ends the turn is fed at the start of the next one
+        step = model.forward(tok_B[:, None], None, feed_B[:, None], cache=cache, layers=layers)
+        logits_BV = step.logits[:, -1].astype(jnp.float32)
+        return t + 1, logits_BV, step.cache, tokens_BT, logp_BT, done_B, length_B, hist_BR, stopped_B | hit_B
 
-    init = (jnp.int32(0), logits_NV, out.cache, jnp.full((rows, gen_width), pad_id, jnp.int32),
-            jnp.zeros((rows, gen_width), jnp.float32), max_new_N <= 0, jnp.zeros((rows,), jnp.int32),
+    init = (jnp.int32(0), logits_BV, out.cache, jnp.full((rows, gen_width), pad_id, jnp.int32),
+            jnp.zeros((rows, gen_width), jnp.float32), max_new_B <= 0, jnp.zeros((rows,), jnp.int32),
             jnp.full((rows, width), -2, jnp.int32), jnp.zeros((rows,), bool))
-    _, _, cache, tokens_NT, logp_NT, _, length_N, _, stopped_N = jax.lax.while_loop(cond, body, init)
-    tokens_NT, logp_NT = pin(tokens_NT, ("batch", "length")), pin(logp_NT, ("batch", "length"))
-    length_N, stopped_N = pin(length_N, ("batch",)), pin(stopped_N, ("batch",))
-    return tokens_NT, logp_NT, length_N, stopped_N, (cache if keep_cache else None)
+    _, _, cache, tokens_BT, logp_BT, _, length_B, _, stopped_B = jax.lax.while_loop(cond, body, init)
+    tokens_BT, logp_BT = pin(tokens_BT, ("batch", "length")), pin(logp_BT, ("batch", "length"))
+    length_B, stopped_B = pin(length_B, ("batch",)), pin(stopped_B, ("batch",))
+    return tokens_BT, logp_BT, length_B, stopped_B, (cache if keep_cache else None)
 
 
 _STATIC = ("graphdef", "gen_width", "greedy", "top_k", "use_top_p", "per_layer", "capacity", "keep_cache")
@@ -185,7 +185,7 @@ class TurnDecoder:
       max_new_tokens: the largest per-turn budget (sets the decode buffer width by `gen_buckets`).
       temperature, top_k, top_p: as `jaxrl.sampling.generate` (τ = 0: greedy).
       eos_ids: tokens that end a turn (and usually the episode); stop_sequences: token-id lists that end it.
-      pad_id: pad token; seed: int or PRNG key; rows: [N] global row ids of the random draws (default
+      pad_id: pad token; seed: int or PRNG key; rows: [B] global row ids of the random draws (default
         0..N-1; give each host its own range so that hosts draw independently).
       mode: "reprefill" or "continue"; cache_slots: the carried cache capacity in continue mode.
       chunk_buckets, gen_buckets: allowed chunk / decode widths (None: exact sizes, more compiles).
@@ -221,9 +221,9 @@ class TurnDecoder:
         for i, s in enumerate(stops):
             self.stop_SK[i, k - len(s):] = s
         self.key = jax.random.key(int(seed)) if isinstance(seed, (int, np.integer)) else seed
-        self.rows_N = np.asarray(np.arange(self.num_rows) if rows is None else rows, np.int32)
-        if self.rows_N.shape != (self.num_rows,):
-            raise ValueError(f"rows must hold {self.num_rows} row ids, got shape {self.rows_N.shape}")
+        self.rows_B = np.asarray(np.arange(self.num_rows) if rows is None else rows, np.int32)
+        if self.rows_B.shape != (self.num_rows,):
+            raise ValueError(f"rows must hold {self.num_rows} row ids, got shape {self.rows_B.shape}")
         leaf = jax.tree.leaves(state)[0]
         devices = leaf.devices() if isinstance(leaf, jax.Array) else jax.devices()
         on_cpu = all(d.platform == "cpu" for d in devices)
@@ -233,10 +233,10 @@ class TurnDecoder:
         self._fed: list[list[int]] = [[] for _ in range(self.num_rows)]  # tokens in each row's cache
         self.stats = {"prefill_tokens": 0, "compactions": 0}  # prefill: the owned rows' tokens
         self.row_sharding = row_sharding
-        self.owned_N, self._owners, self._shared = np.ones((self.num_rows,), bool), None, False
+        self.owned_B, self._owners, self._shared = np.ones((self.num_rows,), bool), None, False
         if row_sharding is not None:
             self._owners = hosts.row_owners(row_sharding, (self.num_rows,))
-            self.owned_N = self._owners == jax.process_index()
+            self.owned_B = self._owners == jax.process_index()
             self._shared = hosts.shared_rows(row_sharding, (self.num_rows,))
 
     def prefill_tokens(self) -> int:
@@ -256,9 +256,9 @@ class TurnDecoder:
             raise ValueError(f"turn needs {self.num_rows} contexts and budgets, got {len(contexts)}, "
                              f"{len(max_new)}")
         live = [c is not None and int(m) > 0 for c, m in zip(contexts, max_new)]
-        if any(ok and not own for ok, own in zip(live, self.owned_N)):
+        if any(ok and not own for ok, own in zip(live, self.owned_B)):
             raise ValueError("a context was given for a row this host does not own (row_sharding)")
-        budget_N = np.asarray([min(int(m), self.max_new_tokens) if ok else 0 for m, ok in zip(max_new, live)],
+        budget_B = np.asarray([min(int(m), self.max_new_tokens) if ok else 0 for m, ok in zip(max_new, live)],
                               np.int32)
         fresh = self.mode == "reprefill" or self._cache is None
         chunks = self._chunks(contexts, live, fresh)
@@ -271,20 +271,20 @@ class TurnDecoder:
         if fresh:
             capacity = (max(self.cache_slots, width + self.gen_width) if self.mode == "continue"
                         else width + self.gen_width)
-        chunk_NW, mask_NW = left_pad(chunks, width, self.pad_id)
-        mask_NW[~np.asarray(live)] = False  # idle rows: a masked dummy token leaves their cache as it was
-        self.stats["prefill_tokens"] += int(sum(len(c) for c, ok, own in zip(chunks, live, self.owned_N)
+        chunk_BW, mask_BW = left_pad(chunks, width, self.pad_id)
+        mask_BW[~np.asarray(live)] = False  # idle rows: a masked dummy token leaves their cache as it was
+        self.stats["prefill_tokens"] += int(sum(len(c) for c, ok, own in zip(chunks, live, self.owned_B)
                                                 if ok and own))
         keep = self.mode == "continue"
         if self.row_sharding is not None:  # every host's rows as one global array
-            parts = (chunk_NW, mask_NW, budget_N)
+            parts = (chunk_BW, mask_BW, budget_B)
             if self._shared:  # a row held by several hosts: all of them feed its owner's values
                 parts = tuple(hosts.gather_owned(x, self._owners) for x in parts)
-            chunk_NW, mask_NW, budget_N = (hosts.host_to_global(x, self.row_sharding) for x in parts)
+            chunk_BW, mask_BW, budget_B = (hosts.host_to_global(x, self.row_sharding) for x in parts)
         out = self._fn(
-            self.graphdef, self.state, None if fresh else self._cache, chunk_NW, mask_NW,
-            jax.random.fold_in(self.key, int(turn_index)), self.rows_N, jnp.float32(self.temperature),
-            jnp.float32(1.0 if self.top_p is None else self.top_p), budget_N, self.stop_SK, self.eos_E,
+            self.graphdef, self.state, None if fresh else self._cache, chunk_BW, mask_BW,
+            jax.random.fold_in(self.key, int(turn_index)), self.rows_B, jnp.float32(self.temperature),
+            jnp.float32(1.0 if self.top_p is None else self.top_p), budget_B, self.stop_SK, self.eos_E,
             jnp.int32(self.pad_id), gen_width=self.gen_width, greedy=self.temperature == 0.0,
             top_k=None if self.top_k is None else int(self.top_k), use_top_p=self.top_p is not None,
             per_layer=self.per_layer, capacity=capacity, keep_cache=keep,

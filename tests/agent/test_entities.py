@@ -70,22 +70,22 @@ def test_oracle_answers_every_question_through_the_env():
     factory = make_env("search", {"corpus_seed": 0, "top_k": 1}, tokenizer=tok)
     spec = EpisodeSpec(max_turns=4, max_total_tokens=2048)
     ep = scripted_episodes(list(w.questions), tok, factory, oracle_actions, spec)
-    np.testing.assert_array_equal(ep.rewards_N, 1.0)
+    np.testing.assert_array_equal(ep.rewards_B, 1.0)
     hops = np.asarray([q["hops"] for q in w.questions])
-    np.testing.assert_array_equal(ep.tool_calls_N, hops)
-    np.testing.assert_array_equal(ep.turns_N, hops + 1)
-    assert ep.tool_errors_N.sum() == 0 and ep.finished_N.all()
+    np.testing.assert_array_equal(ep.tool_calls_B, hops)
+    np.testing.assert_array_equal(ep.turns_B, hops + 1)
+    assert ep.tool_errors_B.sum() == 0 and ep.finished_B.all()
     # a wrong answer scores 0
     wrong = scripted_episodes(list(w.questions[:3]), tok, factory, lambda r: ["<answer>Nowhere</answer>"],
                               spec)
-    np.testing.assert_array_equal(wrong.rewards_N, 0.0)
+    np.testing.assert_array_equal(wrong.rewards_B, 0.0)
 
 
 def test_demonstrations_are_rewarded_rows_with_actions_masked_in():
     tok = builtin_tokenizer()
     demo = demonstrations(tok, corpus_seed=0, split="eval")
     assert len(demo.records) == len(build_world(0).records("eval"))
-    np.testing.assert_array_equal(demo.rewards_N, 1.0)
+    np.testing.assert_array_equal(demo.rewards_B, 1.0)
     for n in range(3):
         acts = tok.decode(demo.tokens_BL[n][demo.loss_mask_BL[n]])
         assert acts == "".join(oracle_actions(demo.records[n]))

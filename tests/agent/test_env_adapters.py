@@ -116,7 +116,7 @@ def test_each_adapter_trains_one_step_token_exactly(run_state, name):
     assert not np.array_equal(before, _flat(run_state["state"].params))  # the step updated the model
     for row in range(8):
         total, turns = _replay(factory, ro, row)
-        assert total == pytest.approx(float(ro.rewards_NK[row, 0]), abs=1e-6)
+        assert total == pytest.approx(float(ro.rewards_BR[row, 0]), abs=1e-6)
         assert 1 <= turns <= 3
     assert (ro.old_logp_BT[~ro.completion_mask_BT] == 0).all()  # log-probs only on sampled tokens
     if name == "gym":  # FrozenLake's map every turn (invalid moves keep the episode going)
@@ -142,8 +142,8 @@ def test_trl_tool_calls_are_tool_messages_never_trained_on():
     assert eps.tokens_BL[0, w:w + n].tolist() == row
     assert eps.loss_mask_BL[0, w:w + n].tolist() == [True] * len(actions[0]) + [False] * len(obs1) + \
         [True] * len(actions[1]) + [False] * len(obs2) + [True] * len(actions[2])
-    assert eps.rewards_N[0] == 1.0  # get_reward: the last sum is the answer
-    assert (eps.tool_calls_N[0], eps.tool_errors_N[0], eps.turns_N[0]) == (2, 1, 3)
+    assert eps.rewards_B[0] == 1.0  # get_reward: the last sum is the answer
+    assert (eps.tool_calls_B[0], eps.tool_errors_B[0], eps.turns_B[0]) == (2, 1, 3)
 
 
 def test_records_reach_the_wrapped_envs():
@@ -192,11 +192,11 @@ def test_non_text_raising_and_endless_envs():
         scripted_episodes(records, TOK, raising, lambda r: ["a", "b", "c"], spec)
     ended = scripted_episodes(records, TOK, raising, lambda r: ["a", "b", "c"],
                               dataclasses.replace(spec, on_error="end_episode"))
-    assert ended.errors_N.tolist() == [True] and ended.rewards_N[0] == 0.0 and ended.turns_N[0] == 2
+    assert ended.errors_B.tolist() == [True] and ended.rewards_B[0] == 0.0 and ended.turns_B[0] == 2
     assert "the game server is down" in ended.first_error
     endless = make_env("gym", {"env": "adapter_envs:Endless"}, tokenizer=TOK)
     eps = scripted_episodes(records, TOK, endless, lambda r: ["a"] * 10, spec)
-    assert eps.turns_N[0] == 3 and not eps.finished_N[0] and eps.rewards_N[0] == 1.5  # max_turns ended it
+    assert eps.turns_B[0] == 3 and not eps.finished_B[0] and eps.rewards_B[0] == 1.5  # max_turns ended it
 
 
 def test_skyrl_gsm8k_trains_from_a_config(tmp_path, train_cli):

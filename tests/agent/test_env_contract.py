@@ -102,15 +102,15 @@ def test_demonstration_that_is_a_string_is_refused():
 def test_end_episode_scores_zero_counts_and_the_guard_stops_the_run():
     spec = EpisodeSpec(max_turns=3, max_total_tokens=256, row_buckets=(256,), on_error="end_episode")
     eps = _play(spec=spec, bad=lambda: StepResult([], math.inf, True), at=2, only="Why?")
-    np.testing.assert_array_equal(eps.rewards_N, [2.0, 0.0])  # record 1's turn-1 reward is dropped too
-    np.testing.assert_array_equal(eps.errors_N, [False, True])
+    np.testing.assert_array_equal(eps.rewards_B, [2.0, 0.0])  # record 1's turn-1 reward is dropped too
+    np.testing.assert_array_equal(eps.errors_B, [False, True])
     assert eps.metrics["env/errors"] == 1.0 and "reward inf is not a finite number" in eps.first_error
     ro = agentic.to_rollout(eps, [], TOK)
     tracker = RewardFailureTracker(3)
     for _ in range(3):
         tracker.update(*ro.score_infos)  # one episode of two failed: never stops
     every = _play(spec=spec, bad=RuntimeError("down"), at=1)
-    assert every.errors_N.all() and every.rewards_N.tolist() == [0.0, 0.0]
+    assert every.errors_B.all() and every.rewards_B.tolist() == [0.0, 0.0]
     failing = agentic.to_rollout(every, [], TOK).score_infos
     tracker.update(*failing)
     tracker.update(*failing)
@@ -132,9 +132,9 @@ def test_a_hung_step_is_cut_by_step_timeout():
                                            r"env.step_timeout_s=0.2 s"):
             _play(spec=EpisodeSpec(max_turns=3, step_timeout_s=0.2), bad=hang)
         ended = _play(spec=EpisodeSpec(max_turns=3, step_timeout_s=0.2, on_error="end_episode"), bad=hang)
-        assert ended.errors_N.tolist() == [True, True] and time.perf_counter() - t0 < 5
+        assert ended.errors_B.tolist() == [True, True] and time.perf_counter() - t0 < 5
         ok = _play(spec=EpisodeSpec(max_turns=3, step_timeout_s=5.0))  # a timely step is unaffected
-        assert ok.rewards_N.tolist() == [2.0, 2.0] and not ok.errors_N.any()
+        assert ok.rewards_B.tolist() == [2.0, 2.0] and not ok.errors_B.any()
     finally:
         release.set()
 

@@ -51,7 +51,7 @@ def test_search_env_refuses_a_record_of_another_world():
         scripted_episodes(other, TOK, factory, lambda r: ["<answer>x</answer>"], spec)
     own = build_world(0, "rooms").records("train")[:2]
     eps = scripted_episodes(own, TOK, factory, lambda r: [f"<answer>{r['answers'][0]}</answer>"], spec)
-    assert eps.rewards_N.tolist() == [1.0, 1.0]
+    assert eps.rewards_B.tolist() == [1.0, 1.0]
 
 
 def test_cli_refuses_it_in_one_line_before_anything_runs(tmp_path):

@@ -96,26 +96,26 @@ def test_episode_rows_masks_and_budgets():
     spec = EpisodeSpec(group_size=2, max_turns=4, max_total_tokens=512, row_buckets=(128, 256))
     ep = scripted_episodes(records, TOK, factory, policy, spec)
     assert ep.tokens_BL.shape == (4, 128 + 256) and ep.prompt_width == 128
-    np.testing.assert_array_equal(ep.rewards_N, 1.0)
-    np.testing.assert_array_equal(ep.turns_N, 3)
-    np.testing.assert_array_equal(ep.tool_calls_N, 2)
-    np.testing.assert_array_equal(ep.tool_errors_N, 1)
+    np.testing.assert_array_equal(ep.rewards_B, 1.0)
+    np.testing.assert_array_equal(ep.turns_B, 3)
+    np.testing.assert_array_equal(ep.tool_calls_B, 2)
+    np.testing.assert_array_equal(ep.tool_errors_B, 1)
     for n in range(4):
         acts = "".join(TOK.decode(ep.tokens_BL[n][ep.loss_mask_BL[n]]))
         assert acts == "".join(policy(records[n // 2]))
         obs = ep.mask_BL[n] & ~ep.loss_mask_BL[n]
         obs[: ep.prompt_width] = False
         assert TOK.decode(ep.tokens_BL[n][obs]).startswith("\n<result>\n" + records[n // 2]["answers"][0])
-        assert int(obs.sum()) == ep.obs_tokens_N[n]
+        assert int(obs.sum()) == ep.obs_tokens_B[n]
         comp = ep.tokens_BL[n, ep.prompt_width:][ep.mask_BL[n, ep.prompt_width:]]
         assert ep.completions[n] == TOK.decode(comp)
-    np.testing.assert_array_equal(ep.turn_rewards_NU[:, :3], [[0, 0, 1]] * 4)
+    np.testing.assert_array_equal(ep.turn_rewards_BU[:, :3], [[0, 0, 1]] * 4)
     # the turn budget cuts the episode before the answer: not finished, reward 0, last observation dropped
     short = scripted_episodes(records, TOK, factory, policy, EpisodeSpec(max_turns=2, max_total_tokens=512))
-    assert not short.finished_N.any() and short.rewards_N.sum() == 0 and (short.turns_N == 2).all()
+    assert not short.finished_B.any() and short.rewards_B.sum() == 0 and (short.turns_B == 2).all()
     assert TOK.decode(short.tokens_BL[0][short.mask_BL[0]]).endswith("<calculator>1/0</calculator>")
     # the token budget: the context never exceeds max_total_tokens
     tight = scripted_episodes(records, TOK, factory, policy, EpisodeSpec(max_turns=4, max_total_tokens=130))
-    assert tight.mask_BL.sum(1).max() <= 130 and not tight.finished_N.any() and (tight.turns_N == 1).all()
+    assert tight.mask_BL.sum(1).max() <= 130 and not tight.finished_B.any() and (tight.turns_B == 1).all()
     with pytest.raises(UserError, match="record 0 has 95 tokens; max_total_tokens=60"):
         scripted_episodes(records, TOK, factory, policy, EpisodeSpec(max_total_tokens=60))

@@ -45,10 +45,10 @@ def test_searching_answers_every_lookup_question_and_guessing_few():
     spec = EpisodeSpec(max_turns=3, max_total_tokens=512)
     qs = list(w.questions)
     ep = scripted_episodes(qs, tok, factory, oracle_actions, spec)
-    np.testing.assert_array_equal(ep.rewards_N, 1.0)
+    np.testing.assert_array_equal(ep.rewards_B, 1.0)
     guess = scripted_episodes(qs, tok, factory, lambda r: guess_actions(r, w), spec)
-    assert guess.tool_calls_N.sum() == 0
-    assert 0.0 < guess.rewards_N.mean() < 0.15  # about 1/16: 16 values a form
+    assert guess.tool_calls_B.sum() == 0
+    assert 0.0 < guess.rewards_B.mean() < 0.15  # about 1/16: 16 values a form
 
 
 def test_demo_search_mixes_oracle_and_guess_demonstrations():

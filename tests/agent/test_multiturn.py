@@ -83,13 +83,13 @@ def test_greedy_batched_equals_per_episode_loop(split, stops, mode):
         stopped_early |= any(len(a) < 10 and a[-1] != TOK.eos_token_id for a in actions)
         row = ep.tokens_BL[n][ep.mask_BL[n]]
         np.testing.assert_array_equal(row, ctx)
-        assert ep.turns_N[n] == len(actions)
-        np.testing.assert_allclose(ep.turn_rewards_NU[n, : len(rewards)], rewards, rtol=1e-6)
-        np.testing.assert_allclose(ep.rewards_N[n], sum(rewards), rtol=1e-6)
+        assert ep.turns_B[n] == len(actions)
+        np.testing.assert_allclose(ep.turn_rewards_BU[n, : len(rewards)], rewards, rtol=1e-6)
+        np.testing.assert_allclose(ep.rewards_B[n], sum(rewards), rtol=1e-6)
         sampled = ep.tokens_BL[n][ep.loss_mask_BL[n]]
         np.testing.assert_array_equal(sampled, [t for a in actions for t in a])
     # some turn ended on a stop string before the budget, and episode 0 ran more than one turn
-    assert stopped_early and ep.turns_N.max() >= 2
+    assert stopped_early and ep.turns_B.max() >= 2
 
 
 def _teacher_forced(graphdef, state, ep, temperature: float = 1.0):
@@ -107,14 +107,14 @@ def _check_token_exact(graphdef, state, ep, spec):
     (mask 1) but not trained (loss mask 0)."""
     logp = _teacher_forced(graphdef, state, ep, spec.temperature)
     m = ep.loss_mask_BL
-    assert m.sum() == ep.action_tokens_N.sum() > 0 and ep.obs_tokens_N.sum() > 0
+    assert m.sum() == ep.action_tokens_B.sum() > 0 and ep.obs_tokens_B.sum() > 0
     assert not m[:, : ep.prompt_width].any()
     np.testing.assert_allclose(ep.old_logp_BL[m], logp[m], atol=1e-5, rtol=0)
     if spec.temperature != 1.0:  # power: the untempered policy is another distribution
         assert np.abs(ep.old_logp_BL[m] - _teacher_forced(graphdef, state, ep)[m]).max() > 1e-2
     assert np.all(ep.old_logp_BL[~m] == 0)
-    prompt_N = ep.mask_BL[:, : ep.prompt_width].sum(1)
-    np.testing.assert_array_equal(ep.mask_BL.sum(1) - ep.loss_mask_BL.sum(1), ep.obs_tokens_N + prompt_N)
+    prompt_B = ep.mask_BL[:, : ep.prompt_width].sum(1)
+    np.testing.assert_array_equal(ep.mask_BL.sum(1) - ep.loss_mask_BL.sum(1), ep.obs_tokens_B + prompt_B)
 
 
 @pytest.mark.parametrize("mode", ["reprefill", "continue"])
@@ -158,7 +158,7 @@ def test_no_recompile_across_turns_or_rollouts(split, stops):
     factory = functools.partial(EchoEnv, stops=stops)
     before = multiturn.compile_count()
     ep = collect_episodes(graphdef, state, RECORDS, TOK, factory, spec, seed=1)
-    assert ep.turns_N.max() == 3 and multiturn.compile_count() - before == 2  # fresh cache + carried cache
+    assert ep.turns_B.max() == 3 and multiturn.compile_count() - before == 2  # fresh cache + carried cache
     before = multiturn.compile_count()
     for seed in (2, 3):  # other seeds: other turn counts and lengths, same buckets
         collect_episodes(graphdef, state, RECORDS, TOK, factory, spec, seed=seed)

@@ -36,9 +36,9 @@ def test_searching_answers_every_room_question_and_guessing_few():
     factory = make_env("search", {"corpus_size": "rooms", "query_with_question": True}, tokenizer=tok)
     held_out = w.records("eval")
     oracle = scripted_episodes(held_out, tok, factory, oracle_actions, SPEC)
-    np.testing.assert_array_equal(oracle.rewards_N, 1.0)
+    np.testing.assert_array_equal(oracle.rewards_B, 1.0)
     guess = scripted_episodes(held_out, tok, factory, lambda r: guess_actions(r, w), SPEC)
-    assert guess.tool_calls_N.sum() == 0 and 0.0 < guess.rewards_N.mean() < 0.15  # about 1/16
+    assert guess.tool_calls_B.sum() == 0 and 0.0 < guess.rewards_B.mean() < 0.15  # about 1/16
     majority = collections.Counter(q["answers"][0] for q in held_out).most_common(1)[0][1] / len(held_out)
     assert majority < 0.15
 

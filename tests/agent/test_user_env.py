@@ -27,19 +27,19 @@ def test_guess_env_by_path_plays_its_demonstration():
     assert plays[1][-1] == "<guess>0</guess>" and len(plays[1]) == 6  # 50, 24, 11, 5, 2, 0
     spec = EpisodeSpec(max_turns=8, max_total_tokens=512, row_buckets=(512,))
     eps = scripted_episodes(records, TOK, factory, env.demonstration, spec)
-    np.testing.assert_array_equal(eps.rewards_N, [1.0, 1.0])
-    np.testing.assert_array_equal(eps.turns_N, [1, 6])
+    np.testing.assert_array_equal(eps.rewards_B, [1.0, 1.0])
+    np.testing.assert_array_equal(eps.turns_B, [1, 6])
     assert eps.completions[1].count(" higher\n") == 0 and eps.completions[1].count(" lower\n") == 5
     w = eps.prompt_width
     lower = TOK.encode(" lower\n", add_special_tokens=False)
-    assert eps.obs_tokens_N[1] == 5 * len(lower)
+    assert eps.obs_tokens_B[1] == 5 * len(lower)
     # the loss mask covers the guesses and never the observation tokens
     row, mask = eps.tokens_BL[1, w:], eps.loss_mask_BL[1, w:]
-    assert int(mask.sum()) == eps.action_tokens_N[1] == sum(len(TOK.encode(a)) for a in plays[1])
+    assert int(mask.sum()) == eps.action_tokens_B[1] == sum(len(TOK.encode(a)) for a in plays[1])
     assert TOK.decode(row[mask].tolist()) == "".join(plays[1])
     # a wrong guess budget ends with reward 0
     short = scripted_episodes(records[1:], TOK, factory, env.demonstration, EpisodeSpec(max_turns=3))
-    assert short.rewards_N[0] == 0.0 and not short.finished_N[0]
+    assert short.rewards_B[0] == 0.0 and not short.finished_B[0]
 
 
 def test_config_names_the_user_env():

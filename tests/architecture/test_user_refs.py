@@ -38,8 +38,8 @@ def my_reward(prompts, completions, **kw):
     return [1.0 for _ in completions]
 
 
-def _adv(rewards_NK, weights_K, mask_NT, s):
-    return sequence_advantages(np.zeros(rewards_NK.shape[0]), mask_NT, s)
+def _adv(rewards_BR, weights_R, mask_BT, s):
+    return sequence_advantages(np.zeros(rewards_BR.shape[0]), mask_BT, s)
 
 
 MY_ALGO = Algorithm("my_algo", _adv)

@@ -190,20 +190,20 @@ class EqualRewardColumnTest(chex.TestCase):
         from jaxrl.losses.gdpo import _per_reward_advantages
 
         g = 7
-        r_NK = _flat_and_varied_columns(g)
-        per_reward = self.variant(lambda r: _per_reward_advantages(r, g, 1e-6))(r_NK)
+        r_BR = _flat_and_varied_columns(g)
+        per_reward = self.variant(lambda r: _per_reward_advantages(r, g, 1e-6))(r_BR)
         np.testing.assert_array_equal(per_reward[:, 0], 0.0)
-        both = self.variant(lambda r: gdpo_advantages(r, g, weights=[1.0, 1.0]))(r_NK)
-        alone = self.variant(lambda r: gdpo_advantages(r, g, weights=[1.0]))(r_NK[:, 1:])
+        both = self.variant(lambda r: gdpo_advantages(r, g, weights=[1.0, 1.0]))(r_BR)
+        alone = self.variant(lambda r: gdpo_advantages(r, g, weights=[1.0]))(r_BR[:, 1:])
         np.testing.assert_allclose(both, alone, rtol=1e-6, atol=1e-7)
-        flat2 = jnp.stack([r_NK[:, 0], r_NK[:, 0]], 1)
+        flat2 = jnp.stack([r_BR[:, 0], r_BR[:, 0]], 1)
         np.testing.assert_array_equal(self.variant(lambda r: gdpo_advantages(r, g))(flat2), 0.0)
 
     @chex.variants(with_jit=True, without_jit=True)
     def test_equal_column_adds_nothing_token_form(self):
         g = 7
-        r_NK = _flat_and_varied_columns(g)
+        r_BR = _flat_and_varied_columns(g)
         mask = jnp.asarray(np.arange(4)[None, :] < np.random.default_rng(1).integers(1, 5, size=(3 * g, 1)))
-        tok = self.variant(lambda r, m: gdpo_token_advantages(r, g, m, weights=[1.0, 1.0]))(r_NK, mask)
-        tok_alone = self.variant(lambda r, m: gdpo_token_advantages(r, g, m, weights=[1.0]))(r_NK[:, 1:], mask)
+        tok = self.variant(lambda r, m: gdpo_token_advantages(r, g, m, weights=[1.0, 1.0]))(r_BR, mask)
+        tok_alone = self.variant(lambda r, m: gdpo_token_advantages(r, g, m, weights=[1.0]))(r_BR[:, 1:], mask)
         np.testing.assert_allclose(tok, tok_alone, rtol=1e-6, atol=1e-7)

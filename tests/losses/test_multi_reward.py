@@ -17,14 +17,14 @@ def test_spec_7h_example():
     r = jnp.array([[0.7, 2.0]])
     norm = reference_frozen_normalize(r, SPEC_STATS, eps=0.0)
     np.testing.assert_allclose(norm, [[1.0, -1.0]], rtol=1e-6)
-    combined, metrics = combine_rewards(r, SPEC_STATS, weights_K=jnp.array([0.6, 0.4]), eps=0.0)
+    combined, metrics = combine_rewards(r, SPEC_STATS, weights_R=jnp.array([0.6, 0.4]), eps=0.0)
     np.testing.assert_allclose(combined, [0.2], rtol=1e-5)
     np.testing.assert_allclose(metrics["reward/weight_0"], 0.6, rtol=1e-6)
 
 
 def test_weighted_sum_and_shape_error():
     np.testing.assert_allclose(weighted_sum(jnp.array([[1.0, 2.0], [3.0, -1.0]]), [0.5, 2.0]), [4.5, -0.5])
-    with pytest.raises(ValueError, match="weights_K must have shape \\(2,\\)"):
+    with pytest.raises(ValueError, match="weights_R must have shape \\(2,\\)"):
         weighted_sum(jnp.ones((3, 2)), [1.0])
 
 
@@ -38,10 +38,10 @@ def _random(seed, n=40):
 def test_reference_stats_are_frozen_and_match_numpy():
     ref = _random(0)
     stats = reference_stats(jnp.asarray(ref))
-    np.testing.assert_allclose(stats.mean_K, ref.astype(np.float64).mean(0), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(stats.std_K, ref.astype(np.float64).std(0, ddof=1), rtol=1e-5)
+    np.testing.assert_allclose(stats.mean_R, ref.astype(np.float64).mean(0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(stats.std_R, ref.astype(np.float64).std(0, ddof=1), rtol=1e-5)
     shifted = _random(1) + 5.0  # the policy drifts; the normaliser does not
-    expected = (shifted - np.asarray(stats.mean_K)) / (np.asarray(stats.std_K) + 1e-6)
+    expected = (shifted - np.asarray(stats.mean_R)) / (np.asarray(stats.std_R) + 1e-6)
     np.testing.assert_allclose(reference_frozen_normalize(jnp.asarray(shifted), stats), expected, rtol=1e-5)
 
 

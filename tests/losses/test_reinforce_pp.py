@@ -162,18 +162,18 @@ def test_registered_as_algorithms():
     from jaxrl.errors import ConfigError
 
     rng = np.random.default_rng(6)
-    rewards_NK = rng.normal(size=(8, 2)).astype(np.float32)
-    weights_K = np.array([1.0, 0.5], np.float32)
+    rewards_BR = rng.normal(size=(8, 2)).astype(np.float32)
+    weights_R = np.array([1.0, 0.5], np.float32)
     mask = _prefix_mask(rng.integers(1, 6, size=8), 6)
     section = AlgorithmConfig(name="reinforce_pp")
     s = AlgoSettings(group_size=4, eps=1e-6, clip_low=0.2, clip_high=0.28, section=section)
-    r_N = jnp.asarray(rewards_NK @ weights_K)
-    out = ALGORITHMS["reinforce_pp"].advantages(rewards_NK, weights_K, mask, s)
-    expected = reinforce_pp_advantages(r_N, jnp.asarray(mask))
-    np.testing.assert_allclose(out.adv_NT, expected, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(out.clip_high_N, 0.28)
-    out = ALGORITHMS["reinforce_pp_baseline"].advantages(rewards_NK, weights_K, mask, s)
-    np.testing.assert_allclose(out.adv_NT, reinforce_pp_baseline_advantages(r_N, 4, jnp.asarray(mask)),
+    r_B = jnp.asarray(rewards_BR @ weights_R)
+    out = ALGORITHMS["reinforce_pp"].advantages(rewards_BR, weights_R, mask, s)
+    expected = reinforce_pp_advantages(r_B, jnp.asarray(mask))
+    np.testing.assert_allclose(out.adv_BT, expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out.clip_high_B, 0.28)
+    out = ALGORITHMS["reinforce_pp_baseline"].advantages(rewards_BR, weights_R, mask, s)
+    np.testing.assert_allclose(out.adv_BT, reinforce_pp_baseline_advantages(r_B, 4, jnp.asarray(mask)),
                                rtol=1e-5, atol=1e-6)
     assert {"reinforce_pp", "reinforce_pp_baseline"} <= set(ESTIMATOR_ONLY)
     cfg = load_config(None, ["algorithm.name=reinforce_pp", "algorithm.reinforce_pp.gamma=0.9"])

@@ -134,7 +134,7 @@ def test_rewards_equal_losses_march_on_scripted_chains(tok, monkeypatch):
     roles = row_roles(ro)
     np.testing.assert_array_equal(roles, [ROLE_IDS["solver"]] * n + [ROLE_IDS["checker"]] * n)
     assert ro.reward_names == ("answer", "fact_check", "hallucination")
-    np.testing.assert_array_equal(ro.weights_K, [1.0, 1.0, 0.0])
+    np.testing.assert_array_equal(ro.weights_R, [1.0, 1.0, 0.0])
     # Expected votes from the texts: question 1 holds iff the Solver was right (each Checker reads the gold
     # number; chain 2's sample 1 cannot answer); question 2 ("How old? 7") is always refuted.
     votes = -np.ones((n, 3, 3), np.int32)
@@ -148,12 +148,12 @@ def test_rewards_equal_losses_march_on_scripted_chains(tok, monkeypatch):
     r_fc = np.asarray(fact_check_reward(votes, qmask, mode="ztr"))
     np.testing.assert_array_equal(r_fc, -np.ones(n))  # question 2 is a fault in every chain
     correct = np.asarray([float((p * 10 + g) not in wrong) for p in range(3) for g in range(2)])
-    np.testing.assert_allclose(ro.rewards_NK[:n, 0], correct)
-    np.testing.assert_allclose(ro.rewards_NK[:n, 1], r_fc)
-    np.testing.assert_allclose(ro.rewards_NK[n:, 1], r_fc)  # the Checker row carries the Solver's r_fc
-    np.testing.assert_allclose(ro.rewards_NK[n:, 0], 0.0)
+    np.testing.assert_allclose(ro.rewards_BR[:n, 0], correct)
+    np.testing.assert_allclose(ro.rewards_BR[:n, 1], r_fc)
+    np.testing.assert_allclose(ro.rewards_BR[n:, 1], r_fc)  # the Checker row carries the Solver's r_fc
+    np.testing.assert_allclose(ro.rewards_BR[n:, 0], 0.0)
     refuted = np.asarray([1 + ((p * 10 + g) in wrong) for p in range(3) for g in range(2)])
-    np.testing.assert_allclose(ro.rewards_NK[:n, 2], refuted / 2)
+    np.testing.assert_allclose(ro.rewards_BR[:n, 2], refuted / 2)
     assert ro.metrics["march/hallucination_rate"] == pytest.approx(refuted.sum() / (2 * n))
     assert ro.metrics["role/solver/reward/mean"] == pytest.approx((correct + r_fc).mean())
     assert ro.metrics["role/checker/reward/mean"] == pytest.approx(r_fc.mean())
@@ -168,7 +168,7 @@ def test_error_rate_mode_and_one_claim(tok, monkeypatch):
     rewards = rewards_lib.resolve((RewardSpec(name="answer", type="exact_answer"),))
     spec = SamplingSpec(max_new_tokens=160, num_samples=2, prompt_buckets=(512,))
     ro = system.collect(None, None, records, rewards, spec, jax.random.key(0))
-    np.testing.assert_allclose(ro.rewards_NK[:4, 1], [0.0, -0.1, 0.0, 0.0], atol=1e-7)
+    np.testing.assert_allclose(ro.rewards_BR[:4, 1], [0.0, -0.1, 0.0, 0.0], atol=1e-7)
     assert ro.metrics["march/hallucination_rate"] == pytest.approx(1 / 4)
 
 
@@ -180,7 +180,7 @@ def test_row_layout_masks_and_groups(tok, monkeypatch):
     assert ro.completion_mask_BT.shape == (2 * n, ro.tokens_BL.shape[1] - w)
     # completion tokens are exactly the decoded texts; the trained Checker row is sample S (the last)
     for i, text in enumerate(ro.completions):
-        k = int(ro.lengths_N[i])
+        k = int(ro.lengths_B[i])
         ids = ro.tokens_BL[i, w:w + k]
         assert tok.decode(ids, skip_special_tokens=True) == text
         assert ro.completion_mask_BT[i, :k].all() and not ro.completion_mask_BT[i, k:].any()
@@ -213,8 +213,8 @@ def test_checker_rows_without_claims_are_not_trained(tok, monkeypatch):
     rewards = rewards_lib.resolve((RewardSpec(name="answer", type="exact_answer"),))
     spec = SamplingSpec(max_new_tokens=160, num_samples=2, prompt_buckets=(512,))
     ro = system.collect(None, None, records, rewards, spec, jax.random.key(0))
-    assert np.isnan(ro.rewards_NK[4:, 1]).all() and not ro.completion_mask_BT[4:].any()
-    np.testing.assert_allclose(ro.rewards_NK[:4, 1], 0.0)  # no claim: r_fc = 0 for the Solver
+    assert np.isnan(ro.rewards_BR[4:, 1]).all() and not ro.completion_mask_BT[4:].any()
+    np.testing.assert_allclose(ro.rewards_BR[:4, 1], 0.0)  # no claim: r_fc = 0 for the Solver
     assert ro.completion_mask_BT[:4].any(axis=1).all()
 
 

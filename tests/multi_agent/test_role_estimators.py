@@ -39,12 +39,12 @@ def test_each_role_segment_uses_its_own_estimator():
     ones = np.ones((1,), np.float32)
     out = segment_advantages(grpo, rewards, ones, mask, s, segment, (4, 2), estimators=(rloo, None))
     # RLOO: r_i minus the mean of the other three of its group
-    np.testing.assert_allclose(out.adv_NT[:4, 0], [2 / 3, -2 / 3, -2 / 3, 2 / 3], rtol=1e-6)
+    np.testing.assert_allclose(out.adv_BT[:4, 0], [2 / 3, -2 / 3, -2 / 3, 2 / 3], rtol=1e-6)
     s2 = AlgoSettings(group_size=2, eps=1e-6, clip_low=0.2, clip_high=0.28, section=AlgorithmConfig())
-    np.testing.assert_allclose(out.adv_NT[4:], grpo(rewards[4:], ones, mask[4:], s2).adv_NT, rtol=1e-6)
+    np.testing.assert_allclose(out.adv_BT[4:], grpo(rewards[4:], ones, mask[4:], s2).adv_BT, rtol=1e-6)
     plain = segment_advantages(grpo, rewards, ones, mask, s, segment, (4, 2))
-    assert not np.allclose(plain.adv_NT[:4], out.adv_NT[:4])  # GRPO's scale differs from RLOO's
-    np.testing.assert_array_equal(plain.adv_NT[4:], out.adv_NT[4:])
+    assert not np.allclose(plain.adv_BT[:4], out.adv_BT[:4])  # GRPO's scale differs from RLOO's
+    np.testing.assert_array_equal(plain.adv_BT[4:], out.adv_BT[4:])
 
 
 @pytest.mark.parametrize("overrides, key, message", [

@@ -99,15 +99,15 @@ def test_collect_rewards_rows_and_curriculum(tok):
     solver_qs = [r["question"] for r in ro.records[n_p:]]
     assert solver_qs[:g * g] == [records[0]["question"]] * (g * g)
     assert solver_qs[g * g:2 * g * g] == [DUMMY] * (g * g)
-    r_s = ro.rewards_NK[n_p:, 0]
+    r_s = ro.rewards_BR[n_p:, 0]
     np.testing.assert_allclose(r_s, [1.0] * (g * g) + [0.0] * (2 * g * g))
     # R_p = 1 - success of its problem; the invalid proposal gets the format penalty (0 here)
-    np.testing.assert_allclose(ro.rewards_NK[:n_p, 0], [0.0, 0.0, 0.0, 0.0, 1.0, 1.0])
+    np.testing.assert_allclose(ro.rewards_BR[:n_p, 0], [0.0, 0.0, 0.0, 0.0, 1.0, 1.0])
     assert ro.metrics["ssp/valid_frac"] == pytest.approx(4 / 6)
     assert ro.metrics["ssp/invalid/format"] == pytest.approx(2 / 6)
     assert ro.metrics["ssp/solver_success"] == pytest.approx(0.5)
     # each role is its own segment with its own group size
-    np.testing.assert_array_equal(ro.segment_N, row_roles(ro))
+    np.testing.assert_array_equal(ro.segment_B, row_roles(ro))
     assert ro.segment_sizes == (g, g)
     # observation tokens (search results) are never trained
     for i, text in enumerate(ro.completions[:n_p]):
@@ -143,14 +143,14 @@ def test_proposer_group_of_one_by_default_gives_a_equal_r(tok):
     roles = [ROLE_IDS["proposer"]] * n_p + [ROLE_IDS["solver"]] * n_p * g
     np.testing.assert_array_equal(row_roles(ro), roles)
     assert ro.segment_sizes == (1, g)
-    r_p = ro.rewards_NK[:n_p, 0]
+    r_p = ro.rewards_BR[:n_p, 0]
     np.testing.assert_allclose(r_p, [0.0, -1.0, 1.0])  # 1 - solver success; invalid: the format penalty
     s = AlgoSettings(group_size=g, eps=1e-6, clip_low=0.2, clip_high=0.2, section=None)
-    adv = segment_advantages(ALGORITHMS["grpo"].advantages, ro.rewards_NK, ro.weights_K,
-                             ro.completion_mask_BT, s, ro.segment_N, ro.segment_sizes)
+    adv = segment_advantages(ALGORITHMS["grpo"].advantages, ro.rewards_BR, ro.weights_R,
+                             ro.completion_mask_BT, s, ro.segment_B, ro.segment_sizes)
     for i in range(n_p):
         trained = ro.completion_mask_BT[i]
-        np.testing.assert_allclose(adv.adv_NT[i][trained], r_p[i] / (1 + 1e-6), rtol=1e-6)
+        np.testing.assert_allclose(adv.adv_BT[i][trained], r_p[i] / (1 + 1e-6), rtol=1e-6)
 
 
 def test_problem_pool_draws_eligible_problems_and_clears():
@@ -225,13 +225,13 @@ def test_failed_slots_reuse_earlier_problems_and_resume_exactly(tok):
     assert q[1] in (records[0]["question"], records[2]["question"])  # an earlier valid problem, reused
     answer = second.records[n_p + g]["answers"][0]
     assert answer == {r["question"]: r["answers"][0] for r in records}[q[1]]  # with its own answer
-    assert second.rewards_NK[1, 0] == -1.0  # the failed Proposer still gets the format penalty
+    assert second.rewards_BR[1, 0] == -1.0  # the failed Proposer still gets the format penalty
     assert second.metrics["ssp/reused"] == pytest.approx(1 / 3) and second.metrics["ssp/dummy"] == 0.0
     resumed = SspSystem(tok, rag_check=False, max_total_tokens=768, format_penalty=-1.0, **SHORT)
     resumed.load_state(saved)
     again = collect_scripted(resumed, records, g)
     assert [r["question"] for r in again.records] == [r["question"] for r in second.records]
-    np.testing.assert_array_equal(again.rewards_NK, second.rewards_NK)
+    np.testing.assert_array_equal(again.rewards_BR, second.rewards_BR)
     dummy_only = SspSystem(tok, rag_check=False, max_total_tokens=768, failed_slots="dummy", **SHORT)
     assert dummy_only.state_json() is None
     collect_scripted(dummy_only, records, g)

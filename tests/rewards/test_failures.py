@@ -32,12 +32,12 @@ def _resolved():
 
 
 def test_score_info_counts_failures_per_reward():
-    rewards_NK, info = rewards.score(_resolved(), ["p"] * 3, ["good", "bad", "<answer>1</answer>"])
+    rewards_BR, info = rewards.score(_resolved(), ["p"] * 3, ["good", "bad", "<answer>1</answer>"])
     assert info.num_samples == 3 and info.errors == {"crash": 3, "nan": 2, "fmt": 0}
     assert info.metrics["reward/crash/errors"] == 3.0 and info.metrics["reward/nan/errors"] == 2.0
-    np.testing.assert_array_equal(rewards_NK[:, 0], [0, 0, 0])  # on_error=zero
-    assert rewards_NK[0, 1] == 1.0 and np.isnan(rewards_NK[1:, 1]).all()  # on_error=skip
-    np.testing.assert_array_equal(rewards_NK[:, 2], [0, 0, 1])
+    np.testing.assert_array_equal(rewards_BR[:, 0], [0, 0, 0])  # on_error=zero
+    assert rewards_BR[0, 1] == 1.0 and np.isnan(rewards_BR[1:, 1]).all()  # on_error=skip
+    np.testing.assert_array_equal(rewards_BR[:, 2], [0, 0, 1])
     assert set(info.first_failure) == {"crash", "nan"}
     assert "Traceback" in info.first_failure["crash"]
     assert info.first_failure["crash"].splitlines()[-1] == "ZeroDivisionError: division by zero in my reward"
@@ -112,8 +112,8 @@ def test_a_pairwise_judge_failing_on_every_pair_trips_the_guard(judge):
                                            params={"judge": f"{__name__}:{judge}", "group_size": 2})])
     tracker = rewards.RewardFailureTracker(3)
     for _ in range(2):
-        rewards_NK, info = rewards.score(resolved, ["p", "p", "q", "q"], ["a", "bb", "c", "dd"])
-        assert info.errors == {"judge": 4} and (rewards_NK == 0).all()  # on_error=zero, but counted
+        rewards_BR, info = rewards.score(resolved, ["p", "p", "q", "q"], ["a", "bb", "c", "dd"])
+        assert info.errors == {"judge": 4} and (rewards_BR == 0).all()  # on_error=zero, but counted
         tracker.update(info)
     with pytest.raises(rewards.RewardError, match=r"reward 'judge' failed on every sample for 3 consecutive "
                                                   r"steps .*first error: sample 0 returned None"):
@@ -123,8 +123,8 @@ def test_a_pairwise_judge_failing_on_every_pair_trips_the_guard(judge):
 def test_a_judged_group_still_scores_beside_a_failed_one():
     params = {"judge": f"{__name__}:_judge_by_length", "group_size": 2}
     resolved = rewards.resolve([RewardSpec(name="judge", type="pairwise", on_error="skip", params=params)])
-    rewards_NK, info = rewards.score(resolved, ["p", "p"], ["a", "bbb"])
-    np.testing.assert_allclose(rewards_NK[:, 0], [-2.0, 2.0])
+    rewards_BR, info = rewards.score(resolved, ["p", "p"], ["a", "bbb"])
+    np.testing.assert_allclose(rewards_BR[:, 0], [-2.0, 2.0])
     assert info.errors == {"judge": 0}
 
 
@@ -135,8 +135,8 @@ def test_a_proxy_judge_that_never_answers_fails_the_samples():
     fields = {"answer": ["1", "2"], "question": ["q", "q"], "response_1": ["a", "a"],
               "response_2": ["b", "b"]}
     completions = ["<rubric>r</rubric><eval>e</eval><answer>1</answer>"] * 2
-    rewards_NK, info = rewards.score(rewards.resolve([spec]), ["p", "p"], completions, fields)
-    assert info.errors == {"grm": 2} and (rewards_NK == 0).all()
+    rewards_BR, info = rewards.score(rewards.resolve([spec]), ["p", "p"], completions, fields)
+    assert info.errors == {"grm": 2} and (rewards_BR == 0).all()
     assert "proxy judge failed on all 2 samples; first error: ConnectionError: proxy server down" in \
         info.first_failure["grm"]
     # one answered sample keeps the reference's r_proxy = 0 for the others
@@ -174,5 +174,5 @@ def test_nan_scores_of_a_reward_model_fail_their_samples(monkeypatch, tmp_path):
     assert got[0] == 1.0 and got[1] is None
     # evpv's PRM: a NaN step score fails the sample instead of counting as a wrong step (-1)
     spec = RewardSpec(name="evpv", type="evpv", params={"prm": {"checkpoint": str(tmp_path)}})
-    rewards_NK, info = rewards.score(rewards.resolve([spec]), ["p", "p"], ["good", "bad"])
+    rewards_BR, info = rewards.score(rewards.resolve([spec]), ["p", "p"], ["good", "bad"])
     assert info.errors == {"evpv": 1} and info.first_failure["evpv"] == "sample 1 returned None"

@@ -103,8 +103,8 @@ def test_resolved_rewards_hold_names_weights_and_modes():
         RewardSpec(name="f", type="format", weight=0.5, on_error="skip", params={"tags": ["answer"]}),
     ])
     assert got.names == ("a", "f") and got.on_error == ("zero", "skip") and len(got) == 2
-    np.testing.assert_array_equal(got.weights_K, np.float32([2.0, 0.5]))
-    assert got.weights_K.dtype == np.float32 and dict(got.rewards[0].params) == {"tags_only": True}
+    np.testing.assert_array_equal(got.weights_R, np.float32([2.0, 0.5]))
+    assert got.weights_R.dtype == np.float32 and dict(got.rewards[0].params) == {"tags_only": True}
     with pytest.raises(dataclasses.FrozenInstanceError):
         got.rewards = ()
     with pytest.raises(TypeError):
@@ -125,10 +125,10 @@ def test_score_passes_each_reward_its_params_and_only_its_fields(monkeypatch):
     ])
     fields = {"answer": ["1", "2"], "task": ["t", "t"], "completion_length": [2, 4]}
     for _ in range(3):
-        rewards_NK, info = rewards.score(resolved, ["p", "p"], ["x", "y"], fields)
+        rewards_BR, info = rewards.score(resolved, ["p", "p"], ["x", "y"], fields)
     assert len(calls) == 2  # imported once, at resolve
     # _named_only gets `answer` only; _takes_all gets all 3 fields (+10); length: -(4-2)/2 for row 2
-    np.testing.assert_array_equal(rewards_NK, np.float32([[3, 13, 0], [6, 13, -1]]))
+    np.testing.assert_array_equal(rewards_BR, np.float32([[3, 13, 0], [6, 13, -1]]))
     assert info.errors == {"named": 0, "all": 0, "len": 0}
     with pytest.raises(ConfigError, match=r"rewards\[len\] needs the per-sample field 'completion_length'; "
                                           r"the data has answer, task"):
@@ -137,10 +137,10 @@ def test_score_passes_each_reward_its_params_and_only_its_fields(monkeypatch):
 
 def test_math_answer_is_symbolic():
     resolved = rewards.resolve([RewardSpec(name="m", type="math_answer")])
-    rewards_NK, _ = rewards.score(resolved, ["p"] * 3,
+    rewards_BR, _ = rewards.score(resolved, ["p"] * 3,
                                   ["<answer>2x+x^2</answer>", "\\boxed{x^2+2x}", "<answer>x^2+x</answer>"],
                                   {"answer": ["x^2+2x"] * 3})
-    np.testing.assert_array_equal(rewards_NK[:, 0], [1.0, 1.0, 0.0])
+    np.testing.assert_array_equal(rewards_BR[:, 0], [1.0, 1.0, 0.0])
 
 
 def test_without_math_verify_math_answer_refuses_to_run(monkeypatch):

@@ -48,7 +48,7 @@ def test_evaluation_logs_its_batches(clock, caplog):
     clock[0] = 6.0
 
     def collect(params, batch, spec, seed):
-        return types.SimpleNamespace(rewards_NK=np.ones((len(batch) * spec.num_samples, 1)), reward_names=("a",))
+        return types.SimpleNamespace(rewards_BR=np.ones((len(batch) * spec.num_samples, 1)), reward_names=("a",))
 
     records = [{"prompt": str(i)} for i in range(8)]
     out = evaluate_lib.evaluate(collect, None, records, lambda r: r, SamplingSpec(max_new_tokens=1),

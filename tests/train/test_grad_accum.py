@@ -119,22 +119,22 @@ def _fresh_state(params) -> TrainState:
 def test_etr_with_zero_elasticity_is_grpo_bit_for_bit(model_parts):
     graphdef, params = model_parts
     rng = np.random.default_rng(3)
-    rewards_NK = rng.normal(size=(B, 2)).astype(np.float32)
-    weights_K = np.asarray([1.0, 0.5], np.float32)
+    rewards_BR = rng.normal(size=(B, 2)).astype(np.float32)
+    weights_R = np.asarray([1.0, 0.5], np.float32)
     batch = _batch(2)
-    mask_NT = np.asarray(batch.completion_mask_BT)
+    mask_BT = np.asarray(batch.completion_mask_BT)
     section = AlgorithmConfig(etr=ETRSection(alpha=0.0, beta=0.0, adv_max=3.0))
     spec = AlgoSettings(group_size=4, eps=1e-6, clip_low=0.2, clip_high=0.28, section=section)
-    grpo = ALGORITHMS["grpo"].advantages(rewards_NK, weights_K, mask_NT, spec)
-    etr = ALGORITHMS["etr"].advantages(rewards_NK, weights_K, mask_NT, spec)
-    assert np.array_equal(etr.adv_NT, grpo.adv_NT)
-    assert np.array_equal(etr.clip_low_N, grpo.clip_low_N)
-    assert np.array_equal(etr.clip_high_N, grpo.clip_high_N)
+    grpo = ALGORITHMS["grpo"].advantages(rewards_BR, weights_R, mask_BT, spec)
+    etr = ALGORITHMS["etr"].advantages(rewards_BR, weights_R, mask_BT, spec)
+    assert np.array_equal(etr.adv_BT, grpo.adv_BT)
+    assert np.array_equal(etr.clip_low_B, grpo.clip_low_B)
+    assert np.array_equal(etr.clip_high_B, grpo.clip_high_B)
     step = _train_step(graphdef)
     outs = []
     for adv in (grpo, etr):
-        b = batch.replace(adv_BT=jnp.asarray(adv.adv_NT), clip_low_B=jnp.asarray(adv.clip_low_N),
-                          clip_high_B=jnp.asarray(adv.clip_high_N))
+        b = batch.replace(adv_BT=jnp.asarray(adv.adv_BT), clip_low_B=jnp.asarray(adv.clip_low_B),
+                          clip_high_B=jnp.asarray(adv.clip_high_B))
         outs.append(jax.device_get(step(_fresh_state(params), b)))
     (s_grpo, m_grpo), (s_etr, m_etr) = outs
     assert m_grpo["loss"] == m_etr["loss"] and m_grpo["loss"] != 0

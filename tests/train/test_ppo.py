@@ -153,7 +153,7 @@ def test_march_joint_batch_gae_follows_spec_1_10():
     seen = {}
 
     def inner(run, state, params, ro, adv, records, step, clock, *, frozen):
-        seen.update(adv=adv.adv_NT, frozen=frozen)
+        seen.update(adv=adv.adv_BT, frozen=frozen)
         return Updated(state, {"loss": 0.0}, 1)
 
     def step_fn(state, batch):

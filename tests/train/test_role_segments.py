@@ -25,57 +25,57 @@ def grpo_ref(r, g, eps=1e-6):
 def rollout(seed=0):
     """Role 0: 4 rows in groups of 1; role 1: 6 rows in groups of 3; two reward columns."""
     rng = np.random.default_rng(seed)
-    rewards_NK = rng.normal(size=(10, 2)).astype(np.float32)
-    mask_NT = rng.random((10, 5)) < 0.8
-    segment_N = np.asarray([0] * 4 + [1] * 6, np.int32)
-    return rewards_NK, np.asarray([1.0, 0.5], np.float32), mask_NT, segment_N, (1, 3)
+    rewards_BR = rng.normal(size=(10, 2)).astype(np.float32)
+    mask_BT = rng.random((10, 5)) < 0.8
+    segment_B = np.asarray([0] * 4 + [1] * 6, np.int32)
+    return rewards_BR, np.asarray([1.0, 0.5], np.float32), mask_BT, segment_B, (1, 3)
 
 
 def test_grpo_per_segment_matches_float64_reference():
-    r_NK, w_K, mask_NT, seg_N, sizes = rollout()
-    adv = segment_advantages(ALGORITHMS["grpo"].advantages, r_NK, w_K, mask_NT, SETTINGS, seg_N, sizes)
-    total = (r_NK.astype(np.float64) * w_K).sum(1)
-    want_N = np.concatenate([grpo_ref(total[:4], 1), grpo_ref(total[4:], 3)])
-    np.testing.assert_allclose(adv.adv_NT, want_N[:, None] * mask_NT, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(adv.clip_high_N, 0.28)
+    r_BR, w_R, mask_BT, seg_B, sizes = rollout()
+    adv = segment_advantages(ALGORITHMS["grpo"].advantages, r_BR, w_R, mask_BT, SETTINGS, seg_B, sizes)
+    total = (r_BR.astype(np.float64) * w_R).sum(1)
+    want_B = np.concatenate([grpo_ref(total[:4], 1), grpo_ref(total[4:], 3)])
+    np.testing.assert_allclose(adv.adv_BT, want_B[:, None] * mask_BT, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(adv.clip_high_B, 0.28)
 
 
 def test_batch_statistics_stay_inside_a_segment():
     """GDPO standardises over the batch: per segment here, so role 1's advantages do not depend on role 0's
     rewards, while one joint normalisation (what the segments prevent) would mix them."""
-    r_NK, w_K, mask_NT, _, _ = rollout(1)
-    r_NK, mask_NT = r_NK[:9], mask_NT[:9]
-    seg_N, sizes = np.asarray([0] * 3 + [1] * 6, np.int32), (3, 3)  # role 0: 1 group, role 1: 2 groups of 3
+    r_BR, w_R, mask_BT, _, _ = rollout(1)
+    r_BR, mask_BT = r_BR[:9], mask_BT[:9]
+    seg_B, sizes = np.asarray([0] * 3 + [1] * 6, np.int32), (3, 3)  # role 0: 1 group, role 1: 2 groups of 3
     gdpo = ALGORITHMS["gdpo"].advantages
-    adv = segment_advantages(gdpo, r_NK, w_K, mask_NT, SETTINGS, seg_N, sizes)
-    alone = gdpo(r_NK[3:], w_K, mask_NT[3:], SETTINGS)
-    np.testing.assert_allclose(adv.adv_NT[3:], alone.adv_NT, rtol=1e-6, atol=1e-7)
-    shifted = r_NK.copy()
-    shifted[:3] = r_NK[0]  # role 0 without spread: its normalised rewards become 0
-    adv2 = segment_advantages(gdpo, shifted, w_K, mask_NT, SETTINGS, seg_N, sizes)
-    np.testing.assert_allclose(adv2.adv_NT[3:], adv.adv_NT[3:], rtol=1e-6, atol=1e-7)
-    joint, joint2 = gdpo(r_NK, w_K, mask_NT, SETTINGS), gdpo(shifted, w_K, mask_NT, SETTINGS)
-    assert not np.allclose(joint.adv_NT[3:], joint2.adv_NT[3:], atol=1e-3)  # mixing roles would show
+    adv = segment_advantages(gdpo, r_BR, w_R, mask_BT, SETTINGS, seg_B, sizes)
+    alone = gdpo(r_BR[3:], w_R, mask_BT[3:], SETTINGS)
+    np.testing.assert_allclose(adv.adv_BT[3:], alone.adv_BT, rtol=1e-6, atol=1e-7)
+    shifted = r_BR.copy()
+    shifted[:3] = r_BR[0]  # role 0 without spread: its normalised rewards become 0
+    adv2 = segment_advantages(gdpo, shifted, w_R, mask_BT, SETTINGS, seg_B, sizes)
+    np.testing.assert_allclose(adv2.adv_BT[3:], adv.adv_BT[3:], rtol=1e-6, atol=1e-7)
+    joint, joint2 = gdpo(r_BR, w_R, mask_BT, SETTINGS), gdpo(shifted, w_R, mask_BT, SETTINGS)
+    assert not np.allclose(joint.adv_BT[3:], joint2.adv_BT[3:], atol=1e-3)  # mixing roles would show
 
 
 def test_interleaved_rows_equal_contiguous_rows():
     """After DAPO's concat a role's groups are not contiguous; each segment is gathered by its id."""
-    r_NK, w_K, mask_NT, seg_N, sizes = rollout(2)
+    r_BR, w_R, mask_BT, seg_B, sizes = rollout(2)
     order = np.asarray([4, 5, 6, 0, 1, 7, 8, 9, 2, 3])  # role 1 group, role 0 rows, role 1 group, role 0
     fn = ALGORITHMS["grpo"].advantages
-    base = segment_advantages(fn, r_NK, w_K, mask_NT, SETTINGS, seg_N, sizes)
-    mixed = segment_advantages(fn, r_NK[order], w_K, mask_NT[order], SETTINGS, seg_N[order], sizes)
-    np.testing.assert_allclose(mixed.adv_NT, base.adv_NT[order], rtol=1e-6, atol=1e-7)
+    base = segment_advantages(fn, r_BR, w_R, mask_BT, SETTINGS, seg_B, sizes)
+    mixed = segment_advantages(fn, r_BR[order], w_R, mask_BT[order], SETTINGS, seg_B[order], sizes)
+    np.testing.assert_allclose(mixed.adv_BT, base.adv_BT[order], rtol=1e-6, atol=1e-7)
 
 
 def test_no_segments_is_the_plain_estimator():
-    r_NK, w_K, mask_NT, _, _ = rollout(3)
-    r_NK, mask_NT = r_NK[:9], mask_NT[:9]
+    r_BR, w_R, mask_BT, _, _ = rollout(3)
+    r_BR, mask_BT = r_BR[:9], mask_BT[:9]
     fn = ALGORITHMS["etr"].advantages
-    a = segment_advantages(fn, r_NK, w_K, mask_NT, SETTINGS, None, ())
-    b = fn(r_NK, w_K, mask_NT, SETTINGS)
-    np.testing.assert_array_equal(a.adv_NT, b.adv_NT)
-    np.testing.assert_array_equal(a.clip_low_N, b.clip_low_N)
+    a = segment_advantages(fn, r_BR, w_R, mask_BT, SETTINGS, None, ())
+    b = fn(r_BR, w_R, mask_BT, SETTINGS)
+    np.testing.assert_array_equal(a.adv_BT, b.adv_BT)
+    np.testing.assert_array_equal(a.clip_low_B, b.clip_low_B)
 
 
 def test_zero_std_groups_skip_groups_of_one():

@@ -161,10 +161,10 @@ def _with(ns, **changes):
     return types.SimpleNamespace(**{**vars(ns), **changes})
 
 
-def _rollout(batch: TrainBatch, segment_N=None):
+def _rollout(batch: TrainBatch, segment_B=None):
     return types.SimpleNamespace(tokens_BL=batch.tokens_BL, mask_BL=np.asarray(batch.mask_BL),
                                  completion_mask_BT=np.asarray(batch.completion_mask_BT), prompt_width=W,
-                                 segment_N=segment_N)
+                                 segment_B=segment_B)
 
 
 def test_which_batches_share_prompts():

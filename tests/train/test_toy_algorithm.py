@@ -18,12 +18,12 @@ import pytest
 from _common import BASE, ROOT, env, metrics
 
 
-def toy_sign_advantages(rewards_NK, weights_K, mask_NT, s):
+def toy_sign_advantages(rewards_BR, weights_R, mask_BT, s):
     from jaxrl.algorithms import combined_reward, sequence_advantages
 
-    r_PG = np.nan_to_num(combined_reward(rewards_NK, weights_K)).reshape(-1, s.group_size)
-    adv_N = np.sign(r_PG - r_PG.mean(axis=1, keepdims=True)).reshape(-1)
-    return sequence_advantages(adv_N, mask_NT, s, {"toy/positive_frac": float(np.mean(adv_N > 0))})
+    r_PG = np.nan_to_num(combined_reward(rewards_BR, weights_R)).reshape(-1, s.group_size)
+    adv_B = np.sign(r_PG - r_PG.mean(axis=1, keepdims=True)).reshape(-1)
+    return sequence_advantages(adv_B, mask_BT, s, {"toy/positive_frac": float(np.mean(adv_B > 0))})
 
 
 from jaxrl.algorithms import Algorithm  # noqa: E402 -- after the function the record holds

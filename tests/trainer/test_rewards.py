@@ -219,15 +219,15 @@ def test_score_counts_and_treats_errors():
         RewardSpec(name="fmt", type="format", params={"tags": ["answer"]}),
     ]
     completions = ["a", "b", "<answer>c</answer>", "d", "e"]
-    rewards_NK, info = score(resolve(specs), ["p"] * 5, completions, {"answer": ["1", "2", "3", "4", "5"]})
-    assert rewards_NK.dtype == np.float32 and rewards_NK.shape == (5, 4)
-    np.testing.assert_array_equal(rewards_NK[:, 0], [1, 0, 1, 1, 1])
-    assert np.isnan(rewards_NK[:4, 1]).all() and rewards_NK[4, 1] == 2.5
-    np.testing.assert_array_equal(rewards_NK[:, 2], [2, 4, 6, 8, 10])
-    np.testing.assert_array_equal(rewards_NK[:, 3], [0, 0, 1, 0, 0])
+    rewards_BR, info = score(resolve(specs), ["p"] * 5, completions, {"answer": ["1", "2", "3", "4", "5"]})
+    assert rewards_BR.dtype == np.float32 and rewards_BR.shape == (5, 4)
+    np.testing.assert_array_equal(rewards_BR[:, 0], [1, 0, 1, 1, 1])
+    assert np.isnan(rewards_BR[:4, 1]).all() and rewards_BR[4, 1] == 2.5
+    np.testing.assert_array_equal(rewards_BR[:, 2], [2, 4, 6, 8, 10])
+    np.testing.assert_array_equal(rewards_BR[:, 3], [0, 0, 1, 0, 0])
     assert info.errors == {"crash": 1, "bad": 4, "scaled": 0, "fmt": 0}
     assert info.names == ("crash", "bad", "scaled", "fmt")
-    np.testing.assert_array_equal(info.weights_K, [1, 1, 0.5, 1])
+    np.testing.assert_array_equal(info.weights_R, [1, 1, 0.5, 1])
     assert info.metrics["reward/bad/mean"] == 2.5 and info.metrics["reward/crash/errors"] == 1
     assert math.isclose(info.metrics["reward/crash/mean"], 0.8, rel_tol=1e-6)
     assert info.num_samples == 5 and set(info.first_failure) == {"crash", "bad"}
@@ -249,8 +249,8 @@ def test_score_rejects_wrong_length_and_bad_specs():
     with pytest.raises(ValueError, match="field lengths"):
         score(fmt, ["p"], ["a"], {"answer": [1, 2]})
     # the old call with specs still works (resolved on the fly)
-    rewards_NK, _ = score([RewardSpec(name="f", type="format", params={"tags": ["a"]})], ["p"], ["<a>1</a>"])
-    assert rewards_NK.tolist() == [[1.0]]
+    rewards_BR, _ = score([RewardSpec(name="f", type="format", params={"tags": ["a"]})], ["p"], ["<a>1</a>"])
+    assert rewards_BR.tolist() == [[1.0]]
 
 
 def test_reasoning_gym_reward_uses_the_task_scorer():
@@ -262,10 +262,10 @@ def test_reasoning_gym_reward_uses_the_task_scorer():
     specs = [RewardSpec(name="gym", type="reasoning_gym"), RewardSpec(name="cd", type="countdown")]
     completions = [f"<answer>{recs[0]['answer']}</answer>", "<answer>1 + 1</answer>", "no answer"]
     fields = {k: [r[k] for r in recs] for k in ("answer", "task", "metadata", "numbers", "target")}
-    rewards_NK, info = score(specs, [r["prompt"] for r in recs], completions, fields)
+    rewards_BR, info = score(specs, [r["prompt"] for r in recs], completions, fields)
     # reasoning-gym countdown: 1.0 correct, 0.05 for a wrong expression; ours: 1.0 / 0.0
-    np.testing.assert_allclose(rewards_NK[:2], [[1.0, 1.0], [0.05, 0.0]])
-    assert rewards_NK[2, 1] == 0.0 and info.errors == {"gym": 0, "cd": 0}
+    np.testing.assert_allclose(rewards_BR[:2], [[1.0, 1.0], [0.05, 0.0]])
+    assert rewards_BR[2, 1] == 0.0 and info.errors == {"gym": 0, "cd": 0}
 
 
 def _bools(prompts, completions, **fields):
@@ -274,8 +274,8 @@ def _bools(prompts, completions, **fields):
 
 def test_score_accepts_bools_and_numpy_fields():
     spec = RewardSpec(name="b", function=f"{__name__}:_bools")
-    rewards_NK, info = score([spec], ["p", "p"], ["yes", "no"], {"answer": np.array([1, 2])})
-    np.testing.assert_array_equal(rewards_NK[:, 0], [1.0, 0.0])
+    rewards_BR, info = score([spec], ["p", "p"], ["yes", "no"], {"answer": np.array([1, 2])})
+    np.testing.assert_array_equal(rewards_BR[:, 0], [1.0, 0.0])
     assert info.errors == {"b": 0}
 
 
