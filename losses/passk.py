@@ -67,18 +67,18 @@ def pass_at_k(num_samples_P, num_correct_P, k: int) -> float:
     return float(np.mean(per_P)) if per_P.size else 0.0
 
 
-def avg_at_k(scores_PR) -> float:
+def avg_at_k(scores_PK) -> float:
     """avg@k = mean over problems of the mean score of their k samples (verl mean@k), float.
 
     Args:
-      scores_PR: [P, k] float scores (binary or graded), k samples per problem; NaN is an error.
+      scores_PK: [P, k] float scores (binary or graded), k samples per problem; NaN is an error.
 
     Returns:
       float; 0.0 for no problems.
     """
-    s_PR = np.asarray(scores_PR, np.float64)
-    if s_PR.ndim != 2:
-        raise ValueError(f"avg_at_k: scores must be [P, k], got shape {s_PR.shape}")
-    if not np.all(np.isfinite(s_PR)):
+    s_PK = np.asarray(scores_PK, np.float64)
+    if s_PK.ndim != 2:
+        raise ValueError(f"avg_at_k: scores must be [P, k], got shape {s_PK.shape}")
+    if not np.all(np.isfinite(s_PK)):
         raise ValueError("avg_at_k: scores must be finite (score unscorable samples explicitly, e.g. 0)")
-    return float(np.mean(s_PR)) if s_PR.size else 0.0
+    return float(np.mean(s_PK)) if s_PK.size else 0.0

@@ -56,9 +56,9 @@ def evaluate(collect, params, records, encoder, spec: SamplingSpec, *, batch_siz
         for i, batch in enumerate(tracked(batches, f"evaluation ({k} samples)", unit="batches")):
             ro = collect(params, batch, sampled, seed + i)
             correct.append((np.nan_to_num(ro.rewards_BR[:, 0]) > 0).reshape(-1, k))
-        c_PR = np.concatenate(correct).astype(np.float64)
-        out[f"eval/avg@{k}"] = losses.avg_at_k(c_PR)
-        n_P, c_P = np.full(c_PR.shape[0], k), c_PR.sum(axis=1).astype(np.int64)
+        c_PK = np.concatenate(correct).astype(np.float64)
+        out[f"eval/avg@{k}"] = losses.avg_at_k(c_PK)
+        n_P, c_P = np.full(c_PK.shape[0], k), c_PK.sum(axis=1).astype(np.int64)
         for j in pass_ks(k):
             out[f"eval/pass@{j}"] = losses.pass_at_k(n_P, c_P, j)
     return out

@@ -256,11 +256,11 @@ def reduce_across_hosts(metrics: Mapping[str, float], op: str = "mean") -> dict[
     if op not in ("mean", "sum", "max"):
         raise ValueError(f"op={op!r}: allowed values are 'mean', 'sum', 'max'")
     keys = sorted(metrics)
-    local_R = np.asarray([float(metrics[k]) for k in keys], np.float32)  # x64 is off in JAX
+    local_K = np.asarray([float(metrics[k]) for k in keys], np.float32)  # x64 is off in JAX
     if jax.process_count() == 1:
-        return dict(zip(keys, local_R.tolist()))
+        return dict(zip(keys, local_K.tolist()))
     from jax.experimental import multihost_utils
 
-    all_HK = np.asarray(multihost_utils.process_allgather(local_R))
-    reduced_R = {"mean": np.mean, "sum": np.sum, "max": np.max}[op](all_HK, axis=0)
-    return dict(zip(keys, reduced_R.tolist()))
+    all_HK = np.asarray(multihost_utils.process_allgather(local_K))
+    reduced_K = {"mean": np.mean, "sum": np.sum, "max": np.max}[op](all_HK, axis=0)
+    return dict(zip(keys, reduced_K.tolist()))

@@ -141,7 +141,7 @@ def _turn(graphdef, state, cache, chunk_BW, chunk_mask_BW, key, rows_B, temperat
         return (carry[0] < gen_width) & ~jnp.all(carry[5])
 
     def body(carry):
-        t, logits_BV, cache, tokens_BT, logp_BT, done_B, length_B, hist_BR, stopped_B = carry
+        t, logits_BV, cache, tokens_BT, logp_BT, done_B, length_B, hist_BK, stopped_B = carry
         keys_B = None if greedy else filters.row_keys(key, t, rows_B)
         tok_B = filters.choose_tokens(logits_BV, keys_B, temperature, greedy=greedy, top_k=top_k,
                                       top_p=top_p_arg)
@@ -151,14 +151,14 @@ def _turn(graphdef, state, cache, chunk_BW, chunk_mask_BW, key, rows_B, temperat
         tokens_BT = jax.lax.dynamic_update_slice(tokens_BT, tok_B[:, None], (0, t))
         logp_BT = jax.lax.dynamic_update_slice(logp_BT, jnp.where(live_B, logp_B, 0.0)[:, None], (0, t))
         length_B = length_B + live_B.astype(jnp.int32)
-        hist_BR = jnp.concatenate([hist_BR[:, 1:], tok_B[:, None]], axis=1)
-        stop_hit_B = jnp.any(jnp.all((stop_SK[None] == -1) | (hist_BR[:, None, :] == stop_SK[None]), -1), -1)
+        hist_BK = jnp.concatenate([hist_BK[:, 1:], tok_B[:, None]], axis=1)
+        stop_hit_B = jnp.any(jnp.all((stop_SK[None] == -1) | (hist_BK[:, None, :] == stop_SK[None]), -1), -1)
         hit_B = live_B & (jnp.any(tok_B[:, None] == eos_E[None, :], axis=-1) | stop_hit_B)
         done_B = done_B | hit_B | (live_B & (length_B >= max_new_B))
         feed_B = live_B & ~done_B  # a token that ends the turn is fed at the start of the next one
         step = model.forward(tok_B[:, None], None, feed_B[:, None], cache=cache, layers=layers)
         logits_BV = step.logits[:, -1].astype(jnp.float32)
-        return t + 1, logits_BV, step.cache, tokens_BT, logp_BT, done_B, length_B, hist_BR, stopped_B | hit_B
+        return t + 1, logits_BV, step.cache, tokens_BT, logp_BT, done_B, length_B, hist_BK, stopped_B | hit_B
 
     init = (jnp.int32(0), logits_BV, out.cache, jnp.full((rows, gen_width), pad_id, jnp.int32),
             jnp.zeros((rows, gen_width), jnp.float32), max_new_B <= 0, jnp.zeros((rows,), jnp.int32),
