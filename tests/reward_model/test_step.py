@@ -26,8 +26,8 @@ def _spec_classifier():
     # Linear q over a 1-d x: logits = [0, x], so q(a=1|x) = sigmoid(x); x_i = logit(q_i) reproduces the
     # example.
     clf = {"w_DC": jnp.array([[0.0, 1.0]]), "b_C": jnp.zeros(2)}
-    x_B1 = jnp.asarray(np.log(Q1 / (1 - Q1)), jnp.float32)[:, None]
-    return clf, x_B1
+    x_N1 = jnp.asarray(np.log(Q1 / (1 - Q1)), jnp.float32)[:, None]
+    return clf, x_N1
 
 
 @pytest.mark.parametrize("gamma,total", [(0.1, 0.70882), (1.0, 1.36325)])
