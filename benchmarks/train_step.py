@@ -76,7 +76,7 @@ def jaxrl_update(graphdef, params, x: dict[str, np.ndarray], *, group: int = 1, 
     import jax.numpy as jnp
     import optax
 
-    from jaxrl.train_step import LossSpec, TrainBatch, TrainState, train_step, update_compiler_options
+    from jaxrl.learner.train_step import LossSpec, TrainBatch, TrainState, train_step, update_compiler_options
 
     spec = LossSpec() if spec is None else spec
     tokens = np.concatenate([x["prompt_ids"], x["completion_ids"]], 1).astype(np.int32)
@@ -124,7 +124,7 @@ def run_jaxrl(model_dir: str, args, out) -> None:
     from flax import nnx
 
     from jaxrl.io import hf
-    from jaxrl.train_step import LossSpec
+    from jaxrl.learner.train_step import LossSpec
 
     model = hf.from_pretrained(model_dir)
     # what `model.scan_layers` / `model.remat` in a config do

@@ -10,7 +10,7 @@ Sections (SHAPE names a model shape where one applies):
 * `decode_jaxrl` / `decode_hf`: greedy decode of B prompts for exactly T new tokens (no EOS) with
   `jaxrl.sampling.generate` / transformers `generate` (the runners of `benchmarks/sampling.py`), random bf16
   weights; `decode_hf_static` the same with transformers' static cache.
-* `update`: jaxrl's GRPO update (`jaxrl.train_step.train_step`, set up by `benchmarks/train_step.py`) in bf16
+* `update`: jaxrl's GRPO update (`jaxrl.learner.train_step.train_step`, set up by `benchmarks/train_step.py`) in bf16
   compute over float32 master weights and AdamW moments, and its model FLOPs; `jaxrl.plan.memory` picks the
   gradient-accumulation micro-batch that fits.
 * `train_cli`: `jaxrl plan` and then `jaxrl train` (2 steps) of `smollm2_grpo.yaml`, in this process.
@@ -251,7 +251,7 @@ def update(s: Settings, shape: str) -> dict:
     from flax import nnx
 
     from jaxrl.models import Transformer
-    from jaxrl.train_step import LossSpec
+    from jaxrl.learner.train_step import LossSpec
 
     cfg = model_config(shape).replace(dtype="bfloat16", param_dtype="float32")
     dev = jax.devices()[0]

@@ -13,7 +13,8 @@ from typing import Callable
 import numpy as np
 
 from jaxrl.algorithms.base import AlgoSettings, task_reward
-from jaxrl.rollout import Rollout, concat, select_groups
+from jaxrl.sampling.rollout_rows import concat, select_groups
+from jaxrl.types import Rollout
 
 
 def informative_groups(ro: Rollout, s: AlgoSettings) -> np.ndarray:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxrl.train_step import TrainBatch
+from jaxrl.learner.train_step import TrainBatch
 
 
 def expert_rows(records, tokenizer, width: int, completion_width: int) -> TrainBatch:

@@ -91,7 +91,7 @@ class EpisodeSpec:
 
 @dataclasses.dataclass
 class Episodes:
-    """N episodes as host arrays (row n = p·G + g); field names follow `jaxrl.rollout.Rollout` if shared.
+    """N episodes as host arrays (row n = p·G + g); field names follow `jaxrl.types.Rollout` if shared.
 
     `prompts`, `completions` and `turn_info` are valid at the rows this host drove (`driven_B`; "" and []
     elsewhere), `tokens_BL` and `old_logp_BL` at the rows it holds (pad and 0 elsewhere); every other field

@@ -4,7 +4,7 @@
 
 A system (the `jaxrl.rl.collect.System` protocol) is resolved once in `jaxrl.rl.setup.setup` and becomes the
 run's collector (`jaxrl.rl.collect.SystemRows`): its `collect(graphdef, params, records, rewards, spec, key,
-train=...)` is the collect stage of the RL step and returns one `jaxrl.rollout.Rollout` of the trained
+train=...)` is the collect stage of the RL step and returns one `jaxrl.types.Rollout` of the trained
 roles' rows (`jaxrl.multi_agent.roles`), so the rest of the step (advantages, assemble, update) is unchanged.
 `demonstration_env` gives the SFT warm start its role-format demonstrations.
 """

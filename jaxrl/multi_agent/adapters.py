@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping, Sequence
 import jax
 import jax.numpy as jnp
 
-from jaxrl.train_step import TrainState
+from jaxrl.learner.train_step import TrainState
 
 MODES = ("shared", "per_role")
 

@@ -2,7 +2,7 @@
 
 A multi-agent system (MARCH, SSP; spec/multi-agent.md §0) samples several *roles* with the same
 weights. Each role has its own prompt builder, its own group definition and its own reward; the rows of the
-roles that are trained are laid out in one completion-space `jaxrl.rollout.Rollout`:
+roles that are trained are laid out in one completion-space `jaxrl.types.Rollout`:
 
     rows  = [role 0: P groups of G rows | role 1: P groups of G rows | ...]
     record["role"], record["role_id"]   the role of every row (kept through DAPO's select_groups / concat)
@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from jaxrl.rollout import sequences
+from jaxrl.sampling.rollout_rows import sequences
 from jaxrl.sampling import Generation
 from jaxrl.types import Rollout, Rows
 
@@ -29,7 +29,7 @@ def role_rows(name: str, prompt_ids: Sequence[Sequence[int]], gen: Generation, g
               prompt_buckets: Sequence[int] | None) -> Rows:
     """The rows of one generation call of a role (G = `group_size` samples per prompt, rows p·G + g), as host
     arrays, with their decoded texts."""
-    from jaxrl.rollout import decode
+    from jaxrl.sampling.rollout_rows import decode
     from jaxrl.sharding import hosts
 
     pad = int(tokenizer.pad_token_id)

@@ -1,7 +1,7 @@
 """`jaxrl plan --compile`: the run's real jitted programs lowered and compiled at the config's real shapes.
 
 From abstract parameters (`Transformer.abstract`: shapes, dtypes and shardings, no weight read or allocated)
-on the config's mesh over N devices, the same functions the trainer jits (`jaxrl.train_step.jitted_train_step`,
+on the config's mesh over N devices, the same functions the trainer jits (`jaxrl.learner.train_step.jitted_train_step`,
 `jitted_logprob_pass`) are lowered and compiled by XLA, and for each program this reports
 
     per-device memory   XLA's `memory_analysis()`: arguments, outputs, temporaries, aliased (donated) bytes;
@@ -96,9 +96,9 @@ def abstract_inputs(cfg, model_cfg, mesh, rules):
     from jaxrl.rl import setup as rl_setup
     from jaxrl.algorithms import ALGORITHMS
     from jaxrl.models import Transformer
-    from jaxrl.optim import build_optimizer
+    from jaxrl.learner.optim import build_optimizer
     from jaxrl.sharding import make_constrain, state_shardings
-    from jaxrl.train_step import TrainState
+    from jaxrl.learner.train_step import TrainState
 
     model = Transformer.abstract(model_cfg, constrain=make_constrain(mesh, rules))
     graphdef, params_state = nnx.split(model)
@@ -119,7 +119,7 @@ def abstract_batch(cfg, mesh, rules, *, group: int):
     """A mini-batch of the run's shape as ShapeDtypeStructs sharded like the trainer's batches: rows =
     prompts_per_step · group_size / mini_batches, width = the longest prompt bucket + the generation width."""
     from jaxrl.sharding import batch_shardings
-    from jaxrl.train_step import TrainBatch
+    from jaxrl.learner.train_step import TrainBatch
 
     r, a = cfg.rollout, cfg.algorithm
     rows = cfg.data.prompts_per_step * r.group_size // a.mini_batches
@@ -148,7 +148,7 @@ def compile_programs(cfg, model_cfg, mesh, rules) -> list[ProgramReport]:
     """Lowers and compiles the train step and the log-prob pass of `cfg` on `mesh` (abstract inputs)."""
     import time
 
-    from jaxrl.train_step import jitted_logprob_pass, jitted_train_step
+    from jaxrl.learner.train_step import jitted_logprob_pass, jitted_train_step
 
     graphdef, state, state_sharding, spec, tx = abstract_inputs(cfg, model_cfg, mesh, rules)
     group = shared_group(cfg, mesh, rules, spec.grad_accum)

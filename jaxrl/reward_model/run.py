@@ -35,7 +35,7 @@ from jaxrl.errors import ConfigError
 from jaxrl.config import config_dict
 from jaxrl.runtime.metrics import MetricsWriter
 from jaxrl.runtime.trackers import make_trackers
-from jaxrl.optim import build_optimizer
+from jaxrl.learner.optim import build_optimizer
 from jaxrl.reward_model import data as data_lib
 from jaxrl.reward_model.config import RMExperimentConfig, dump_rm_config
 from jaxrl.reward_model.evaluate import evaluate_pairs

@@ -32,10 +32,10 @@ from jaxrl.envs import EnvFactory, Episodes, EpisodeSpec, collect_episodes, scri
 from jaxrl.envs.contract import checked_demonstration, dry_run
 from jaxrl.errors import ConfigError
 from jaxrl.rewards.rows import score_rows
-from jaxrl.rollout import Rollout
+from jaxrl.types import Rollout
 from jaxrl.sampling import SamplingSpec
 from jaxrl.sharding import hosts
-from jaxrl.train_step import TrainBatch
+from jaxrl.learner.train_step import TrainBatch
 
 ENV_REWARD = "env"
 
@@ -50,7 +50,7 @@ def to_rollout(eps: Episodes, rewards, tokenizer) -> Rollout:
     """Episodes as a completion-space `Rollout` (column 0: the episode return; then `rewards` on transcripts).
 
     Episodes whose hosts drove their own rows (`eps.row_sharding`) give a rollout like
-    `jaxrl.rollout.collect`'s: tokens and log-probs as global arrays split over the rows' hosts, each
+    `jaxrl.rl.collect.sample_and_score`'s: tokens and log-probs as global arrays split over the rows' hosts, each
     transcript scored by its row's owner and the reward matrix gathered."""
     rewards_BR = eps.rewards_B[:, None].astype(np.float32)
     names, weights = (ENV_REWARD,), np.ones((1,), np.float32)

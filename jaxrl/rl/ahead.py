@@ -44,13 +44,13 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from jaxrl import rollout as rollout_lib
+from jaxrl.types import Rollout
 from jaxrl.runtime import step_time
-from jaxrl.train_step import TrainState
+from jaxrl.learner.train_step import TrainState
 
 log = logging.getLogger(__name__)
 # (params, records, step, clock) -> rollout: `jaxrl.rl.step`'s timed collection of one step
-CollectFn = Callable[[Any, Any, int, step_time.StageClock], rollout_lib.Rollout]
+CollectFn = Callable[[Any, Any, int, step_time.StageClock], Rollout]
 
 
 @dataclasses.dataclass
@@ -58,7 +58,7 @@ class Taken:
     """A step's rollout, the sampling parameters that collected it (DAPO's extra rounds use them too), the
     trainer's current sampling parameters, and the async metrics."""
 
-    rollout: rollout_lib.Rollout
+    rollout: Rollout
     behaviour: Any
     policy: Any
     metrics: dict[str, float]

@@ -21,7 +21,7 @@ from jaxrl.runtime import step_time
 from jaxrl.errors import UserError
 from jaxrl.rl.run import Run
 from jaxrl.sharding import batch_shardings, hosts, logical_to_spec, rows as rows_lib
-from jaxrl.train_step import TrainBatch, TrainState
+from jaxrl.learner.train_step import TrainBatch, TrainState
 
 
 def shard_batch(run: Run, batch: TrainBatch) -> TrainBatch:

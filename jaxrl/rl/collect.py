@@ -1,6 +1,6 @@
 """The `Collector` plug-in: how the rows of a step are produced.
 
-    SingleTurn    G completions per prompt, scored                          (`jaxrl.rollout.collect`)
+    SingleTurn    G completions per prompt, scored                          (`sample_and_score`)
     EnvEpisodes   G multi-turn episodes per record in an environment         (`jaxrl.rl.agentic.collect_env`)
     SystemRows    a multi-agent system's trained roles' rows, role segments  (`jaxrl.multi_agent`)
 
@@ -16,13 +16,21 @@ asking which one they got. Besides the rows, a collector owns
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
-from jaxrl import rewards as rewards_lib, rollout as rollout_lib
+import jax
+import numpy as np
+
+from jaxrl import rewards as rewards_lib
 from jaxrl.rl import agentic
 from jaxrl.envs import EpisodeSpec
-from jaxrl.sampling import SamplingSpec
-from jaxrl.train_step import TrainBatch
+from jaxrl.rewards.rows import score_rows
+from jaxrl.sampling import SamplingSpec, generate_from_state
+from jaxrl.sampling.rollout_rows import decode, device_sequences
+from jaxrl.sharding import hosts
+from jaxrl.types import Rollout, Rows
+from jaxrl.learner.train_step import TrainBatch
 
 Records = Sequence[Mapping[str, Any]]
 # (records, row_sharding=None) -> expert rows laid out like the rows the collector samples, SFT weight 1
@@ -37,7 +45,7 @@ class Collector(Protocol):
     segments: bool  # its rows carry role segments (`Rollout.segment_B`): they update unshared
 
     def __call__(self, params, records: Records, spec: SamplingSpec, key, *,
-                 train: bool) -> rollout_lib.Rollout: ...
+                 train: bool) -> Rollout: ...
 
     def demonstrations(self) -> Demonstrations | None: ...
 
@@ -59,7 +67,7 @@ class System(Protocol):
     update_phases: tuple[int, ...]  # role ids in update order (`jaxrl.rl.update.Phased`); () = joint
 
     def collect(self, graphdef, params, records: Records, rewards, spec: SamplingSpec, key, *,
-                train: bool) -> rollout_lib.Rollout: ...
+                train: bool) -> Rollout: ...
 
     def group_sizes(self, group_size: int) -> dict[str, int]: ...
 
@@ -109,10 +117,51 @@ class SingleTurn(_Stateless):
         self.graphdef, self.tokenizer, self.rewards = graphdef, tokenizer, rewards
 
     def __call__(self, params, records: Records, spec: SamplingSpec, key, *,
-                 train: bool) -> rollout_lib.Rollout:
+                 train: bool) -> Rollout:
         del train  # training and evaluation rows are collected alike
-        return rollout_lib.collect(self.graphdef, params, records, self.tokenizer, self.rewards, spec,
-                                   seed=key)
+        return sample_and_score(self.graphdef, params, records, self.tokenizer, self.rewards, spec, seed=key)
+
+
+def sample_and_score(graphdef, params, records: Records, tokenizer, rewards, spec: SamplingSpec, seed) -> Rollout:
+    """Samples, decodes and scores G completions for each record (`prompt_ids` from the data encoder).
+
+    Multi-host (tpu/README.md, "How a step is split across hosts"): every host calls it with the same global
+    batch of prompts; the sampler runs once over all devices. Each row has one owner host
+    (`jaxrl.sharding.hosts.row_owners`: the lowest process holding it), which alone decodes and scores it from
+    its own devices; the reward matrix, lengths and error counts are then gathered, so every host takes the
+    same decisions. Tokens and log-probs stay on the devices (`rollout_rows.device_sequences`);
+    `completions` holds the text of this host's own rows ("" elsewhere).
+
+    Args:
+      rewards: the resolved rewards (`jaxrl.rewards.resolve`), built once per run.
+    """
+    prompt_ids = [r["prompt_ids"] for r in records]
+    pad_id = int(tokenizer.pad_token_id)
+    g = spec.num_samples
+    t0 = time.perf_counter()
+    gen = generate_from_state(graphdef, params, prompt_ids, spec, eos_ids=(int(tokenizer.eos_token_id),),
+                              seed=seed, pad_id=pad_id)
+    lengths = hosts.to_host(gen.lengths)  # per-row scalars: gathered
+    finished = hosts.to_host(gen.finished)
+    tokens, mask, cmask, old_logp = device_sequences(prompt_ids, gen, g, pad_id, spec.prompt_buckets, lengths)
+    rep = [r for r in records for _ in range(g)]
+    owners = hosts.row_owners(gen.tokens.sharding, tuple(gen.tokens.shape))
+    mine = np.flatnonzero(owners == jax.process_index())  # the rows this host decodes and scores
+    completions = [""] * len(rep)
+    own_BT = hosts.fetch_held(gen.tokens)[mine]  # this host's devices only
+    for i, text in zip(mine, decode(tokenizer, own_BT, lengths[mine])):
+        completions[i] = text
+    t1 = time.perf_counter()  # the sampler has finished: its lengths and tokens were read back
+    rewards_BR, info = score_rows(rewards, [r["prompt"] for r in rep], completions, rep, lengths, owners)
+    metrics = dict(info.metrics)
+    # stage times of the step's breakdown (`jaxrl.rl.step` moves them out of the rollout's metrics)
+    metrics.update({"time/generation": t1 - t0, "time/reward": time.perf_counter() - t1})
+    metrics["response_length/mean"] = float(lengths.mean())
+    metrics["response_length/max"] = float(lengths.max())
+    metrics["response/finished_frac"] = float(finished.mean())
+    return Rollout.of(Rows(tokens, mask, cmask, old_logp, lengths, finished, completions), records=rep,
+                      rewards_BR=rewards_BR, weights_R=info.weights_R, reward_names=info.names, metrics=metrics,
+                      score_infos=(info,), pad_id=pad_id)
 
 
 class EnvEpisodes(_Stateless):
@@ -128,7 +177,7 @@ class EnvEpisodes(_Stateless):
         self.env_factory, self.episode_spec, self.row_layout = env_factory, episode_spec, row_layout
 
     def __call__(self, params, records: Records, spec: SamplingSpec, key, *,
-                 train: bool) -> rollout_lib.Rollout:
+                 train: bool) -> Rollout:
         del train
         return agentic.collect_env(self.graphdef, params, records, self.tokenizer, self.rewards,
                                    self.env_factory, self.episode_spec, spec, key, row_layout=self.row_layout)
@@ -153,7 +202,7 @@ class SystemRows:
         self.demo_spec = demonstration_spec(system, sampling)
 
     def __call__(self, params, records: Records, spec: SamplingSpec, key, *,
-                 train: bool) -> rollout_lib.Rollout:
+                 train: bool) -> Rollout:
         return self.system.collect(self.graphdef, params, records, self.rewards, spec, key, train=train)
 
     def demonstrations(self) -> Demonstrations:

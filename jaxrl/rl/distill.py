@@ -11,7 +11,7 @@ and the student is trained to make it small, either
   negative reverse KL is a dense per-token reward added to the advantages after the estimator's own
   normalisation, A_t ← A_t − coef · Σ_{k≥t} γ^{k−t} d_k (γ = `discount`, 0 by default: A_t − coef · d_t); or
 * `mode: reverse_kl_loss` (Agarwal et al., GKD, arXiv:2306.13649, with λ = 1: on-policy student samples and
-  the reverse KL): a term coef · k(log π_θ, log π_T) of the loss (`jaxrl.train_step`), k2 by default, whose
+  the reverse KL): a term coef · k(log π_θ, log π_T) of the loss (`jaxrl.learner.train_step`), k2 by default, whose
   gradient on the student's own samples is the reverse KL's: E_π[(log π_θ − log π_T) ∇log π_θ] = ∇KL(π_θ ‖ π_T)
   (the +1 of the exact gradient has expectation 0); k3 there would follow the forward KL's gradient.
 
@@ -35,7 +35,7 @@ from jaxrl.runtime import step_time
 from jaxrl.errors import CheckpointError, ConfigError
 from jaxrl.runtime.run_checks import check_teacher
 from jaxrl.sharding import hosts, state_shardings
-from jaxrl.train_step import LossSpec, TrainBatch, jitted_logprob_pass
+from jaxrl.learner.train_step import LossSpec, TrainBatch, jitted_logprob_pass
 
 _KEY = "algorithm.distill.teacher"  # the config key errors name
 

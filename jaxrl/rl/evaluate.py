@@ -36,7 +36,7 @@ def evaluate(collect, params, records, encoder, spec: SamplingSpec, *, batch_siz
 
     Args:
       collect: `(params, records, spec, seed) -> Rollout` (a run's `collector` with train=False, or
-        `jaxrl.rollout.collect` bound to a model, tokenizer and rewards).
+        `jaxrl.rl.collect.sample_and_score` bound to a model, tokenizer and rewards).
 
     Returns:
       {"eval/accuracy", "eval/reward/<name>/mean", and with `sampled` "eval/avg@k", "eval/pass@j"}.

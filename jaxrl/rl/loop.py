@@ -40,7 +40,7 @@ from jaxrl.rl.run import NonFiniteError
 from jaxrl.rl.step import rl_step, total_reward
 from jaxrl.rl.warm_start import sft_warm_start
 from jaxrl.sharding import hosts
-from jaxrl.train_step import TrainState
+from jaxrl.learner.train_step import TrainState
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ import jax
 import numpy as np
 from jax.sharding import Sharding
 
-from jaxrl.train_step import TrainBatch
+from jaxrl.learner.train_step import TrainBatch
 
 CLIP = 0.2  # the clip bounds of expert rows (unused by the SFT loss; kept like `expert_rows`)
 

@@ -18,7 +18,7 @@ import jax
 from jaxrl.errors import CheckpointError
 from jaxrl.models import lora
 from jaxrl.multi_agent import adapters as role_adapters
-from jaxrl.train_step import TrainState
+from jaxrl.learner.train_step import TrainState
 
 WarmStart = Callable[[TrainState], "tuple[TrainState, list[float]]"]
 

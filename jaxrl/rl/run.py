@@ -20,7 +20,7 @@ from jaxrl.rl.collect import Collector
 from jaxrl.rl.policy import Policy
 from jaxrl.rl.update import UpdateSchedule
 from jaxrl.sampling import SamplingSpec
-from jaxrl.train_step import LossSpec
+from jaxrl.learner.train_step import LossSpec
 
 
 class NonFiniteError(UserError):

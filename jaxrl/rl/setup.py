@@ -30,7 +30,7 @@ from jaxrl.algorithms import ALGORITHMS, Algorithm, AlgoSettings, KLRewardPenalt
 from jaxrl.config import DistillMode, ExperimentConfig, KLWhere, dump_config
 from jaxrl.errors import ConfigError, UserError
 from jaxrl.models import lora
-from jaxrl.optim import build_optimizer
+from jaxrl.learner.optim import build_optimizer
 from jaxrl.rl.ahead import make_feed
 from jaxrl.rl.batch import row_multiple, assemble, update
 from jaxrl.rl.collect import Collector, EnvEpisodes, SingleTurn, System, SystemRows
@@ -39,7 +39,7 @@ from jaxrl.rl.run import MismatchSpec, Run, UpdateSpec, placed_shardings
 from jaxrl.rl.update import Joint, Phased, Stages, UpdateSchedule
 from jaxrl.sampling import SamplingSpec
 from jaxrl.sharding import RULES, hosts, make_constrain, make_mesh, row_sharding, state_shardings
-from jaxrl.train_step import LossSpec, TrainState, jitted_logprob_pass, jitted_train_step
+from jaxrl.learner.train_step import LossSpec, TrainState, jitted_logprob_pass, jitted_train_step
 
 # Reward types that shape by length; DAPO's keep filter and CLIPO's correctness read the other columns.
 LENGTH_SHAPING_TYPES = ("length", "overlong")

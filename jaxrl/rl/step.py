@@ -16,11 +16,11 @@ import functools
 import jax
 import numpy as np
 
-from jaxrl import rollout as rollout_lib
+from jaxrl.types import Rollout
 from jaxrl.runtime import step_time
 from jaxrl.algorithms import combined_reward, segment_advantages, zero_std_group_frac
 from jaxrl.rl.run import Run
-from jaxrl.train_step import TrainState
+from jaxrl.learner.train_step import TrainState
 
 TIMING_PREFIX = "time/"
 # A collector's own stage times in its rollout's metrics -> the stage they belong to (`_collect_timed`).
@@ -33,19 +33,19 @@ def step_key(seed: int, step: int, stream: int) -> jax.Array:
     return jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), step), stream)
 
 
-def total_reward(ro: rollout_lib.Rollout) -> np.ndarray:
+def total_reward(ro: Rollout) -> np.ndarray:
     """The weighted sum of a rollout's rewards per sample, with skipped (NaN) rewards counted as 0."""
     return combined_reward(np.nan_to_num(ro.rewards_BR), ro.weights_R)
 
 
-def collect(run: Run, params, records, step: int, round_: int = 0) -> rollout_lib.Rollout:
+def collect(run: Run, params, records, step: int, round_: int = 0) -> Rollout:
     """Stage 1: the run's collector (`jaxrl.rl.collect`): G completions, episodes or role rows per prompt,
     decoded and scored (round > 0: a resampling round's fresh seed)."""
     stream = 0 if round_ == 0 else 100 + round_
     return run.collector(params, records, run.sampling, step_key(run.seed, step, stream), train=True)
 
 
-def _collect_timed(clock: step_time.StageClock, collect_fn, round_: int) -> rollout_lib.Rollout:
+def _collect_timed(clock: step_time.StageClock, collect_fn, round_: int) -> Rollout:
     """`collect_fn(round_)` with its seconds split into stages: what the collector measured itself (the
     single-turn sampler and scoring, the multi-turn sampler and environments) goes to its stage; the rest goes
     to reward when the collector timed its sampler but not its scoring (multi-turn: scoring and assembly),
@@ -65,7 +65,7 @@ def _collect_timed(clock: step_time.StageClock, collect_fn, round_: int) -> roll
     return ro
 
 
-def _throughput(run: Run, ro: rollout_lib.Rollout, clock: step_time.StageClock, group: int,
+def _throughput(run: Run, ro: Rollout, clock: step_time.StageClock, group: int,
                 epochs: int) -> dict[str, float]:
     """Tokens/s per device of generation and update, with NeMo RL's count (the real prompt + completion tokens
     of the step's rows, once per stage), and the update's MFU (model FLOPs: prompts once per group when the
@@ -88,7 +88,7 @@ def _throughput(run: Run, ro: rollout_lib.Rollout, clock: step_time.StageClock, 
     return out
 
 
-def _collect_now(run: Run, params, records, step: int, clock: step_time.StageClock) -> rollout_lib.Rollout:
+def _collect_now(run: Run, params, records, step: int, clock: step_time.StageClock) -> Rollout:
     """The step's first collection round, timed into `clock` (the feed's `CollectFn`)."""
     return _collect_timed(clock, functools.partial(collect, run, params, records, step), 0)
 

@@ -16,10 +16,11 @@ from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Protocol
 
 import numpy as np
 
-from jaxrl import rollout as rollout_lib
+from jaxrl.sampling.rollout_rows import take_rows
+from jaxrl.types import Rollout
 from jaxrl.runtime import step_time
 from jaxrl.multi_agent.adapters import role_params
-from jaxrl.train_step import TrainBatch, TrainState
+from jaxrl.learner.train_step import TrainBatch, TrainState
 
 if TYPE_CHECKING:
     from jaxrl.rl.run import Run
@@ -52,7 +53,7 @@ class UpdateSchedule(Protocol):
     `arrays()` are the checkpoint items it saves with each step ({} for none) and `load(items)` takes them back
     on resume."""
 
-    def __call__(self, run: Run, state: TrainState, params: Any, ro: rollout_lib.Rollout, adv, records,
+    def __call__(self, run: Run, state: TrainState, params: Any, ro: Rollout, adv, records,
                  step: int, clock: step_time.StageClock, *, frozen: bool) -> Updated: ...
 
     def begin(self, policy_params: Any) -> None: ...
@@ -82,7 +83,7 @@ class Joint(_Stateless):
 
     stages: Stages
 
-    def __call__(self, run: Run, state: TrainState, params: Any, ro: rollout_lib.Rollout, adv, records,
+    def __call__(self, run: Run, state: TrainState, params: Any, ro: Rollout, adv, records,
                  step: int, clock: step_time.StageClock, *, frozen: bool) -> Updated:
         extra = None
         if run.algorithm.extra_rows is not None:
@@ -116,7 +117,7 @@ class Phased(_Stateless):
     order: tuple[int, ...] | None
     recompute_old: bool
 
-    def __call__(self, run: Run, state: TrainState, params: Any, ro: rollout_lib.Rollout, adv, records,
+    def __call__(self, run: Run, state: TrainState, params: Any, ro: Rollout, adv, records,
                  step: int, clock: step_time.StageClock, *, frozen: bool) -> Updated:
         phases = self._phases(ro)
         if not phases or frozen:
@@ -124,14 +125,14 @@ class Phased(_Stateless):
         state, metrics = self._phased(run, state, params, ro, adv, step, phases, clock)
         return Updated(state, metrics, 1)
 
-    def _phases(self, ro: rollout_lib.Rollout) -> tuple[int, ...]:
+    def _phases(self, ro: Rollout) -> tuple[int, ...]:
         if ro.segment_B is None:
             return ()
         if self.order is None:
             return tuple(int(x) for x in np.unique(ro.segment_B))
         return self.order
 
-    def _phased(self, run: Run, state: TrainState, params: Any, ro: rollout_lib.Rollout, adv, step: int,
+    def _phased(self, run: Run, state: TrainState, params: Any, ro: Rollout, adv, step: int,
                 phases: tuple[int, ...], clock: step_time.StageClock) -> tuple[TrainState, dict[str, float]]:
         names = {int(r["role_id"]): str(r["role"]) for r in ro.records}
         out: dict[str, float] = {}
@@ -147,7 +148,7 @@ class Phased(_Stateless):
                                clip_high_B=adv.clip_high_B[rows])
             role = names[seg]
             batch, mismatch = self.stages.assemble(run, role_params(params, role),
-                                                   rollout_lib.take_rows(ro, rows), sub,
+                                                   take_rows(ro, rows), sub,
                                                    recompute_old=bool(done) and self.recompute_old, pad=True,
                                                    clock=clock)
             with clock("update"):

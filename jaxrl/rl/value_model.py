@@ -31,7 +31,7 @@ from flax import nnx
 from jaxrl import losses
 from jaxrl.models import lora
 from jaxrl.sharding import hosts
-from jaxrl.train_step import TrainState, accumulate, apply_if_finite, full_params
+from jaxrl.learner.train_step import TrainState, accumulate, apply_if_finite, full_params
 
 
 @flax.struct.dataclass

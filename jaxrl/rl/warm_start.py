@@ -19,7 +19,7 @@ from jaxrl.rl.batch import shard_batch
 from jaxrl.rl.run import Run, placed_shardings
 from jaxrl.sampling import bucket
 from jaxrl.sharding import batch_shardings, hosts, row_sharding
-from jaxrl.train_step import LossSpec, TrainBatch, TrainState, train_step, update_compiler_options
+from jaxrl.learner.train_step import LossSpec, TrainBatch, TrainState, train_step, update_compiler_options
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from jaxrl import sampling
 from jaxrl.envs import Action, EpisodeSpec, collect_episodes
 from jaxrl.sampling import multiturn
 from jaxrl.io.tokenizer import builtin_tokenizer
-from jaxrl.train_step import sequence_logprobs
+from jaxrl.learner.train_step import sequence_logprobs
 from agent_helpers import EchoEnv, tiny_model
 
 TOK = builtin_tokenizer()
@@ -93,7 +93,7 @@ def test_greedy_batched_equals_per_episode_loop(split, stops, mode):
 
 
 def _teacher_forced(graphdef, state, ep, temperature: float = 1.0):
-    """`jaxrl.train_step.sequence_logprobs` of the rows, aligned with tokens_BL (0 where not computed)."""
+    """`jaxrl.learner.train_step.sequence_logprobs` of the rows, aligned with tokens_BL (0 where not computed)."""
     tokens, mask = jnp.asarray(ep.tokens_BL), jnp.asarray(ep.mask_BL)
     width = ep.tokens_BL.shape[1] - ep.prompt_width
     out = np.asarray(sequence_logprobs(state, graphdef, tokens, mask, width, chunk=8192, temperature=temperature))

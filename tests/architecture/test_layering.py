@@ -170,13 +170,12 @@ def test_the_checker_sees_real_edges():
 
 
 # The layer order (issue 26 item 5), lowest first: a module imports only from its own layer or below, lazily or
-# not. Modules of no layer here (the rest of the flat top level: build, evaluate, rollout, train_step, ...) are
-# not constrained yet.
+# not. Every module of the package is in one layer (`test_every_module_has_a_layer`).
 LAYERS = (
     ("jaxrl.errors", "jaxrl._checks", "jaxrl._imports", "jaxrl.types"),  # types: the row model (numpy only)
     ("jaxrl.config", "jaxrl.io", "jaxrl.runtime"),
-    ("jaxrl.sampling", "jaxrl.algorithms", "jaxrl.envs", "jaxrl.rewards", "jaxrl.multi_agent", "jaxrl.data",
-     "jaxrl.reward_model"),  # the plug-ins and what they read
+    ("jaxrl.sampling", "jaxrl.learner", "jaxrl.algorithms", "jaxrl.envs", "jaxrl.rewards", "jaxrl.multi_agent",
+     "jaxrl.data", "jaxrl.reward_model"),  # the plug-ins and what they read
     ("jaxrl.rl",),
     ("jaxrl.plan",),  # compiles the run's real programs, as `jaxrl.rl.setup` builds them
     ("jaxrl.commands", "jaxrl.cli"),
@@ -205,7 +204,16 @@ def test_the_row_model_is_a_leaf():
     """`jaxrl.types` (Rows, Rollout) imports nothing from the package: every layer can use it."""
     _, _, every = _graph()
     assert every["jaxrl.types"] == set()
-    assert "jaxrl.types" in every["jaxrl.rollout"] and "jaxrl.types" in every["jaxrl.envs.episodes"]
+    assert "jaxrl.types" in every["jaxrl.sampling.rollout_rows"] and "jaxrl.types" in every["jaxrl.envs.episodes"]
+
+
+def test_every_module_has_a_layer():
+    """The flat top level is folded: every module of `jaxrl/` (not the leaf packages models/, losses/,
+    sharding/, which have their own rules above) belongs to one layer, so the order constrains all of it."""
+    leaves = tuple(p for p in PACKAGES if p != "jaxrl")
+    unplaced = sorted(m for m in _modules() if m != "jaxrl" and not m.startswith(leaves) and _layer(m) is None)
+    assert unplaced == []
+    assert _layer("jaxrl.learner.train_step") == _layer("jaxrl.sampling.engine") < _layer("jaxrl.rl.step")
 
 
 def test_layers_import_only_downward():

@@ -24,7 +24,7 @@ import pytest
 from tests._xla import suite_cache_dir, xla_flags
 
 from jaxrl.multi_agent import adapters as role_adapters
-from jaxrl.train_step import TrainState
+from jaxrl.learner.train_step import TrainState
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = ("model.overrides={hidden_size: 32, num_layers: 1, num_heads: 2, num_kv_heads: 2, head_dim: 16, "

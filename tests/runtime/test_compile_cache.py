@@ -22,7 +22,7 @@ import jax, jax.numpy as jnp
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-import jaxrl.train_step  # noqa: F401  (the trainer's module installs the cache guard)
+import jaxrl.learner.train_step  # noqa: F401  (the trainer's module installs the cache guard)
 
 mesh = jax.make_mesh((8,), ("fsdp",), axis_types=(jax.sharding.AxisType.Auto,))
 sh = lambda *spec: jax.sharding.NamedSharding(mesh, P(*spec))

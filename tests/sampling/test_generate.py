@@ -59,7 +59,7 @@ def test_logprobs_are_the_tempered_policy_the_trainer_recomputes(model, kwargs):
     """Issue 33 item 5: at τ != 1, with or without top-k / top-p, the sampler's log-probs are log softmax(z/τ)
     over the whole vocabulary at the chosen token, which is what the trainer's forward computes at
     `LossSpec.temperature` = τ: the PPO ratio is exactly 1 (1e-5 in log space) before the first update."""
-    from jaxrl.train_step import token_logprobs
+    from jaxrl.learner.train_step import token_logprobs
 
     gen = sampling.generate(model, PROMPTS, max_new_tokens=6, num_samples=2, seed=3, **kwargs)
     tokens = np.asarray(gen.tokens)

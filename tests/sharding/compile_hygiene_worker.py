@@ -26,7 +26,7 @@ import numpy as np  # noqa: E402
 from jaxrl.rl import batch as rl_batch, setup as rl_setup  # noqa: E402
 from jaxrl.config import load_config  # noqa: E402
 from jaxrl.sampling import generate_from_state  # noqa: E402
-from jaxrl.train_step import TrainBatch  # noqa: E402
+from jaxrl.learner.train_step import TrainBatch  # noqa: E402
 
 # Reduced models keep the family's layout flags (tied head, qkv bias, q/k norm) and shrink every size.
 SMALL = "{hidden_size: 64, num_layers: 2, num_heads: 4, num_kv_heads: 2, head_dim: 16, mlp_dim: 128}"

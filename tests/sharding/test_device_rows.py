@@ -1,4 +1,4 @@
-"""A rollout's tokens stay on the devices (`jaxrl.sharding.rows`, `jaxrl.rollout.collect`).
+"""A rollout's tokens stay on the devices (`jaxrl.sharding.rows`, `jaxrl.rl.collect.sample_and_score`).
 
 On 8 fake CPU devices: the row operations the RL step uses (DAPO's take and concat, prompt re-padding,
 mini-batch gathers) on a batch-sharded global array equal numpy's bit for bit and keep the rows split over
@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
-from jaxrl import rollout as rollout_lib
+from jaxrl.rl.collect import sample_and_score
+from jaxrl.sampling import rollout_rows
 from jaxrl.sharding import MeshConfig, hosts, make_mesh, rows
 
 
@@ -65,19 +66,19 @@ def test_collect_leaves_tokens_on_the_devices(mesh):
     spec = SamplingSpec(max_new_tokens=6, num_samples=2, temperature=1.0, prompt_buckets=(16,))
     records = [{"prompt": p, "prompt_ids": tok.encode(p)} for p in ("ab", "cde", "f", "ghij")]
     rewards = rewards_lib.resolve([RewardSpec(name="len", type="length", params={"target": 3})])
-    ro = rollout_lib.collect(graphdef, state, records, tok, rewards, spec, seed=jax.random.key(3))
+    ro = sample_and_score(graphdef, state, records, tok, rewards, spec, seed=jax.random.key(3))
     assert isinstance(ro.tokens_BL, jax.Array) and isinstance(ro.old_logp_BT, jax.Array)
     assert len(ro.tokens_BL.sharding.device_set) == 8 and not ro.tokens_BL.sharding.is_fully_replicated
     assert isinstance(ro.mask_BL, np.ndarray) and isinstance(ro.completion_mask_BT, np.ndarray)
     # the same generation built on the host (the multi-agent path) gives the same arrays
     gen = generate_from_state(graphdef, state, [r["prompt_ids"] for r in records], spec,
                               eos_ids=(tok.eos_token_id,), seed=jax.random.key(3), pad_id=tok.pad_token_id)
-    tokens, mask, cmask, old = rollout_lib.sequences([r["prompt_ids"] for r in records], gen, 2,
+    tokens, mask, cmask, old = rollout_rows.sequences([r["prompt_ids"] for r in records], gen, 2,
                                                      tok.pad_token_id, spec.prompt_buckets)
     np.testing.assert_array_equal(np.asarray(ro.tokens_BL), tokens)
     np.testing.assert_array_equal(ro.mask_BL, mask)
     np.testing.assert_array_equal(ro.completion_mask_BT, cmask)
     np.testing.assert_array_equal(np.asarray(ro.old_logp_BT), old)
-    kept = rollout_lib.select_groups(ro, np.array([3, 1]), 2)  # DAPO keeps groups 3 and 1, on the devices
+    kept = rollout_rows.select_groups(ro, np.array([3, 1]), 2)  # DAPO keeps groups 3 and 1, on the devices
     np.testing.assert_array_equal(np.asarray(kept.tokens_BL), tokens[[6, 7, 2, 3]])
     assert [r["prompt"] for r in kept.records] == ["ghij", "ghij", "cde", "cde"]

@@ -1,4 +1,4 @@
-"""The trainer's jitted RL update (`jaxrl.train_step.train_step`) on 8 fake CPU devices equals one device.
+"""The trainer's jitted RL update (`jaxrl.learner.train_step.train_step`) on 8 fake CPU devices equals one device.
 
 Meshes data=2 x fsdp=4 (FSDP rules) and fsdp=2 x tensor=4 (FSDP_TP rules); the sharded step is built exactly as
 `jaxrl.rl.setup.setup` builds it (parameter / optimiser shardings from the logical-axis rules, donated state, batch
@@ -20,7 +20,7 @@ from jaxrl.models import Transformer, TransformerConfig
 from jaxrl.sharding import (
     FSDP, FSDP_TP, MeshConfig, batch_shardings, make_constrain, make_mesh, no_constraint, state_shardings,
 )
-from jaxrl.train_step import LossSpec, TrainBatch, TrainState, loss_and_grad, train_step
+from jaxrl.learner.train_step import LossSpec, TrainBatch, TrainState, loss_and_grad, train_step
 
 CFG = TransformerConfig.tiny(num_kv_heads=4)
 SPEC = LossSpec(kl_beta=0.05, entropy_coef=0.01, grad_accum=2, dual_clip=3.0)

@@ -27,7 +27,7 @@ from jaxrl.config import load_config
 from jaxrl.errors import ConfigError
 from jaxrl.rl.ahead import Ahead, Synchronous, make_feed
 from jaxrl.runtime.step_time import StageClock
-from jaxrl.train_step import TrainState
+from jaxrl.learner.train_step import TrainState
 
 
 class _Policy:

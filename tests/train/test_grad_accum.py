@@ -18,7 +18,7 @@ from flax import nnx
 from jaxrl.algorithms import ALGORITHMS, AlgoSettings
 from jaxrl.config import AlgorithmConfig, ETRSection
 from jaxrl.models import Transformer, TransformerConfig
-from jaxrl.train_step import LossSpec, TrainBatch, TrainState, loss_and_grad, train_step
+from jaxrl.learner.train_step import LossSpec, TrainBatch, TrainState, loss_and_grad, train_step
 
 B, L, P_WIDTH = 8, 12, 4
 AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
@@ -147,7 +147,7 @@ def test_etr_with_zero_elasticity_is_grpo_bit_for_bit(model_parts):
 def test_cpu_update_options_compile_and_keep_the_update(model_parts):
     """The trainer's XLA:CPU options exist in this jaxlib (an unknown option fails to compile) and change
     only how the update runs: same loss, gradient norm and new parameters as the default compilation."""
-    from jaxrl.train_step import update_compiler_options
+    from jaxrl.learner.train_step import update_compiler_options
 
     assert update_compiler_options("tpu") is None and update_compiler_options("gpu") is None
     options = update_compiler_options("cpu")

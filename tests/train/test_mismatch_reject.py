@@ -9,7 +9,7 @@ import pytest
 
 from jaxrl.rl import batch as rl_batch, run as rl_run
 from jaxrl.config import load_config
-from jaxrl.train_step import TrainBatch
+from jaxrl.learner.train_step import TrainBatch
 
 
 def _batch() -> tuple[TrainBatch, jnp.ndarray]:

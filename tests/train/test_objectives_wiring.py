@@ -21,7 +21,7 @@ from flax import nnx
 
 from jaxrl import losses
 from jaxrl.models import Transformer, TransformerConfig
-from jaxrl.train_step import LossSpec, OBJECTIVES, TrainBatch, loss_and_grad, token_logprobs
+from jaxrl.learner.train_step import LossSpec, OBJECTIVES, TrainBatch, loss_and_grad, token_logprobs
 
 B, W, T = 4, 3, 5
 

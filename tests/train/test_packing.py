@@ -16,7 +16,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 from jaxrl.rl import packing
 from jaxrl.models import Transformer, TransformerConfig
-from jaxrl.train_step import LossSpec, TrainBatch, loss_and_grad
+from jaxrl.learner.train_step import LossSpec, TrainBatch, loss_and_grad
 
 B, W, T = 8, 10, 14
 

@@ -23,7 +23,7 @@ from jaxrl.rl import batch as rl_batch, run as rl_run
 from jaxrl.errors import UserError
 from jaxrl.models import Transformer, TransformerConfig, lora
 from jaxrl.sharding import RULES, MeshConfig, make_mesh
-from jaxrl.train_step import LossSpec, TrainBatch, loss_and_grad, sequence_logprobs
+from jaxrl.learner.train_step import LossSpec, TrainBatch, loss_and_grad, sequence_logprobs
 
 P, G, W, T = 4, 3, 6, 5
 B = P * G
@@ -249,7 +249,7 @@ def _sharded_setup():
 def _single_device_unshared_reference():
     """(loss, gradients, metrics) and the updated params of the unshared step on one device: the same for
     both meshes, so compiled and computed once."""
-    from jaxrl.train_step import TrainState
+    from jaxrl.learner.train_step import TrainState
 
     batch, cfg, tx = _sharded_setup()
     graphdef, state = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)))
@@ -262,7 +262,7 @@ def _single_device_unshared_reference():
 def _step_and_loss_and_grad(graphdef, tx):
     """(state, batch) -> (`loss_and_grad`, `train_step`) of the sharded cases' spec, for one program: the
     step's own loss and gradients are the same computation, so the pair compiles about as one step."""
-    from jaxrl.train_step import train_step
+    from jaxrl.learner.train_step import train_step
 
     def both(state, batch):
         step = train_step(state, batch, graphdef=graphdef, spec=_SHARDED_SPEC, tx=tx)
@@ -278,7 +278,7 @@ def test_sharded_shared_step_equals_the_single_device_unshared_step(mesh_cfg, ru
     """Rows over the batch shards, two micro-batches of 8 groups of 2 (one group per shard of data x fsdp),
     activation constraints on the grouped [P, W + G·T] layout: the same loss, gradients and update."""
     from jaxrl.sharding import batch_shardings, make_constrain, state_shardings
-    from jaxrl.train_step import TrainState
+    from jaxrl.learner.train_step import TrainState
 
     g = _SHARDED_G
     batch, cfg, tx = _sharded_setup()
@@ -330,7 +330,7 @@ from pathlib import Path
 import numpy as np
 from jaxrl.rl import batch as rl_batch, setup as rl_setup
 from jaxrl.config import load_config
-from jaxrl.train_step import TrainBatch
+from jaxrl.learner.train_step import TrainBatch
 
 W, T, B, G = 128, 128, 64, 8  # configs/search_tiny.yaml's step: 8 prompts x 8 episodes, 128-token buckets
 run, state, _ = rl_setup.setup(load_config("configs/search_tiny.yaml", ["sft_warmup.steps=0"]), Path(sys.argv[1]))
@@ -356,7 +356,7 @@ def test_grouped_update_of_the_search_tiny_step_runs_on_cpu(tmp_path):
     """The trainer's compile of a shared-prompt update and log-prob pass at configs/search_tiny.yaml's shapes
     finishes with a finite loss. With YNNPACK fusions jaxlib 0.10.2's XLA:CPU segfaulted here (CI: the
     search_tiny test died at its first RL step), so the trainer compiles grouped batches without them
-    (`jaxrl.train_step.update_compiler_options(shared_prompts=True)`); a subprocess, so a crash fails this
+    (`jaxrl.learner.train_step.update_compiler_options(shared_prompts=True)`); a subprocess, so a crash fails this
     test instead of killing the session."""
     import os
     import subprocess

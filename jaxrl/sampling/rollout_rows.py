@@ -1,37 +1,28 @@
-"""From a batch of prompts to a scored rollout in completion space (`jaxrl.types.Rollout`, whose docstring has
-the row layout and dimension letters).
+"""Training rows from the sampler's output, and rollouts moved by whole rows (`jaxrl.types.Rollout`, whose
+docstring has the row layout and dimension letters).
 
-`collect(...)` samples G completions per prompt with `jaxrl.sampling`, decodes them, scores them with the
-resolved rewards (`jaxrl.rewards.score_rows`) and lays the result out for the train step; `concat`,
-`select_groups` and `take_rows` move whole rows (DAPO's resampling rounds).
+  sequences / device_sequences   a generation as [prompt | completion] rows with masks and old log-probs
+  decode                         completion texts, without EOS and padding
+  concat / select_groups / take_rows   whole rows joined or picked (DAPO's resampling rounds, mini-batches)
 
-Everything here is host-side glue around jitted functions (the sampler); nothing is traced.
-
-Multi-host (tpu/README.md, "How a step is split across hosts"): every host calls `collect` with the same
-global batch of prompts; the sampler runs once over all devices. Each row of the output has one owner host
-(`jaxrl.sharding.hosts.row_owners`: the lowest process holding it): the owner alone decodes and scores it,
-reading the rows from its own devices, and the reward matrix, lengths and error counts are then gathered, so
-every host takes the same decisions. The sampled tokens and their log-probs never leave the devices:
-`tokens_BL` and `old_logp_BT` of `collect` are global `jax.Array`s split over the batch axis like the
-sampler's output, and the stages that move rows (DAPO, mini-batches) do it on the devices
-(`jaxrl.sharding.rows`). The masks, derived from the prompt lengths and the gathered completion lengths, are
-host arrays, the same on every host; `completions` holds the text of this host's own rows ("" elsewhere).
+Multi-host (tpu/README.md, "How a step is split across hosts"): the sampled tokens and their log-probs never
+leave the devices: `device_sequences` returns them as global `jax.Array`s split over the batch axis like the
+sampler's output, and the row movers act on the devices (`jaxrl.sharding.rows`). The masks, derived from the
+prompt lengths and the gathered completion lengths, are host arrays, the same on every host.
 """
 
 from __future__ import annotations
 
 import functools
-import time
-from typing import Any, Sequence
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl.rewards.rows import score_rows
-from jaxrl.sampling import Generation, SamplingSpec, generate_from_state, pad_prompts
+from jaxrl.sampling.batching import Generation, pad_prompts
 from jaxrl.sharding import hosts, rows as rows_lib
-from jaxrl.types import Rollout, Rows
+from jaxrl.types import Rollout
 
 
 def sequences(prompt_ids: Sequence[Sequence[int]], gen: Generation, group_size: int, pad_id: int,
@@ -81,42 +72,6 @@ def decode(tokenizer, tokens_BT: np.ndarray, lengths_B: np.ndarray) -> list[str]
             ids = ids[:-1]
         out.append(tokenizer.decode(ids, skip_special_tokens=True))
     return out
-
-
-def collect(graphdef, params, records: list[dict[str, Any]], tokenizer, rewards, spec: SamplingSpec,
-            seed) -> Rollout:
-    """Samples, decodes and scores G completions for each record (`prompt_ids` from the data encoder).
-
-    Args:
-      rewards: the resolved rewards (`jaxrl.rewards.resolve`), built once per run.
-    """
-    prompt_ids = [r["prompt_ids"] for r in records]
-    pad_id = int(tokenizer.pad_token_id)
-    g = spec.num_samples
-    t0 = time.perf_counter()
-    gen = generate_from_state(graphdef, params, prompt_ids, spec, eos_ids=(int(tokenizer.eos_token_id),),
-                              seed=seed, pad_id=pad_id)
-    lengths = hosts.to_host(gen.lengths)  # per-row scalars: gathered
-    finished = hosts.to_host(gen.finished)
-    tokens, mask, cmask, old_logp = device_sequences(prompt_ids, gen, g, pad_id, spec.prompt_buckets, lengths)
-    rep = [r for r in records for _ in range(g)]
-    owners = hosts.row_owners(gen.tokens.sharding, tuple(gen.tokens.shape))
-    mine = np.flatnonzero(owners == jax.process_index())  # the rows this host decodes and scores
-    completions = [""] * len(rep)
-    own_BT = hosts.fetch_held(gen.tokens)[mine]  # this host's devices only
-    for i, text in zip(mine, decode(tokenizer, own_BT, lengths[mine])):
-        completions[i] = text
-    t1 = time.perf_counter()  # the sampler has finished: its lengths and tokens were read back
-    rewards_BR, info = score_rows(rewards, [r["prompt"] for r in rep], completions, rep, lengths, owners)
-    metrics = dict(info.metrics)
-    # stage times of the step's breakdown (`jaxrl.rl.step` moves them out of the rollout's metrics)
-    metrics.update({"time/generation": t1 - t0, "time/reward": time.perf_counter() - t1})
-    metrics["response_length/mean"] = float(lengths.mean())
-    metrics["response_length/max"] = float(lengths.max())
-    metrics["response/finished_frac"] = float(finished.mean())
-    return Rollout.of(Rows(tokens, mask, cmask, old_logp, lengths, finished, completions), records=rep,
-                      rewards_BR=rewards_BR, weights_R=info.weights_R, reward_names=info.names, metrics=metrics,
-                      score_infos=(info,), pad_id=pad_id)
 
 
 def concat(parts: Sequence[Rollout], pad_id: int) -> Rollout:
