@@ -9,7 +9,7 @@ A violation is one `EnvError` line naming the class, the method, the record (and
     demonstration(record) -> a list of action texts (a string is refused: it would be played one character
                             per turn)
 
-What happens at a failed step is the caller's choice (`EpisodeSpec.on_error`): "raise" stops the run (exit 2),
+What happens at a failed step is the caller's choice (`EpisodeBudget.on_error`): "raise" stops the run (exit 2),
 "end_episode" ends that episode with return 0 and counts it (`env/errors`). A reset that fails always raises:
 there is no prompt to train on. `dry_run` plays reset + one step on one record before the first update, so a
 broken environment stops the run before anything trains on it.

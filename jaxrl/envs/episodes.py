@@ -34,44 +34,35 @@ import numpy as np
 from jaxrl.envs.base import Action, Env
 from jaxrl.envs.contract import ON_ERROR, checked_reset, checked_step
 from jaxrl.errors import EnvError, UserError
-from jaxrl.sampling.batching import DEFAULT_GEN_BUCKETS, DEFAULT_PROMPT_BUCKETS, bucket
+from jaxrl.sampling.batching import DEFAULT_GEN_BUCKETS, SamplingSpec, bucket
 from jaxrl.sampling.multiturn import MODES, TurnDecoder, stop_token_sequences
 from jaxrl.sharding import hosts
 from jaxrl.types import Rows
 
 
 @dataclasses.dataclass(frozen=True)
-class EpisodeSpec:
-    """Sampling, budgets and cache policy of multi-turn rollouts.
+class EpisodeBudget:
+    """What bounds a multi-turn rollout beyond sampling (which `jaxrl.sampling.SamplingSpec` says: the group
+    size G = `num_samples`, tokens per turn = `max_new_tokens`, temperature / top-k / top-p, and the compiled
+    chunk and per-turn decode widths = `prompt_buckets` / `gen_buckets`).
 
     Attributes:
-      group_size: G episodes per record.
       max_turns: model turns per episode.
-      max_new_tokens: tokens per turn.
       max_total_tokens: the whole context (prompt, actions, observations) of an episode.
-      temperature, top_k, top_p: as `jaxrl.sampling.generate`.
       cache: "reprefill" (rebuild each episode's KV cache every turn) or "continue" (keep it).
       cache_slots: the carried cache capacity in continue mode (0: max_total_tokens + max_turns · decode
         width, rounded up to a multiple of 128). Every decode step attends over all of it, so it sets the
         speed; when padding makes a turn not fit, the live episodes are re-prefilled (same results).
-      chunk_buckets, gen_buckets: compiled chunk / per-turn decode widths; row_buckets: widths of the
-        training rows' prompt and completion regions.
+      row_buckets: widths of the training rows' prompt and completion regions.
       on_error: a step that breaks the contract, raises or times out: "raise" (EnvError) or "end_episode"
         (that episode ends with return 0 and counts in `Episodes.errors_B`).
       step_timeout_s: wait at most this long for one step (None: no limit, the step runs on this thread).
     """
 
-    group_size: int = 1
     max_turns: int = 4
-    max_new_tokens: int = 64
     max_total_tokens: int = 1024
-    temperature: float = 1.0
-    top_k: int | None = None
-    top_p: float | None = None
     cache: str = "reprefill"
     cache_slots: int = 0
-    chunk_buckets: tuple[int, ...] = DEFAULT_PROMPT_BUCKETS
-    gen_buckets: tuple[int, ...] = DEFAULT_GEN_BUCKETS
     row_buckets: tuple[int, ...] = DEFAULT_GEN_BUCKETS
     on_error: str = "raise"
     step_timeout_s: float | None = None
@@ -84,7 +75,7 @@ class EpisodeSpec:
             raise ValueError(f"step_timeout_s must be > 0 or None, got {self.step_timeout_s}")
         if self.cache not in MODES:
             raise ValueError(f"cache={self.cache!r}: allowed values are {', '.join(map(repr, MODES))}")
-        for name in ("group_size", "max_turns", "max_new_tokens", "max_total_tokens"):
+        for name in ("max_turns", "max_total_tokens"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
@@ -147,7 +138,7 @@ class _Episode:
     finished: bool = False
     error: str = ""  # the environment error that ended the episode (on_error "end_episode")
 
-    def act(self, ids: Sequence[int], logp: Sequence[float], action: Action, spec: EpisodeSpec,
+    def act(self, ids: Sequence[int], logp: Sequence[float], action: Action, budget: EpisodeBudget,
             vocab: int) -> None:
         """Appends an action, steps the env (checked) and appends its observation unless the episode ends."""
         self.context += ids
@@ -155,9 +146,9 @@ class _Episode:
         self.sampled += [True] * len(ids)
         try:
             obs, reward, done, info = checked_step(self.env, action, self.index, len(self.rewards) + 1, vocab,
-                                                   spec.step_timeout_s)
+                                                   budget.step_timeout_s)
         except EnvError as e:
-            if spec.on_error == "raise":
+            if budget.on_error == "raise":
                 raise
             self.rewards = [0.0] * (len(self.rewards) + 1)  # the episode's return is 0
             self.info.append({"env_error": str(e)})
@@ -166,7 +157,7 @@ class _Episode:
         self.rewards.append(reward)
         self.info.append(info)
         self.finished = bool(done or action.eos)
-        max_turns, max_total = spec.max_turns, spec.max_total_tokens
+        max_turns, max_total = budget.max_turns, budget.max_total_tokens
         no_room = len(self.context) + len(obs) >= max_total
         self.done = self.finished or len(self.rewards) >= max_turns or no_room
         if not self.done:
@@ -175,10 +166,10 @@ class _Episode:
             self.sampled += [False] * len(obs)
 
 
-def _start(env_factory: Callable[[Any], Env], records, tokenizer, spec: EpisodeSpec,
+def _start(env_factory: Callable[[Any], Env], records, tokenizer, budget: EpisodeBudget, group_size: int,
            row_sharding=None) -> tuple[list, list]:
     """The repeated records and an episode per row (None for the rows this host does not drive)."""
-    rep = [r for r in records for _ in range(spec.group_size)]
+    rep = [r for r in records for _ in range(group_size)]
     owners = None if row_sharding is None else hosts.row_owners(row_sharding, (len(rep),))
     eps = []
     for i, r in enumerate(rep):
@@ -186,17 +177,17 @@ def _start(env_factory: Callable[[Any], Env], records, tokenizer, spec: EpisodeS
             eps.append(None)
             continue
         env = env_factory(tokenizer)
-        prompt = checked_reset(env, r, i // spec.group_size, len(tokenizer))
-        if len(prompt) >= spec.max_total_tokens:
-            raise UserError(f"the prompt of record {i // spec.group_size} has {len(prompt)} tokens; "
-                            f"max_total_tokens={spec.max_total_tokens} leaves no room for an action")
-        eps.append(_Episode(env, i // spec.group_size, prompt, list(prompt), [0.0] * len(prompt),
+        prompt = checked_reset(env, r, i // group_size, len(tokenizer))
+        if len(prompt) >= budget.max_total_tokens:
+            raise UserError(f"the prompt of record {i // group_size} has {len(prompt)} tokens; "
+                            f"max_total_tokens={budget.max_total_tokens} leaves no room for an action")
+        eps.append(_Episode(env, i // group_size, prompt, list(prompt), [0.0] * len(prompt),
                             [False] * len(prompt)))
     return rep, eps
 
 
 def collect_episodes(graphdef, params, records: Sequence[dict[str, Any]], tokenizer,
-                     env_factory: Callable[[Any], Env], spec: EpisodeSpec, seed, *,
+                     env_factory: Callable[[Any], Env], budget: EpisodeBudget, sampling: SamplingSpec, seed, *,
                      row_offset: int = 0, row_sharding=None) -> Episodes:
     """Runs G episodes per record, all live episodes decoding each turn together (`TurnDecoder`).
 
@@ -205,7 +196,10 @@ def collect_episodes(graphdef, params, records: Sequence[dict[str, Any]], tokeni
       records: P dataset records (whatever the env's `reset` reads).
       tokenizer: the model's HF tokenizer (eos and pad ids, decoding of actions).
       env_factory: `tokenizer -> Env`, e.g. `jaxrl.envs.make_env(name, params)`; one env per episode.
-      spec: `EpisodeSpec`; seed: int or PRNG key of this rollout.
+      budget: turns, tokens, cache policy and failure handling (`EpisodeBudget`).
+      sampling: G = `num_samples` episodes per record, `max_new_tokens` per turn, temperature / top-k / top-p,
+        chunk and decode widths (`prompt_buckets`, `gen_buckets`).
+      seed: int or PRNG key of this rollout.
       row_offset: global index of this call's first episode (its row id for the random draws).
       row_sharding: the layout of the B rows (`jaxrl.sharding.row_sharding`, as the model pins them): each
         host drives its own rows' episodes (module notes). None: every host drives every episode.
@@ -213,24 +207,27 @@ def collect_episodes(graphdef, params, records: Sequence[dict[str, Any]], tokeni
     Returns:
       Episodes with B = P·G rows.
     """
-    rep, eps = _start(env_factory, records, tokenizer, spec, row_sharding)
+    for name in ("num_samples", "max_new_tokens"):
+        if int(getattr(sampling, name)) < 1:
+            raise ValueError(f"{name} must be >= 1, got {getattr(sampling, name)}")
+    rep, eps = _start(env_factory, records, tokenizer, budget, sampling.num_samples, row_sharding)
     eos = int(tokenizer.eos_token_id)
     pad = int(tokenizer.pad_token_id)
     probe = next((e.env for e in eps if e is not None), None) or env_factory(tokenizer)
     stops = stop_token_sequences(tokenizer, probe.stop_strings)
-    gen_width = bucket(spec.max_new_tokens, spec.gen_buckets, "completion")
-    slots = spec.cache_slots or -(-(spec.max_total_tokens + spec.max_turns * gen_width) // 128) * 128
-    decoder = TurnDecoder(graphdef, params, len(eps), max_new_tokens=spec.max_new_tokens,
-                          temperature=spec.temperature, top_k=spec.top_k, top_p=spec.top_p, eos_ids=(eos,),
-                          stop_sequences=stops, pad_id=pad, seed=seed, mode=spec.cache,
+    gen_width = bucket(sampling.max_new_tokens, sampling.gen_buckets, "completion")
+    slots = budget.cache_slots or -(-(budget.max_total_tokens + budget.max_turns * gen_width) // 128) * 128
+    decoder = TurnDecoder(graphdef, params, len(eps), max_new_tokens=sampling.max_new_tokens,
+                          temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p, eos_ids=(eos,),
+                          stop_sequences=stops, pad_id=pad, seed=seed, mode=budget.cache,
                           rows=range(row_offset, row_offset + len(eps)),
                           cache_slots=slots, row_sharding=row_sharding,
-                          chunk_buckets=spec.chunk_buckets, gen_buckets=spec.gen_buckets)
+                          chunk_buckets=sampling.prompt_buckets, gen_buckets=sampling.gen_buckets)
     gen_s = env_s = 0.0
     mine = [e for e in eps if e is not None]
-    for k in range(spec.max_turns):
+    for k in range(budget.max_turns):
         budgets = [0 if e is None or e.done
-                   else min(spec.max_new_tokens, spec.max_total_tokens - len(e.context)) for e in eps]
+                   else min(sampling.max_new_tokens, budget.max_total_tokens - len(e.context)) for e in eps]
         for e, b in zip(eps, budgets):
             if e is not None:
                 e.done = e.done or b <= 0
@@ -248,9 +245,9 @@ def collect_episodes(graphdef, params, records: Sequence[dict[str, Any]], tokeni
             ids = [int(x) for x in turn.tokens[i, :n]]
             action = Action(tuple(ids), tokenizer.decode(ids, skip_special_tokens=True), ids[-1] == eos)
             logp = [float(x) for x in turn.logprobs[i, :n]]
-            e.act(ids, logp, action, spec, len(tokenizer))
+            e.act(ids, logp, action, budget, len(tokenizer))
         env_s += time.perf_counter() - t1
-    out = _assemble(eps, rep, tokenizer, spec, row_sharding)
+    out = _assemble(eps, rep, tokenizer, budget, row_sharding)
     out.metrics.update({"time/generate_s": gen_s, "time/env_s": env_s,
                         "rollout/prefill_tokens": float(decoder.prefill_tokens()),
                         "rollout/cache_compactions": float(decoder.stats["compactions"])})
@@ -258,15 +255,16 @@ def collect_episodes(graphdef, params, records: Sequence[dict[str, Any]], tokeni
 
 
 def scripted_episodes(records: Sequence[dict[str, Any]], tokenizer, env_factory: Callable[[Any], Env],
-                      policy: Callable[[dict[str, Any]], Sequence[str]], spec: EpisodeSpec, *,
-                      row_sharding=None) -> Episodes:
+                      policy: Callable[[dict[str, Any]], Sequence[str]], budget: EpisodeBudget, *,
+                      group_size: int = 1, row_sharding=None) -> Episodes:
     """Episodes whose actions are given texts (demonstrations for an SFT warm start; oracle tests).
 
     Action k of record r is `policy(r)[k]`, tokenized alone (no EOS: a stop string such as `</answer>` ends
     the turn, as in sampling). old_logp_BL is 0 (no sampler). Budgets as in `collect_episodes`, so the rows
-    look exactly like sampled ones. `row_sharding`: as in `collect_episodes` (each host plays its own rows).
+    look exactly like sampled ones; `group_size` episodes per record. `row_sharding`: as in
+    `collect_episodes` (each host plays its own rows).
     """
-    rep, eps = _start(env_factory, records, tokenizer, spec, row_sharding)
+    rep, eps = _start(env_factory, records, tokenizer, budget, group_size, row_sharding)
     eos = int(tokenizer.eos_token_id)
     for r, e in zip(rep, eps):
         if e is None:
@@ -280,17 +278,17 @@ def scripted_episodes(records: Sequence[dict[str, Any]], tokenizer, env_factory:
             if e.done:
                 break
             ids = [int(x) for x in tokenizer.encode(text, add_special_tokens=False)]
-            room = spec.max_total_tokens - len(e.context)
+            room = budget.max_total_tokens - len(e.context)
             ids = ids[: max(room, 0)]
             if not ids:
                 e.done = True
                 break
             action = Action(tuple(ids), tokenizer.decode(ids, skip_special_tokens=True), ids[-1] == eos)
-            e.act(ids, [0.0] * len(ids), action, spec, len(tokenizer))
-    return _assemble(eps, rep, tokenizer, spec, row_sharding)
+            e.act(ids, [0.0] * len(ids), action, budget, len(tokenizer))
+    return _assemble(eps, rep, tokenizer, budget, row_sharding)
 
 
-def _assemble(eps: list, rep: list[dict[str, Any]], tokenizer, spec: EpisodeSpec,
+def _assemble(eps: list, rep: list[dict[str, Any]], tokenizer, budget: EpisodeBudget,
               row_sharding=None) -> Episodes:
     """The rows of `eps` (None: a row another host drove). With `row_sharding` the widths and every per-row
     number come from all hosts (each row from its owner), so they are the same everywhere."""
@@ -301,13 +299,13 @@ def _assemble(eps: list, rep: list[dict[str, Any]], tokenizer, spec: EpisodeSpec
     longest_completion = max((len(e.context) - len(e.prompt) for e in mine), default=1)
     if row_sharding is not None:
         longest, longest_completion = (hosts.max_across_hosts(v) for v in (longest, longest_completion))
-    width = bucket(longest, spec.row_buckets, "prompt")
-    comp = bucket(max(longest_completion, 1), spec.row_buckets, "completion")
+    width = bucket(longest, budget.row_buckets, "prompt")
+    comp = bucket(max(longest_completion, 1), budget.row_buckets, "completion")
     tokens = np.full((n, width + comp), pad, np.int32)
     mask = np.zeros((n, width + comp), bool)
     loss_mask = np.zeros((n, width + comp), bool)
     old_logp = np.zeros((n, width + comp), np.float32)
-    turn_rewards = np.zeros((n, spec.max_turns), np.float32)
+    turn_rewards = np.zeros((n, budget.max_turns), np.float32)
     # turns, tool calls, tool errors, action tokens, length, finished, ended by an error
     per_row = np.zeros((n, 7), np.int32)
     for i, e in enumerate(eps):

@@ -213,12 +213,12 @@ def demonstrations(tokenizer, *, corpus_seed: int = 0, corpus_size: str = "tiny"
     Returns `jaxrl.envs.Episodes` (one per question): tokens as sampling would lay them out, loss mask on
     the demonstrated actions only (never on the search results), reward 1 on every row.
     """
-    from jaxrl.envs.episodes import EpisodeSpec, scripted_episodes  # episodes imports nothing from here
+    from jaxrl.envs.episodes import EpisodeBudget, scripted_episodes  # episodes imports nothing from here
 
     records = _world(int(corpus_seed), str(corpus_size)).records(split)
-    spec = EpisodeSpec(max_turns=4, max_total_tokens=max_total_tokens, row_buckets=tuple(row_buckets))
+    budget = EpisodeBudget(max_turns=4, max_total_tokens=max_total_tokens, row_buckets=tuple(row_buckets))
 
     def factory(tok):
         return SearchEnv(tok, corpus_seed=corpus_seed, corpus_size=corpus_size, top_k=top_k)
 
-    return scripted_episodes(records, tokenizer, factory, oracle_actions, spec)
+    return scripted_episodes(records, tokenizer, factory, oracle_actions, budget)

@@ -38,14 +38,14 @@ import numpy as np
 
 from jaxrl.data.entities import build_world, check_world_records
 from jaxrl.envs.base import StepResult, encode_text, prompt_ids
-from jaxrl.envs.episodes import EpisodeSpec, Episodes, collect_episodes
+from jaxrl.envs.episodes import EpisodeBudget, Episodes, collect_episodes
 from jaxrl.envs.search import SearchEnv, ToolEnv, exact_match
 from jaxrl.envs.tools import format_results
 from jaxrl.losses.research.ssp import answer_tag_counts, proposer_reward, solver_reward
 from jaxrl.multi_agent.adapters import role_params
 from jaxrl.multi_agent.roles import joint_rollout, role_metrics, role_rows
 from jaxrl.multi_agent.ssp_pool import ProblemPool
-from jaxrl.sampling import SamplingSpec, generate_from_state
+from jaxrl.sampling import DEFAULT_GEN_BUCKETS, DEFAULT_PROMPT_BUCKETS, SamplingSpec, generate_from_state
 from jaxrl.types import Rollout
 
 ROLES = ("proposer", "solver")
@@ -436,10 +436,13 @@ class SspSystem:
 
     def _episodes(self, name, graphdef, params, records, factory, spec: SamplingSpec, g: int,
                   key) -> Episodes:
-        es = EpisodeSpec(group_size=g, max_turns=self.max_turns, max_new_tokens=spec.max_new_tokens,
-                         max_total_tokens=self.max_total_tokens, temperature=spec.temperature,
-                         top_k=spec.top_k, top_p=spec.top_p)
-        return collect_episodes(graphdef, role_params(params, name), records, self.tokenizer, factory, es, key)
+        budget = EpisodeBudget(max_turns=self.max_turns, max_total_tokens=self.max_total_tokens)
+        # g episodes per record; chunk and decode widths from the sampler's default buckets, since contexts
+        # grow to max_total_tokens, past the run's prompt buckets
+        sampling = dataclasses.replace(spec, num_samples=g, prompt_buckets=DEFAULT_PROMPT_BUCKETS,
+                                       gen_buckets=DEFAULT_GEN_BUCKETS)
+        return collect_episodes(graphdef, role_params(params, name), records, self.tokenizer, factory, budget,
+                                sampling, key)
 
     def verify(self, graphdef, params, problems: Sequence[Problem], answers: Sequence[str], spec, key
                ) -> np.ndarray:

@@ -28,7 +28,7 @@ import jax
 import numpy as np
 
 from jaxrl import rewards as rewards_lib
-from jaxrl.envs import EnvFactory, Episodes, EpisodeSpec, collect_episodes, scripted_episodes
+from jaxrl.envs import EnvFactory, EpisodeBudget, Episodes, collect_episodes, scripted_episodes
 from jaxrl.envs.contract import checked_demonstration, dry_run
 from jaxrl.errors import ConfigError
 from jaxrl.rewards.rows import score_rows
@@ -38,12 +38,6 @@ from jaxrl.sharding import hosts
 from jaxrl.learner.train_step import TrainBatch
 
 ENV_REWARD = "env"
-
-
-def episode_spec(base: EpisodeSpec, spec: SamplingSpec) -> EpisodeSpec:
-    """The episode settings of one collect call: group size and sampling from `spec`, budgets from `base`."""
-    return dataclasses.replace(base, group_size=spec.num_samples, max_new_tokens=spec.max_new_tokens,
-                               temperature=spec.temperature, top_k=spec.top_k, top_p=spec.top_p)
 
 
 def to_rollout(eps: Episodes, rewards, tokenizer) -> Rollout:
@@ -76,29 +70,29 @@ def to_rollout(eps: Episodes, rewards, tokenizer) -> Rollout:
 
 
 def collect_env(graphdef, params, records: list[dict[str, Any]], tokenizer, rewards, env_factory,
-                base: EpisodeSpec, spec: SamplingSpec, seed, *, row_layout=None) -> Rollout:
+                budget: EpisodeBudget, spec: SamplingSpec, seed, *, row_layout=None) -> Rollout:
     """G episodes per record (`spec.num_samples`), decoded turn by turn on the jitted sampler; `seed` is an
     int or a PRNG key (from which the episode sampler's int seed is drawn). `row_layout`: rows -> the
     rows' sharding (`jaxrl.sharding.row_sharding` of the run's mesh), so that each host drives only the
     episodes of the rows it holds; None: every host drives every episode."""
     if not isinstance(seed, (int, np.integer)):
         seed = int(jax.random.randint(seed, (), 0, 2**31 - 1))
-    es = episode_spec(base, spec)
-    check_once(env_factory, records, tokenizer, es)
-    layout = None if row_layout is None else row_layout(len(records) * es.group_size)
-    eps = collect_episodes(graphdef, params, records, tokenizer, env_factory, es, seed, row_sharding=layout)
+    check_once(env_factory, records, tokenizer, budget)
+    layout = None if row_layout is None else row_layout(len(records) * spec.num_samples)
+    eps = collect_episodes(graphdef, params, records, tokenizer, env_factory, budget, spec, seed,
+                           row_sharding=layout)
     return to_rollout(eps, rewards, tokenizer)
 
 
-def check_once(env_factory, records, tokenizer, spec: EpisodeSpec) -> None:
+def check_once(env_factory, records, tokenizer, budget: EpisodeBudget) -> None:
     """`dry_run` of an `EnvFactory` on its first records (once per factory); other callables are checked at
     their first call only."""
     if isinstance(env_factory, EnvFactory) and not env_factory.checked and len(records):
-        dry_run(env_factory, records[0], tokenizer, timeout_s=spec.step_timeout_s)
+        dry_run(env_factory, records[0], tokenizer, timeout_s=budget.step_timeout_s)
         env_factory.checked = True
 
 
-def demonstration_rows(records, tokenizer, env_factory, base: EpisodeSpec, *,
+def demonstration_rows(records, tokenizer, env_factory, budget: EpisodeBudget, *,
                        row_sharding=None) -> TrainBatch:
     """Expert rows of the environment's demonstrations (`env.demonstration(record)`), SFT weight 1.
 
@@ -108,11 +102,11 @@ def demonstration_rows(records, tokenizer, env_factory, base: EpisodeSpec, *,
     if not callable(getattr(probe, "demonstration", None)):
         raise ConfigError(f"sft_warmup.steps > 0 with env {type(probe).__name__}: the environment has no "
                           "demonstration(record) method giving the action texts to imitate")
-    check_once(env_factory, records, tokenizer, base)
+    check_once(env_factory, records, tokenizer, budget)
     index = {id(r): i for i, r in enumerate(records)}
     eps = scripted_episodes(records, tokenizer, env_factory,
                             lambda r: checked_demonstration(probe, r, index.get(id(r), 0)),
-                            dataclasses.replace(base, group_size=1), row_sharding=row_sharding)
+                            budget, row_sharding=row_sharding)
     w, n = eps.prompt_width, eps.tokens_BL.shape[0]
     cmask = eps.loss_mask_BL[:, w:]
     zeros = np.zeros(cmask.shape, np.float32)

@@ -24,7 +24,7 @@ import numpy as np
 
 from jaxrl import rewards as rewards_lib
 from jaxrl.rl import agentic
-from jaxrl.envs import EpisodeSpec
+from jaxrl.envs import EpisodeBudget
 from jaxrl.rewards.rows import score_rows
 from jaxrl.sampling import SamplingSpec, generate_from_state
 from jaxrl.sampling.rollout_rows import decode, device_sequences
@@ -60,7 +60,7 @@ class System(Protocol):
     """What a multi-agent system (`jaxrl.multi_agent.SYSTEMS`) declares; setup and `SystemRows` read it."""
 
     name: str  # the key of its state in checkpoints
-    max_turns: int  # its warm-start demonstration episodes' turns (`demonstration_spec`)
+    max_turns: int  # its warm-start demonstration episodes' turns (`demonstration_budget`)
     max_total_tokens: int | None  # their token budget; None: the rollout's longest prompt bucket + completion
     adapter_roles: Sequence[str]  # its roles in id order (role segment = index; per-role adapters)
     adapter_aliases: Mapping[str, str]  # a role played with another's adapters
@@ -99,11 +99,11 @@ class _Stateless:
         del data
 
 
-def _episode_demonstrations(tokenizer, env_factory, spec: EpisodeSpec) -> Demonstrations:
+def _episode_demonstrations(tokenizer, env_factory, budget: EpisodeBudget) -> Demonstrations:
     """An environment's `demonstration(record)` episodes as expert rows (`agentic.demonstration_rows`)."""
 
     def rows(records: Records, row_sharding=None) -> TrainBatch:
-        return agentic.demonstration_rows(records, tokenizer, env_factory, spec, row_sharding=row_sharding)
+        return agentic.demonstration_rows(records, tokenizer, env_factory, budget, row_sharding=row_sharding)
 
     return rows
 
@@ -172,24 +172,24 @@ class EnvEpisodes(_Stateless):
     name = "env_episodes"
 
     def __init__(self, graphdef, tokenizer, rewards: rewards_lib.Rewards, env_factory,
-                 episode_spec: EpisodeSpec, row_layout: RowLayout | None):
+                 budget: EpisodeBudget, row_layout: RowLayout | None):
         self.graphdef, self.tokenizer, self.rewards = graphdef, tokenizer, rewards
-        self.env_factory, self.episode_spec, self.row_layout = env_factory, episode_spec, row_layout
+        self.env_factory, self.budget, self.row_layout = env_factory, budget, row_layout
 
     def __call__(self, params, records: Records, spec: SamplingSpec, key, *,
                  train: bool) -> Rollout:
         del train
         return agentic.collect_env(self.graphdef, params, records, self.tokenizer, self.rewards,
-                                   self.env_factory, self.episode_spec, spec, key, row_layout=self.row_layout)
+                                   self.env_factory, self.budget, spec, key, row_layout=self.row_layout)
 
     def demonstrations(self) -> Demonstrations:
-        return _episode_demonstrations(self.tokenizer, self.env_factory, self.episode_spec)
+        return _episode_demonstrations(self.tokenizer, self.env_factory, self.budget)
 
 
 class SystemRows:
     """A multi-agent system (`System`): its `collect` gives the trained roles' rows, one role segment each,
     under the run's sampling spec (`train`), and its evaluation rows under any other. Its role-format
-    demonstrations (`system.demonstration_env`, one episode per record, `demonstration_spec`) are the warm
+    demonstrations (`system.demonstration_env`, one episode per record, `demonstration_budget`) are the warm
     start's; its records must be over its world; its state (SSP's pool) is checkpointed under
     `system.name`."""
 
@@ -199,14 +199,14 @@ class SystemRows:
                  sampling: SamplingSpec):
         self.system, self.name = system, system.name
         self.graphdef, self.tokenizer, self.rewards = graphdef, tokenizer, rewards
-        self.demo_spec = demonstration_spec(system, sampling)
+        self.demo_budget = demonstration_budget(system, sampling)
 
     def __call__(self, params, records: Records, spec: SamplingSpec, key, *,
                  train: bool) -> Rollout:
         return self.system.collect(self.graphdef, params, records, self.rewards, spec, key, train=train)
 
     def demonstrations(self) -> Demonstrations:
-        return _episode_demonstrations(self.tokenizer, self.system.demonstration_env, self.demo_spec)
+        return _episode_demonstrations(self.tokenizer, self.system.demonstration_env, self.demo_budget)
 
     def check_records(self, records: Records, split: str) -> None:
         self.system.check_records(records, split)
@@ -218,7 +218,7 @@ class SystemRows:
         self.system.load_state(data)
 
 
-def demonstration_spec(system: System, sampling: SamplingSpec) -> EpisodeSpec:
+def demonstration_budget(system: System, sampling: SamplingSpec) -> EpisodeBudget:
     """The episodes of a system's role-format demonstrations: one per record, laid out like the rows it
     samples under `sampling` (the run's), with the system's `max_turns` and `max_total_tokens` (None: the
     longest prompt bucket + the completion)."""
@@ -227,5 +227,4 @@ def demonstration_spec(system: System, sampling: SamplingSpec) -> EpisodeSpec:
     if total is None:
         total = max(prompts or (1024,)) + sampling.max_new_tokens
     buckets = {"row_buckets": tuple(sorted({*prompts, *gens, total}))} if prompts else {}
-    return EpisodeSpec(group_size=1, max_turns=system.max_turns, max_new_tokens=sampling.max_new_tokens,
-                       max_total_tokens=total, **buckets)
+    return EpisodeBudget(max_turns=system.max_turns, max_total_tokens=total, **buckets)

@@ -281,16 +281,13 @@ def _collector(cfg: ExperimentConfig, system: System | None, graphdef, tokenizer
     if system is not None:
         return SystemRows(system, graphdef, tokenizer, rewards, sampling_spec(cfg))
     if cfg.env is not None:
-        from jaxrl.envs import EpisodeSpec, make_env
+        from jaxrl.envs import EpisodeBudget, make_env
 
-        e, r = cfg.env, cfg.rollout
+        e = cfg.env
         env_factory = make_env(e.name, e.params, tokenizer)
-        buckets = {k: tuple(v) for k, v in (("gen_buckets", r.gen_buckets), ("chunk_buckets", r.prompt_buckets))
-                   if v}
-        spec = EpisodeSpec(group_size=r.group_size, max_turns=e.max_turns, max_new_tokens=r.max_new_tokens,
-                           max_total_tokens=e.max_total_tokens, cache=e.cache, on_error=e.on_error,
-                           step_timeout_s=e.step_timeout_s, **buckets)
-        return EnvEpisodes(graphdef, tokenizer, rewards, env_factory, spec,
+        budget = EpisodeBudget(max_turns=e.max_turns, max_total_tokens=e.max_total_tokens, cache=e.cache,
+                               on_error=e.on_error, step_timeout_s=e.step_timeout_s)
+        return EnvEpisodes(graphdef, tokenizer, rewards, env_factory, budget,
                            functools.partial(row_sharding, mesh, rules))
     return SingleTurn(graphdef, tokenizer, rewards)
 

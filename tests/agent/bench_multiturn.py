@@ -42,7 +42,7 @@ def main() -> None:
                                  num_heads=4, num_kv_heads=4, head_dim=32, mlp_dim=384)
     graphdef, state = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)))
     total = 64 + args.turns * (args.new + args.obs)
-    default = -(-(total + args.turns * args.new) // 128) * 128  # EpisodeSpec's default cache_slots
+    default = -(-(total + args.turns * args.new) // 128) * 128  # EpisodeBudget's default cache_slots
     settings = [("reprefill", 0), ("continue", 2 * total + args.turns * args.new), ("continue", default)]
     for mode, slots in settings:
         before = multiturn.compile_count()

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from jaxrl.data.entities import build_world
-from jaxrl.envs import EpisodeSpec, Search, make_env, oracle_actions, scripted_episodes
+from jaxrl.envs import EpisodeBudget, Search, make_env, oracle_actions, scripted_episodes
 from jaxrl.envs.search import demonstrations
 from jaxrl.io.tokenizer import builtin_tokenizer
 
@@ -68,7 +68,7 @@ def test_oracle_answers_every_question_through_the_env():
     tok = builtin_tokenizer()
     w = build_world(0)
     factory = make_env("search", {"corpus_seed": 0, "top_k": 1}, tokenizer=tok)
-    spec = EpisodeSpec(max_turns=4, max_total_tokens=2048)
+    spec = EpisodeBudget(max_turns=4, max_total_tokens=2048)
     ep = scripted_episodes(list(w.questions), tok, factory, oracle_actions, spec)
     np.testing.assert_array_equal(ep.rewards_B, 1.0)
     hops = np.asarray([q["hops"] for q in w.questions])

@@ -20,7 +20,7 @@ from tests._xla import xla_flags
 
 from jaxrl.config import load_config
 from jaxrl.data.tasks import arithmetic
-from jaxrl.envs import Action, EpisodeSpec, make_env, scripted_episodes
+from jaxrl.envs import Action, EpisodeBudget, make_env, scripted_episodes
 from jaxrl.envs.adapters import messages_ids
 from jaxrl.errors import ConfigError, EnvError
 from jaxrl.io.tokenizer import builtin_tokenizer
@@ -94,7 +94,7 @@ def run_state(tmp_path_factory):
     path.write_text(CONFIG + MESH)
     run, state, _ = rl_setup.setup(load_config(str(path)), path.parent / "run")
     # one row shape for all three (the TRL prompt, with its tool schemas, is the longest): shared programs
-    run.collector.episode_spec = dataclasses.replace(run.collector.episode_spec, row_buckets=(512,))
+    run.collector.budget = dataclasses.replace(run.collector.budget, row_buckets=(512,))
     return {"run": run, "state": state}  # the state goes on from step to step (the update donates it)
 
 
@@ -130,7 +130,7 @@ def test_trl_tool_calls_are_tool_messages_never_trained_on():
     records = [{"prompt": "What is 3 + 4?", "answer": "7"}]
     call = '<tool_call>{"name": "add", "arguments": {"a": 3, "b": 4}}</tool_call>'
     plays = [call, '<tool_call>{"name": "mul", "arguments": {}}</tool_call>', "<answer>7</answer>"]
-    eps = scripted_episodes(records, TOK, factory, lambda r: plays, EpisodeSpec(max_turns=4, row_buckets=(512,)))
+    eps = scripted_episodes(records, TOK, factory, lambda r: plays, EpisodeBudget(max_turns=4, row_buckets=(512,)))
     w = eps.prompt_width
     prompt = TOK.decode(eps.tokens_BL[0, :w], skip_special_tokens=False)
     assert '"name":"add"' in prompt and "What is 3 + 4? Use add." in prompt  # schemas; reset's string appended
@@ -176,7 +176,7 @@ def test_wrong_api_names_the_missing_methods():
 
 
 def test_non_text_raising_and_endless_envs():
-    spec = EpisodeSpec(max_turns=3, row_buckets=(128,))
+    spec = EpisodeBudget(max_turns=3, row_buckets=(128,))
     records = [{"prompt": "p", "answer": "1"}]
     lake = make_env("gym", {"env": "adapter_envs:IntLake"}, tokenizer=TOK)
     with pytest.raises(EnvError, match=r"^gym env 'adapter_envs:IntLake': step \(turn 2\) returned an observation "

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from jaxrl.rl import agentic
-from jaxrl.envs import Action, EpisodeSpec, SearchEnv, StepResult, make_env, prompt_ids, scripted_episodes
+from jaxrl.envs import Action, EpisodeBudget, SearchEnv, StepResult, make_env, prompt_ids, scripted_episodes
 from jaxrl.envs.contract import dry_run
 from jaxrl.errors import ConfigError, EnvError, UserError
 from jaxrl.rewards import RewardFailureTracker
@@ -26,7 +26,7 @@ from jaxrl.io.tokenizer import builtin_tokenizer
 TOK = builtin_tokenizer()
 REPO = Path(__file__).resolve().parents[2]
 RECORDS = [{"question": "Who?"}, {"question": "Why?"}]
-SPEC = EpisodeSpec(max_turns=3, max_total_tokens=256, row_buckets=(256,))
+SPEC = EpisodeBudget(max_turns=3, max_total_tokens=256, row_buckets=(256,))
 
 
 class ScriptEnv:
@@ -100,7 +100,7 @@ def test_demonstration_that_is_a_string_is_refused():
 
 
 def test_end_episode_scores_zero_counts_and_the_guard_stops_the_run():
-    spec = EpisodeSpec(max_turns=3, max_total_tokens=256, row_buckets=(256,), on_error="end_episode")
+    spec = EpisodeBudget(max_turns=3, max_total_tokens=256, row_buckets=(256,), on_error="end_episode")
     eps = _play(spec=spec, bad=lambda: StepResult([], math.inf, True), at=2, only="Why?")
     np.testing.assert_array_equal(eps.rewards_B, [2.0, 0.0])  # record 1's turn-1 reward is dropped too
     np.testing.assert_array_equal(eps.errors_B, [False, True])
@@ -130,10 +130,10 @@ def test_a_hung_step_is_cut_by_step_timeout():
         t0 = time.perf_counter()
         with pytest.raises(EnvError, match=r"ScriptEnv.step \(record 0, turn 1\) did not return within "
                                            r"env.step_timeout_s=0.2 s"):
-            _play(spec=EpisodeSpec(max_turns=3, step_timeout_s=0.2), bad=hang)
-        ended = _play(spec=EpisodeSpec(max_turns=3, step_timeout_s=0.2, on_error="end_episode"), bad=hang)
+            _play(spec=EpisodeBudget(max_turns=3, step_timeout_s=0.2), bad=hang)
+        ended = _play(spec=EpisodeBudget(max_turns=3, step_timeout_s=0.2, on_error="end_episode"), bad=hang)
         assert ended.errors_B.tolist() == [True, True] and time.perf_counter() - t0 < 5
-        ok = _play(spec=EpisodeSpec(max_turns=3, step_timeout_s=5.0))  # a timely step is unaffected
+        ok = _play(spec=EpisodeBudget(max_turns=3, step_timeout_s=5.0))  # a timely step is unaffected
         assert ok.rewards_B.tolist() == [2.0, 2.0] and not ok.errors_B.any()
     finally:
         release.set()

@@ -14,7 +14,7 @@ from jaxrl import config as config_lib
 from jaxrl.config import load_config
 from jaxrl.data import tasks
 from jaxrl.data.entities import build_world
-from jaxrl.envs import EpisodeSpec, SearchEnv, scripted_episodes
+from jaxrl.envs import EpisodeBudget, SearchEnv, scripted_episodes
 from jaxrl.errors import ConfigError, EnvError
 from jaxrl.multi_agent.march import MarchSystem
 from jaxrl.io.tokenizer import builtin_tokenizer
@@ -44,7 +44,7 @@ def test_world_defaults_are_the_constructors():
 
 def test_search_env_refuses_a_record_of_another_world():
     other = build_world(0, "tiny").records("train")[:2]
-    spec = EpisodeSpec(max_turns=2, max_total_tokens=512, row_buckets=(512,))
+    spec = EpisodeBudget(max_turns=2, max_total_tokens=512, row_buckets=(512,))
     factory = lambda tok: SearchEnv(tok, corpus_seed=0, corpus_size="rooms")
     with pytest.raises(EnvError, match=r"SearchEnv.reset: the record .* is not a question of the env's world "
                                        r"\(corpus_seed=0, corpus_size='rooms'\)"):

@@ -4,7 +4,7 @@ errors as observations, exact-match rewards, chat-message observations, and the 
 import numpy as np
 import pytest
 
-from jaxrl.envs import (Action, EpisodeSpec, SearchEnv, ToolEnv, make_env, message_ids, normalize_answer,
+from jaxrl.envs import (Action, EpisodeBudget, SearchEnv, ToolEnv, make_env, message_ids, normalize_answer,
                         scripted_episodes)
 from jaxrl.errors import ConfigError, UserError
 from jaxrl.io.tokenizer import builtin_tokenizer
@@ -93,8 +93,8 @@ def test_episode_rows_masks_and_budgets():
                 f"<answer>{r['answers'][0]}</answer>"]
 
     factory = make_env("tools", {"tools": ["calculator"]}, tokenizer=TOK)
-    spec = EpisodeSpec(group_size=2, max_turns=4, max_total_tokens=512, row_buckets=(128, 256))
-    ep = scripted_episodes(records, TOK, factory, policy, spec)
+    spec = EpisodeBudget(max_turns=4, max_total_tokens=512, row_buckets=(128, 256))
+    ep = scripted_episodes(records, TOK, factory, policy, spec, group_size=2)
     assert ep.tokens_BL.shape == (4, 128 + 256) and ep.prompt_width == 128
     np.testing.assert_array_equal(ep.rewards_B, 1.0)
     np.testing.assert_array_equal(ep.turns_B, 3)
@@ -111,11 +111,11 @@ def test_episode_rows_masks_and_budgets():
         assert ep.completions[n] == TOK.decode(comp)
     np.testing.assert_array_equal(ep.turn_rewards_BU[:, :3], [[0, 0, 1]] * 4)
     # the turn budget cuts the episode before the answer: not finished, reward 0, last observation dropped
-    short = scripted_episodes(records, TOK, factory, policy, EpisodeSpec(max_turns=2, max_total_tokens=512))
+    short = scripted_episodes(records, TOK, factory, policy, EpisodeBudget(max_turns=2, max_total_tokens=512))
     assert not short.finished_B.any() and short.rewards_B.sum() == 0 and (short.turns_B == 2).all()
     assert TOK.decode(short.tokens_BL[0][short.mask_BL[0]]).endswith("<calculator>1/0</calculator>")
     # the token budget: the context never exceeds max_total_tokens
-    tight = scripted_episodes(records, TOK, factory, policy, EpisodeSpec(max_turns=4, max_total_tokens=130))
+    tight = scripted_episodes(records, TOK, factory, policy, EpisodeBudget(max_turns=4, max_total_tokens=130))
     assert tight.mask_BL.sum(1).max() <= 130 and not tight.finished_B.any() and (tight.turns_B == 1).all()
     with pytest.raises(UserError, match="record 0 has 95 tokens; max_total_tokens=60"):
-        scripted_episodes(records, TOK, factory, policy, EpisodeSpec(max_total_tokens=60))
+        scripted_episodes(records, TOK, factory, policy, EpisodeBudget(max_total_tokens=60))

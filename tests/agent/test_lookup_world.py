@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from jaxrl.data.entities import build_world
-from jaxrl.envs import EpisodeSpec, make_env, oracle_actions, scripted_episodes
+from jaxrl.envs import EpisodeBudget, make_env, oracle_actions, scripted_episodes
 from jaxrl.envs.search import SearchEnv, guess_actions
 from jaxrl.io.tokenizer import builtin_tokenizer
 
@@ -42,7 +42,7 @@ def test_searching_answers_every_lookup_question_and_guessing_few():
     tok = builtin_tokenizer()
     w = build_world(0, "lookup")
     factory = make_env("search", {"corpus_seed": 0, "corpus_size": "lookup", "top_k": 1}, tokenizer=tok)
-    spec = EpisodeSpec(max_turns=3, max_total_tokens=512)
+    spec = EpisodeBudget(max_turns=3, max_total_tokens=512)
     qs = list(w.questions)
     ep = scripted_episodes(qs, tok, factory, oracle_actions, spec)
     np.testing.assert_array_equal(ep.rewards_B, 1.0)
@@ -71,7 +71,7 @@ def test_query_with_question_retrieves_the_right_document_for_any_query():
     tok = builtin_tokenizer()
     w = build_world(0, "lookup")
     qs = list(w.questions[:60])
-    spec = EpisodeSpec(max_turns=3, max_total_tokens=512)
+    spec = EpisodeBudget(max_turns=3, max_total_tokens=512)
     wrong = lambda r: ["<search>Ferim</search>", f"<answer>{r['answers'][0]}</answer>"]  # noqa: E731
     for flag, expected in ((False, 0.0), (True, 1.0)):
         params = {"corpus_size": "lookup", "query_with_question": flag}

@@ -9,8 +9,8 @@ import pytest
 from flax import nnx
 
 from jaxrl import sampling
-from jaxrl.envs import Action, EpisodeSpec, collect_episodes
-from jaxrl.sampling import multiturn
+from jaxrl.envs import Action, EpisodeBudget, collect_episodes
+from jaxrl.sampling import SamplingSpec, multiturn
 from jaxrl.io.tokenizer import builtin_tokenizer
 from jaxrl.learner.train_step import sequence_logprobs
 from agent_helpers import EchoEnv, tiny_model
@@ -20,7 +20,7 @@ RECORDS = [
     {"question": "Who?", "turns": 3, "obs": ["<r>ab</r>", "<r>a longer observation</r>"]},
     {"question": "What is the tallest tower?", "turns": 2, "obs": ["<r>x</r>"]},
 ]
-BUCKETS = dict(chunk_buckets=(128,), gen_buckets=(16,), row_buckets=(128,))  # one shape: few compiles
+BUCKETS = dict(prompt_buckets=(128,), gen_buckets=(16,))  # one chunk and one decode shape: few compiles
 SLOTS = 512  # carried cache of continue mode: 3 turns fit without compaction (the 128-wide chunks waste room)
 
 
@@ -43,15 +43,22 @@ def stops(split):
     return (single, pair)
 
 
-def _reference(graphdef, state, record, stops, spec):
+def _specs(*, cache: str = "reprefill", cache_slots: int = 0, **sampling_kw) -> tuple[EpisodeBudget, SamplingSpec]:
+    """The tests' episodes: 2 per record, 3 turns of <= 10 tokens in 120, one row shape."""
+    budget = EpisodeBudget(max_turns=3, max_total_tokens=120, cache=cache, cache_slots=cache_slots,
+                           row_buckets=(128,))
+    return budget, SamplingSpec(max_new_tokens=10, num_samples=2, **BUCKETS, **sampling_kw)
+
+
+def _reference(graphdef, state, record, stops, budget, spec):
     """One episode with `generate_from_state` per turn (greedy), cut at the first stop string / EOS."""
     env = EchoEnv(TOK, stops)
     ctx = env.reset(record)
     seqs = [TOK.encode(s, add_special_tokens=False) for s in stops]
     actions, rewards = [], []
-    for _ in range(spec.max_turns):
-        budget = min(spec.max_new_tokens, spec.max_total_tokens - len(ctx))
-        gen = sampling.generate_from_state(graphdef, state, [ctx], max_new_tokens=budget, temperature=0.0,
+    for _ in range(budget.max_turns):
+        room = min(spec.max_new_tokens, budget.max_total_tokens - len(ctx))
+        gen = sampling.generate_from_state(graphdef, state, [ctx], max_new_tokens=room, temperature=0.0,
                                            eos_ids=(TOK.eos_token_id,), prompt_buckets=(128,),
                                            gen_buckets=(16,))
         ids = [int(t) for t in gen.tokens[0, : int(gen.lengths[0])]]
@@ -72,14 +79,13 @@ def _reference(graphdef, state, record, stops, spec):
 @pytest.mark.parametrize("mode", ["reprefill", "continue"])
 def test_greedy_batched_equals_per_episode_loop(split, stops, mode):
     graphdef, state = split
-    spec = EpisodeSpec(group_size=2, max_turns=3, max_new_tokens=10, max_total_tokens=120, temperature=0.0,
-                       cache=mode, cache_slots=SLOTS, **BUCKETS)
+    budget, spec = _specs(temperature=0.0, cache=mode, cache_slots=SLOTS)
     factory = functools.partial(EchoEnv, stops=stops)
-    ep = collect_episodes(graphdef, state, RECORDS, TOK, factory, spec, seed=0)
+    ep = collect_episodes(graphdef, state, RECORDS, TOK, factory, budget, spec, seed=0)
     assert ep.tokens_BL.shape[0] == 4
     stopped_early = False
     for n in range(4):
-        ctx, actions, rewards = _reference(graphdef, state, RECORDS[n // 2], stops, spec)
+        ctx, actions, rewards = _reference(graphdef, state, RECORDS[n // 2], stops, budget, spec)
         stopped_early |= any(len(a) < 10 and a[-1] != TOK.eos_token_id for a in actions)
         row = ep.tokens_BL[n][ep.mask_BL[n]]
         np.testing.assert_array_equal(row, ctx)
@@ -122,10 +128,10 @@ def test_rows_are_token_exact_under_sampling(split, stops, mode):
     """`_check_token_exact` at τ = 1 in both cache modes (τ = 0.7 with top-k / top-p: in
     `test_no_recompile_across_turns_or_rollouts`, which compiles that setting)."""
     graphdef, state = split
-    spec = EpisodeSpec(group_size=2, max_turns=3, max_new_tokens=10, max_total_tokens=120, cache=mode,
-                       cache_slots=SLOTS, temperature=1.0, **BUCKETS)
+    budget, spec = _specs(cache=mode, cache_slots=SLOTS, temperature=1.0)
     factory = functools.partial(EchoEnv, stops=stops)
-    _check_token_exact(graphdef, state, collect_episodes(graphdef, state, RECORDS, TOK, factory, spec, seed=5), spec)
+    ep = collect_episodes(graphdef, state, RECORDS, TOK, factory, budget, spec, seed=5)
+    _check_token_exact(graphdef, state, ep, spec)
 
 
 def test_continue_equals_reprefill_and_compaction(split, stops):
@@ -134,9 +140,8 @@ def test_continue_equals_reprefill_and_compaction(split, stops):
     factory = functools.partial(EchoEnv, stops=stops)
     rows = {}
     for mode, slots in (("reprefill", 0), ("continue", SLOTS), ("continue", 200)):
-        spec = EpisodeSpec(group_size=2, max_turns=3, max_new_tokens=10, max_total_tokens=120,
-                           temperature=1.0, cache=mode, cache_slots=slots, **BUCKETS)
-        ep = collect_episodes(graphdef, state, RECORDS, TOK, factory, spec, seed=9)
+        budget, spec = _specs(temperature=1.0, cache=mode, cache_slots=slots)
+        ep = collect_episodes(graphdef, state, RECORDS, TOK, factory, budget, spec, seed=9)
         rows[(mode, slots)] = ep
     base = rows[("reprefill", 0)]
     for key in (("continue", SLOTS), ("continue", 200)):
@@ -153,15 +158,14 @@ def test_no_recompile_across_turns_or_rollouts(split, stops):
     Its sampling setting, compiled by no other test (issue 33 item 5: the tempered policy with top-k and
     top-p), is also checked token-exact (`_check_token_exact`): the two checks share its two programs."""
     graphdef, state = split
-    spec = EpisodeSpec(group_size=2, max_turns=3, max_new_tokens=10, max_total_tokens=120, temperature=0.7,
-                       top_k=40, top_p=0.9, cache="continue", cache_slots=SLOTS, **BUCKETS)
+    budget, spec = _specs(temperature=0.7, top_k=40, top_p=0.9, cache="continue", cache_slots=SLOTS)
     factory = functools.partial(EchoEnv, stops=stops)
     before = multiturn.compile_count()
-    ep = collect_episodes(graphdef, state, RECORDS, TOK, factory, spec, seed=1)
+    ep = collect_episodes(graphdef, state, RECORDS, TOK, factory, budget, spec, seed=1)
     assert ep.turns_B.max() == 3 and multiturn.compile_count() - before == 2  # fresh cache + carried cache
     before = multiturn.compile_count()
     for seed in (2, 3):  # other seeds: other turn counts and lengths, same buckets
-        collect_episodes(graphdef, state, RECORDS, TOK, factory, spec, seed=seed)
+        collect_episodes(graphdef, state, RECORDS, TOK, factory, budget, spec, seed=seed)
     assert multiturn.compile_count() == before
     _check_token_exact(graphdef, state, ep, spec)
 

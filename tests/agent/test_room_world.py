@@ -7,11 +7,11 @@ import collections
 import numpy as np
 
 from jaxrl.data.entities import build_world
-from jaxrl.envs import EpisodeSpec, make_env, oracle_actions, scripted_episodes
+from jaxrl.envs import EpisodeBudget, make_env, oracle_actions, scripted_episodes
 from jaxrl.envs.search import guess_actions, normalize_answer
 from jaxrl.io.tokenizer import builtin_tokenizer
 
-SPEC = EpisodeSpec(max_turns=3, max_total_tokens=512)
+SPEC = EpisodeBudget(max_turns=3, max_total_tokens=512)
 
 
 def test_room_world_is_deterministic_with_one_letter_answers_at_the_end_of_its_document():

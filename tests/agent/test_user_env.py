@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from jaxrl.config import load_config
-from jaxrl.envs import EpisodeSpec, make_env, scripted_episodes
+from jaxrl.envs import EpisodeBudget, make_env, scripted_episodes
 from jaxrl.errors import ConfigError
 from jaxrl.io.tokenizer import builtin_tokenizer
 
@@ -25,7 +25,7 @@ def test_guess_env_by_path_plays_its_demonstration():
     plays = [env.demonstration(r) for r in records]
     assert plays[0] == ["<guess>50</guess>"]  # the first bisection step hits 50
     assert plays[1][-1] == "<guess>0</guess>" and len(plays[1]) == 6  # 50, 24, 11, 5, 2, 0
-    spec = EpisodeSpec(max_turns=8, max_total_tokens=512, row_buckets=(512,))
+    spec = EpisodeBudget(max_turns=8, max_total_tokens=512, row_buckets=(512,))
     eps = scripted_episodes(records, TOK, factory, env.demonstration, spec)
     np.testing.assert_array_equal(eps.rewards_B, [1.0, 1.0])
     np.testing.assert_array_equal(eps.turns_B, [1, 6])
@@ -38,7 +38,7 @@ def test_guess_env_by_path_plays_its_demonstration():
     assert int(mask.sum()) == eps.action_tokens_B[1] == sum(len(TOK.encode(a)) for a in plays[1])
     assert TOK.decode(row[mask].tolist()) == "".join(plays[1])
     # a wrong guess budget ends with reward 0
-    short = scripted_episodes(records[1:], TOK, factory, env.demonstration, EpisodeSpec(max_turns=3))
+    short = scripted_episodes(records[1:], TOK, factory, env.demonstration, EpisodeBudget(max_turns=3))
     assert short.rewards_B[0] == 0.0 and not short.finished_B[0]
 
 

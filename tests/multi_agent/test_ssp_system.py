@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from jaxrl.data.tasks import entities
-from jaxrl.envs.episodes import EpisodeSpec, scripted_episodes
+from jaxrl.envs.episodes import EpisodeBudget, scripted_episodes
 from jaxrl.multi_agent.roles import row_roles
 from jaxrl.multi_agent.ssp import (DUMMY, ROLE_IDS, SspSystem, extract_problem, noisy_materials,
                                    proposer_demonstration)
@@ -35,10 +35,10 @@ def tok():
 
 def scripted(system: SspSystem, proposer_policy, solver_policy):
     def episodes(name, graphdef, params, records, factory, spec, g, key):
-        es = EpisodeSpec(group_size=g, max_turns=system.max_turns, max_new_tokens=spec.max_new_tokens,
-                         max_total_tokens=system.max_total_tokens)
+        del spec  # scripted actions: no sampling
+        es = EpisodeBudget(max_turns=system.max_turns, max_total_tokens=system.max_total_tokens)
         return scripted_episodes(records, system.tokenizer, factory,
-                                 proposer_policy if name == "proposer" else solver_policy, es)
+                                 proposer_policy if name == "proposer" else solver_policy, es, group_size=g)
     return episodes
 
 
@@ -121,7 +121,7 @@ def test_demonstration_env_serves_searches(tok):
     system = SspSystem(tok)
     records = entities(40, 0, max_hops=1)[:8]
     factory = system.demonstration_env
-    es = EpisodeSpec(group_size=1, max_turns=4, max_total_tokens=768)
+    es = EpisodeBudget(max_turns=4, max_total_tokens=768)
     probe = factory(tok)
     eps = scripted_episodes(records, tok, factory, probe.demonstration, es)
     kinds = {"<question>" in c for c in eps.completions}
@@ -252,7 +252,7 @@ def test_rooms_options_leak_word_queries_and_verifier_demos(tok):
     records = build_world(0, "rooms").records("train")[:60]
     system = SspSystem(tok, corpus_size="rooms", leak="word", query_with_question=True, solver_demo_search=0.5,
                        verifier_demos=True, rag_others=1, max_total_tokens=384)
-    es = EpisodeSpec(group_size=1, max_turns=3, max_total_tokens=384)
+    es = EpisodeBudget(max_turns=3, max_total_tokens=384)
     garbled = scripted_episodes(records[:4], tok, system.proposer_env,
                                 lambda r: ["<search>Xqzzy</search>", f"<question>{r['question']}</question>"], es)
     for r, c in zip(records[:4], garbled.completions):
@@ -303,7 +303,7 @@ def test_rooms_copy_world_proposer_query_and_solver_layout_verifier(tok):
     system = SspSystem(tok, corpus_size="rooms_copy", leak="word", query_with_question=True, verifier_demos=True,
                        rag_others=0, rag_layout="solver", proposer_query="answer", short_prompts=True,
                        solver_demo_search=0.5, max_total_tokens=384)
-    es = EpisodeSpec(group_size=1, max_turns=3, max_total_tokens=384, row_buckets=(128, 256, 384))
+    es = EpisodeBudget(max_turns=3, max_total_tokens=384, row_buckets=(128, 256, 384))
     probe = system.demonstration_env(tok)
     eps = scripted_episodes(records, tok, system.demonstration_env, probe.demonstration, es)
     assert eps.tokens_BL.shape[1] == 256  # prompt and completion buckets of 128
