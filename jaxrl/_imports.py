@@ -8,8 +8,10 @@ runs the module's top-level code: only code the user named is imported, never co
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -39,9 +41,7 @@ def import_attr(ref: str, where: str, *, kind: str, accept: Callable[[Any], bool
             raise ConfigError(f"{where}={ref!r}: no file {str(path)!r}")
     try:
         if module_name.endswith(".py"):
-            spec = importlib.util.spec_from_file_location(f"jaxrl_user_{Path(module_name).stem}", module_name)
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
+            module = _exec_file(Path(module_name))
         else:
             module = importlib.import_module(module_name)
     except Exception as e:  # noqa: BLE001 -- user module: ImportError, SyntaxError or its own top-level error
@@ -51,3 +51,22 @@ def import_attr(ref: str, where: str, *, kind: str, accept: Callable[[Any], bool
     if obj is None or not accept(obj):
         raise ConfigError(f"{where}={ref!r}: module {module_name!r} has no {kind} {attr!r}")
     return obj
+
+
+def _exec_file(path: Path):
+    """Imports a file outside any package, registered in `sys.modules` under a name unique to its resolved path
+    (importlib's recipe: a dataclass in the file looks its module up there), and executed once: a second
+    reference to the same file gets the same module, so its classes stay the same objects."""
+    resolved = path.resolve()
+    name = f"jaxrl_user_{resolved.stem}_{hashlib.sha1(str(resolved).encode()).hexdigest()[:8]}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, resolved)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module

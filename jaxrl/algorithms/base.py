@@ -34,6 +34,8 @@ class AlgoSettings:
         sub-section (`section.etr`, `section.gd2po`, ...).
       task_columns: reward columns that score the task (not length shaping such as the overlong penalty); the
         DAPO keep filter and CLIPO's correctness use their weighted sum.
+      params: the record's own hyper-parameters (an instance of `Algorithm.params`, from `algorithm.params`,
+        validated at config load); None for a record that declares none.
     """
 
     group_size: int
@@ -42,6 +44,7 @@ class AlgoSettings:
     clip_high: float
     section: Any
     task_columns: tuple[int, ...] = ()
+    params: Any = None
 
 
 class Advantages(NamedTuple):
@@ -101,6 +104,9 @@ class Algorithm:
         group of 1 is verl's A = R).
       critic: the method learns a value model (PPO): `advantages` then gives the per-token rewards r_t, and the
         run's critic turns them into advantages (`jaxrl.rl.critic.ActorCritic`, chosen at setup).
+      params: the dataclass of its own hyper-parameters (every field with a default), set in a config under
+        `algorithm.params` and checked at load like every other section (unknown keys, types, the class's
+        `__post_init__`); its stages read the instance as `AlgoSettings.params`. None: it takes none.
     """
 
     name: str
@@ -112,6 +118,7 @@ class Algorithm:
     loss: Callable[[AlgoSettings], dict[str, Any]] = lambda s: {}
     min_group: int = 1
     critic: bool = False
+    params: type | None = None
 
 
 def combined_reward(rewards_BR: np.ndarray, weights_R: np.ndarray) -> np.ndarray:

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import ClassVar
+from typing import Any, ClassVar, Mapping
 
 from jaxrl._checks import check as _check
+from jaxrl.config.io import from_dict
+from jaxrl.errors import ConfigError
 from jaxrl.losses import AggMode, KLKind
 
 
@@ -344,7 +346,8 @@ class AlgorithmConfig:
     settings live in its sub-section (`etr`, `gd2po`, `clipo`, `dapo`, `sft`, `gdpo`, `reinforce_pp`,
     `ppo`); `clip`
     and `kl` are shared. The flat keys of earlier versions (`etr_alpha`, `clipo_tau`, ...) are refused with
-    their new place.
+    their new place. `params` holds the hyper-parameters of a record that declares its own parameter class
+    (`Algorithm.params`, e.g. a user's algorithm), checked against that class at load (`algorithm_params`).
 
     `agg_mode` left unset (null) resolves at load to the policy objective's reference aggregation
     (`OBJECTIVE_AGG`): token-mean for `ppo_clip` (verl's default) and `cispo` (the paper's 1/Σ|o_i|),
@@ -373,6 +376,7 @@ class AlgorithmConfig:
     objective: ObjectiveSection = ObjectiveSection()
     mismatch: MismatchSection = MismatchSection()
     distill: DistillSection = DistillSection()
+    params: dict[str, Any] = dataclasses.field(default_factory=dict)  # the record's own (`algorithm_params`)
 
     MOVED_KEYS: ClassVar[dict[str, str]] = {
         "clip_low": "clip.low", "clip_high": "clip.high", "dual_clip": "clip.dual",
@@ -391,3 +395,22 @@ class AlgorithmConfig:
         _check(self.entropy_coef >= 0, "algorithm.entropy_coef", self.entropy_coef, "must be >= 0")
         for name in ("ppo_epochs", "mini_batches", "grad_accum"):
             _check(getattr(self, name) >= 1, f"algorithm.{name}", getattr(self, name), "must be >= 1")
+
+
+def algorithm_params(params_cls: type | None, raw: Mapping[str, Any], name: str) -> Any:
+    """`algorithm.params` as the algorithm record's parameter class (`Algorithm.params`): unknown keys, wrong
+    types and the class's own checks fail as one-line ConfigErrors naming `algorithm.params.<key>`, at load.
+
+    Args:
+      params_cls: the record's dataclass of hyper-parameters; None when it declares none (then `raw` must be
+        empty).
+      raw: the config's mapping.
+      name: `algorithm.name`, for the message.
+    """
+    if params_cls is None:
+        _check(not raw, "algorithm.params", dict(raw), f"algorithm {name!r} declares no parameters")
+        return None
+    try:
+        return from_dict(params_cls, dict(raw), "algorithm.params")
+    except (TypeError, ValueError) as e:  # the class's own __post_init__ checks
+        raise ConfigError(f"algorithm.params of {name!r}: {e}") from None

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxrl._checks import check as _check
-from jaxrl.config.algorithm import AlgorithmConfig, KLWhere
+from jaxrl.config.algorithm import AlgorithmConfig, KLWhere, algorithm_params
 from jaxrl.config.io import dump_yaml_config, load_yaml_config, to_dict
 from jaxrl.config.model import ModelConfig, TokenizerConfig
 from jaxrl.config.sources import DataConfig, EnvConfig, MultiAgentConfig, RewardSpec, RolloutConfig
@@ -58,6 +58,7 @@ class ExperimentConfig:
         _check(algo is not None, "algorithm.name", self.algorithm.name,
                f"allowed values are {', '.join(map(repr, ALGORITHMS))}, or an Algorithm record of your own "
                "('package.module:attr')")
+        algorithm_params(algo.params, self.algorithm.params, algo.name)  # its own hyper-parameters, checked
         _check(not self.algorithm.ppo.critic_lora or self.model.lora is not None, "algorithm.ppo.critic_lora",
                True, "a LoRA critic sits on the LoRA policy's frozen base: set model.lora, or critic_lora: false")
         if self.multi_agent is not None and self.multi_agent.estimators:

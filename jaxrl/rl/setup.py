@@ -28,6 +28,7 @@ from jaxrl.io import checkpoint as ckpt_lib, model_io
 from jaxrl.runtime import step_time
 from jaxrl.algorithms import ALGORITHMS, Algorithm, AlgoSettings, KLRewardPenalty
 from jaxrl.config import DistillMode, ExperimentConfig, KLWhere, dump_config
+from jaxrl.config.algorithm import algorithm_params
 from jaxrl.errors import ConfigError, UserError
 from jaxrl.models import lora
 from jaxrl.learner.optim import build_optimizer
@@ -72,8 +73,10 @@ def algo_settings(cfg: ExperimentConfig) -> AlgoSettings:
         task = tuple(names.index(n) for n in a.dapo.filter_rewards)
     else:
         task = tuple(k for k, r in enumerate(cfg.rewards) if r.type not in LENGTH_SHAPING_TYPES)
+    record = ALGORITHMS[a.name]  # registered at config load
     return AlgoSettings(group_size=cfg.rollout.group_size, eps=a.adv_eps, clip_low=a.clip.low,
-                        clip_high=a.clip.high, section=a, task_columns=task)
+                        clip_high=a.clip.high, section=a, task_columns=task,
+                        params=algorithm_params(record.params, a.params, record.name))
 
 
 def loss_spec(cfg: ExperimentConfig, algorithm: Algorithm, settings: AlgoSettings) -> LossSpec:
