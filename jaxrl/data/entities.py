@@ -34,6 +34,7 @@ SIZES = {
     # search result already shows
     "rooms_copy": dict(people=600, letters=3, sentence="The room of {name} is {room}.",
                        avoid=("but", "for", "not")),  # the search's English stopwords of that shape
+    "fields": dict(people=800, fields=12),  # `build_field_world`: 12 fields a person, the fields env
 }
 _ONSETS = ("b", "br", "c", "d", "dr", "f", "g", "gr", "h", "k", "l", "m", "n", "p", "qu", "r", "s", "st",
            "t", "th", "tr", "v", "w", "z")
@@ -54,6 +55,9 @@ _LOOKUP_COLOURS = ("red", "blue", "green", "amber", "violet", "grey", "white", "
 # upper-cased; "Doc 1"; never "A", an article to answer normalisation), so the code is the one token of its
 # kind in the search result: with codes shared with name initials the tiny model learned to copy only "C", "H"
 _ROOMS = tuple("23456789CEHJOUXY")
+# the fields of `build_field_world`: four-letter words with distinct first letters (lower case: no code)
+FIELD_NAMES = ("room", "desk", "gate", "lane", "hall", "pier", "bank", "cell", "ward", "fort", "shed", "tier",
+               "nook", "mill", "yard", "kiln")
 _LOOKUP_QUESTIONS = {"job": "What is the job of {}?", "city": "What is the home city of {}?",
                      "colour": "What is the favourite colour of {}?"}
 
@@ -118,6 +122,8 @@ def build_world(seed: int = 0, size: str = "tiny") -> World:
         return build_lookup_world(seed, **SIZES[size])
     if size in ("rooms", "rooms_copy"):
         return build_room_world(seed, **SIZES[size], size=size)
+    if size == "fields":
+        return build_field_world(seed, **SIZES[size])
     n = SIZES[size]
     rng = np.random.default_rng(int(seed))
     names = _Names(rng)
@@ -204,6 +210,35 @@ def build_room_world(seed: int = 0, people: int = 600, *, letters: int = 5,
     docs = tuple({"id": f"d{i:06d}", "contents": f"{name}\n" + sentence.format(name=name, room=e["room"])}
                  for i, (name, e) in enumerate(ent.items()))
     return World(int(seed), size, docs, tuple(questions), ent)
+
+
+def build_field_world(seed: int = 0, people: int = 800, fields: int = 16) -> World:
+    """People with `fields` attributes each, for the fields environment (`size="fields"` of `build_world`,
+    jaxrl.envs.fields, configs/agentic_rl_tiny.yaml).
+
+    Each person (a five-letter name) has the first `fields` of `FIELD_NAMES`, with distinct values drawn
+    from the 16 room codes (`_ROOMS`, found nowhere else in an episode); its one question asks one field,
+    drawn uniformly ("What is the desk of Nidem?"), and carries it as `field`. A person's document lists
+    its fields one a line ("desk: 7"). Values are distinct within a person, so reading another field than
+    the asked one is always wrong; guessing a code without reading scores about 1/16.
+    """
+    if not 1 <= int(fields) <= len(FIELD_NAMES):
+        raise ValueError(f"fields={fields}: must be in [1, {len(FIELD_NAMES)}]")
+    rng = np.random.default_rng([int(seed), 29])
+    names = _Names(rng)
+    keys = FIELD_NAMES[: int(fields)]
+    ent: dict[str, dict[str, Any]] = {}
+    questions = []
+    for i in range(int(people)):
+        name = names.short()
+        codes = rng.permutation(len(_ROOMS))[: len(keys)]
+        ent[name] = dict(type="person", **{k: _ROOMS[int(c)] for k, c in zip(keys, codes)})
+        key = _pick(rng, keys)
+        q = dict(_q(f"What is the {key} of {name}?", ent[name][key], [name]), field=key)
+        questions.append(dict(q, index=i, id=f"f{seed}-{i:05d}"))
+    docs = tuple({"id": f"d{i:06d}", "contents": f"{name}\n" + "\n".join(f"{k}: {e[k]}" for k in keys)}
+                 for i, (name, e) in enumerate(ent.items()))
+    return World(int(seed), "fields", docs, tuple(questions), ent)
 
 
 def _article(word: str) -> str:

@@ -18,11 +18,12 @@ from jaxrl.envs.adapters_gym import GymTextEnv
 from jaxrl.envs.adapters_skyrl import SkyRLTextEnv
 from jaxrl.envs.adapters_trl import TRLToolEnv
 from jaxrl.envs.base import Env
+from jaxrl.envs.fields import FieldsEnv
 from jaxrl.envs.search import SearchEnv, ToolEnv
 from jaxrl.envs.tools import ToolError
 from jaxrl.errors import ConfigError
 
-ENVS: dict[str, type] = {"search": SearchEnv, "tools": ToolEnv,
+ENVS: dict[str, type] = {"search": SearchEnv, "tools": ToolEnv, "fields": FieldsEnv,
                          "gym": GymTextEnv, "skyrl": SkyRLTextEnv, "trl": TRLToolEnv}  # adapters.py
 
 
