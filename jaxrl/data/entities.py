@@ -35,6 +35,7 @@ SIZES = {
     "rooms_copy": dict(people=600, letters=3, sentence="The room of {name} is {room}.",
                        avoid=("but", "for", "not")),  # the search's English stopwords of that shape
     "fields": dict(people=800, fields=12),  # `build_field_world`: 12 fields a person, the fields env
+    "fields4": dict(people=800, fields=4),  # the same with 4 fields (configs/agentic_rl_tiny.yaml)
 }
 _ONSETS = ("b", "br", "c", "d", "dr", "f", "g", "gr", "h", "k", "l", "m", "n", "p", "qu", "r", "s", "st",
            "t", "th", "tr", "v", "w", "z")
@@ -122,8 +123,8 @@ def build_world(seed: int = 0, size: str = "tiny") -> World:
         return build_lookup_world(seed, **SIZES[size])
     if size in ("rooms", "rooms_copy"):
         return build_room_world(seed, **SIZES[size], size=size)
-    if size == "fields":
-        return build_field_world(seed, **SIZES[size])
+    if size in ("fields", "fields4"):
+        return build_field_world(seed, **SIZES[size], size=size)
     n = SIZES[size]
     rng = np.random.default_rng(int(seed))
     names = _Names(rng)
@@ -212,7 +213,7 @@ def build_room_world(seed: int = 0, people: int = 600, *, letters: int = 5,
     return World(int(seed), size, docs, tuple(questions), ent)
 
 
-def build_field_world(seed: int = 0, people: int = 800, fields: int = 16) -> World:
+def build_field_world(seed: int = 0, people: int = 800, fields: int = 12, size: str = "fields") -> World:
     """People with `fields` attributes each, for the fields environment (`size="fields"` of `build_world`,
     jaxrl.envs.fields, configs/agentic_rl_tiny.yaml).
 
@@ -220,7 +221,7 @@ def build_field_world(seed: int = 0, people: int = 800, fields: int = 16) -> Wor
     from the 16 room codes (`_ROOMS`, found nowhere else in an episode); its one question asks one field,
     drawn uniformly ("What is the desk of Nidem?"), and carries it as `field`. A person's document lists
     its fields one a line ("desk: 7"). Values are distinct within a person, so reading another field than
-    the asked one is always wrong; guessing a code without reading scores about 1/16.
+    the asked one is always wrong; guessing a code without reading scores about 1/16. `size`: its `SIZES` key.
     """
     if not 1 <= int(fields) <= len(FIELD_NAMES):
         raise ValueError(f"fields={fields}: must be in [1, {len(FIELD_NAMES)}]")
@@ -238,7 +239,7 @@ def build_field_world(seed: int = 0, people: int = 800, fields: int = 16) -> Wor
         questions.append(dict(q, index=i, id=f"f{seed}-{i:05d}"))
     docs = tuple({"id": f"d{i:06d}", "contents": f"{name}\n" + "\n".join(f"{k}: {e[k]}" for k in keys)}
                  for i, (name, e) in enumerate(ent.items()))
-    return World(int(seed), "fields", docs, tuple(questions), ent)
+    return World(int(seed), size, docs, tuple(questions), ent)
 
 
 def _article(word: str) -> str:

@@ -1,6 +1,6 @@
 """`FieldsEnv`: look one field of a person up with a tool, then answer it (configs/agentic_rl_tiny.yaml).
 
-The world is `build_world(seed, "fields")` (`jaxrl.data.entities.build_field_world`): every person has F
+The world is `build_world(seed, "fields")` or "fields4" (`jaxrl.data.entities.build_field_world`): a person has F
 fields (room, desk, gate, …) whose values are distinct one-character codes found nowhere else in an
 episode. A question asks one field ("What is the desk of Nidem?"). The model writes `<get>field</get>`, the
 turn stops at the closing tag and the environment appends that field's line of the asked person
@@ -9,10 +9,12 @@ turn stops at the closing tag and the environment appends that field's line of t
 
 (inline, as `SearchEnv`); `<answer>7</answer>` ends the episode with reward 1 for an exact match, else 0.
 `demonstration` queries a field drawn uniformly (by crc32 of the question), not the asked one, and answers
-the code it read: the SFT warm start teaches the tool syntax and copying a result, never which field to
-ask, so its held-out accuracy is about 1/F (a wrong field's code is always wrong), near the 1/16 of
-guessing a code; RL has to learn to query the field the question names. `right_field` (a reward function,
-weight 0 in the config: a metric) scores whether an episode's first query was the asked field.
+the code it read; with `demo_tool` < 1 the other demonstrations answer a guessed code without the tool. So
+the SFT warm start teaches the tool syntax, the answer format and copying a result, never which field to ask
+(a wrong field's code is always wrong): imitating the demonstrations scores about demo_tool/F + (1 -
+demo_tool)/16, and a greedy policy that guesses 1/16. RL has to learn to call the tool and to query the
+field the question names. `right_field` (a reward function, weight 0 in the config: a metric) scores
+whether an episode's first query was the asked field.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Mapping, Sequence
 
+from jaxrl.data.entities import _ROOMS as CODES
 from jaxrl.data.entities import FIELD_NAMES, build_world
 from jaxrl.envs.base import Action, StepResult, encode_text, prompt_ids
 from jaxrl.envs.search import _ANSWER, _unit, exact_match
@@ -48,14 +51,19 @@ class FieldsEnv:
       demo_right_field: the share of questions whose demonstration queries the asked field (by crc32 of the
         question); the others query a uniformly drawn field. 0 (default): the demonstrations never teach
         which field to ask.
+      demo_tool: the share of questions whose demonstration calls the tool (by crc32 of the question); the
+        others answer a code drawn uniformly without calling it (`guess`), as often right as not calling
+        the tool at all (1/16).
     """
 
     stop_strings = (f"</{TOOL}>", "</answer>")
 
     def __init__(self, tokenizer, *, corpus_seed: int = 0, corpus_size: str = "fields", instructions: str = "",
-                 demo_right_field: float = 0.0):
-        if not 0.0 <= float(demo_right_field) <= 1.0:
-            raise ValueError(f"demo_right_field must be in [0, 1], got {demo_right_field}")
+                 demo_right_field: float = 0.0, demo_tool: float = 1.0):
+        for name, share in (("demo_right_field", demo_right_field), ("demo_tool", demo_tool)):
+            if not 0.0 <= float(share) <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {share}")
+        self.demo_tool = float(demo_tool)
         self.world, self.questions = _world(int(corpus_seed), str(corpus_size))
         first = next(iter(self.world.entities.values()))
         self.fields = tuple(k for k in FIELD_NAMES if k in first)
@@ -94,9 +102,13 @@ class FieldsEnv:
         return StepResult(obs, 0.0, False, {"tool_calls": 1, "tool_errors": int(not ok), "field": field})
 
     def demonstration(self, record: Mapping[str, Any]) -> list[str]:
-        """The action texts the SFT warm start imitates: query a field (uniform, or the asked one for a
-        `demo_right_field` share), then answer the code that field holds (`demo_field`)."""
-        field = demo_field(self._question(record), self.fields, self.demo_right_field)
+        """The action texts the SFT warm start imitates: for a `demo_tool` share of questions, query a field
+        (uniform, or the asked one for a `demo_right_field` share; `demo_field`), then answer the code that
+        field holds; for the others, answer a guessed code (`guess`)."""
+        q = self._question(record)
+        if _unit(f"fields-tool:{q['question']}") >= self.demo_tool:
+            return [f"<answer>{guess(q)}</answer>"]
+        field = demo_field(q, self.fields, self.demo_right_field)
         return [f"<{TOOL}>{field}</{TOOL}>", f"<answer>{self.world.entities[record['chain'][0]][field]}</answer>"]
 
 
@@ -106,6 +118,11 @@ def demo_field(question: Mapping[str, Any], fields: Sequence[str], right_share: 
     if _unit(f"fields-right:{question['question']}") < right_share:
         return str(question["field"])
     return fields[int(_unit(f"fields:{question['question']}") * len(fields))]
+
+
+def guess(question: Mapping[str, Any]) -> str:
+    """A code drawn uniformly from the 16 (by crc32 of the question): the no-tool answer."""
+    return CODES[int(_unit(f"fields-guess:{question['question']}") * len(CODES))]
 
 
 def asked_field(question: str) -> str:

@@ -10,7 +10,7 @@ import pytest
 from jaxrl.data.entities import FIELD_NAMES, SIZES, build_world
 from jaxrl.data.pipeline import make_splits
 from jaxrl.envs import EpisodeBudget, FieldsEnv, make_env, scripted_episodes
-from jaxrl.envs.fields import asked_field, right_field
+from jaxrl.envs.fields import asked_field, guess, right_field
 from jaxrl.errors import ConfigError
 from jaxrl.io.tokenizer import builtin_tokenizer
 
@@ -112,8 +112,31 @@ def test_unknown_field_is_a_tool_error_and_no_answer_ends_with_zero():
     assert silent.rewards_B[0] == 0 and silent.turns_B[0] == 1 and silent.tool_calls_B[0] == 0
 
 
+def test_demo_tool_mixes_guesses_without_the_tool_into_the_demonstrations():
+    """configs/agentic_rl_tiny.yaml: 4 fields, 40% of the demonstrations call the tool (a uniform field), the
+    others guess a code; imitating them scores 0.4/4 + 0.6/16, and a greedy policy that guesses 1/16."""
+    w = build_world(0, "fields4")
+    assert FieldsEnv(TOK, corpus_size="fields4").fields == FIELD_NAMES[:4]
+    env = FieldsEnv(TOK, corpus_size="fields4", demo_tool=0.4)
+    demos = [env.demonstration(q) for q in w.questions]
+    tool = [d for d in demos if len(d) == 2]
+    assert abs(len(tool) / len(demos) - 0.4) < 0.05 and all(d[0].startswith("<get>") for d in tool)
+    guesses = [(d[0], q) for d, q in zip(demos, w.questions) if len(d) == 1]
+    assert all(d == f"<answer>{guess(q)}</answer>" for d, q in guesses)
+    codes = collections.Counter(guess(q) for q in w.questions)
+    assert set(codes) == set(CODES) and max(codes.values()) < 2 * len(w.questions) / 16  # uniform guesses
+    right = np.mean([d[-1] == f"<answer>{q['answers'][0]}</answer>" for d, q in zip(demos, w.questions)])
+    assert abs(right - (0.4 / 4 + 0.6 / 16)) < 0.03
+    qs = list(w.questions[:48])
+    factory = make_env("fields", {"corpus_size": "fields4", "demo_tool": 0.4}, tokenizer=TOK)
+    ep = scripted_episodes(qs, TOK, factory, env.demonstration, SPEC)
+    np.testing.assert_array_equal(ep.tool_calls_B, [len(env.demonstration(q)) - 1 for q in qs])
+    np.testing.assert_array_equal(ep.turns_B, [len(env.demonstration(q)) for q in qs])
+
+
 @pytest.mark.parametrize("params, match", [
     ({"demo_right_field": 2.0}, r"demo_right_field must be in \[0, 1\], got 2.0"),
+    ({"demo_tool": -0.1}, r"demo_tool must be in \[0, 1\], got -0.1"),
     ({"corpus_size": "rooms"}, r"corpus_size='rooms': not a fields world"),
     ({"corpus_size": "huge"}, r"size='huge': allowed values are"),
     ({"demo_right": 0.5}, r"demo_right"),
