@@ -58,7 +58,7 @@ def overrides(method: str, seed: int, steps: int, *, eval_every: int, lam: float
            "checkpoint.every=100000", "checkpoint.async_save=false", "logging.tensorboard=false",
            "logging.progress_bar=false", "logging.sample_every=100000"]
     if method == "sft_aux":
-        out += [f"algorithm.sft.lam={lam}"]
+        out += [f"algorithm.params.lam={lam}"]
     return out
 
 

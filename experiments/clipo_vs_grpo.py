@@ -168,7 +168,7 @@ def run_one(method: str, seed: int, steps: int, run_dir: Path, *, data: Path, in
     from jaxrl.rl.loop import train
 
     sets = overrides(method, seed, steps + head_warmup, data, eval_every=eval_every)
-    sets += [f"algorithm.clipo.warmup_steps={head_warmup}"] if head_warmup else []
+    sets += [f"algorithm.params.warmup_steps={head_warmup}"] if head_warmup else []
     sets += ["model.preset=null", f"model.checkpoint={init}", "model.overrides={}", "sft_warmup.steps=0",
              *extra]
     with common.probing(probes, metric=None) as log:

@@ -42,7 +42,7 @@ def overrides(method: str, seed: int, steps: int, *, eval_every: int, alpha: flo
            "checkpoint.every=100000", "checkpoint.async_save=false", "logging.tensorboard=false",
            "logging.progress_bar=false", "logging.sample_every=100000"]
     if method == "etr":
-        out += [f"algorithm.etr.alpha={alpha}", f"algorithm.etr.beta={beta}"]
+        out += [f"algorithm.params.alpha={alpha}", f"algorithm.params.beta={beta}"]
     if sft_steps is not None:
         out += [f"sft_warmup.steps={sft_steps}"]
     if small:  # CI: a smaller model and warm start

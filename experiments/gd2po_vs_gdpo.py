@@ -72,7 +72,7 @@ def overrides(method: str, seed: int, steps: int, *, budget: int, tau: float, sf
            "data.eval_size=32", "checkpoint.every=100000", "checkpoint.async_save=false",
            "logging.tensorboard=false", "logging.progress_bar=false", "logging.sample_every=100000"]
     if mode:
-        out += [f"algorithm.gd2po.mode={mode}", f"algorithm.gd2po.tau={tau}"]
+        out += [f"algorithm.params.mode={mode}", f"algorithm.params.tau={tau}"]
     if sft_steps is not None:
         out += [f"sft_warmup.steps={sft_steps}"]
     return out

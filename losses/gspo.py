@@ -20,7 +20,7 @@ Choices and deviations (references: TRL 1.16 `GRPOTrainer._compute_loss` with
 * Aggregation is the caller's (house style); verl hard-codes seq-mean-token-mean, TRL applies its
   `loss_type` (the TRL default `dapo` weights each response by its length; `loss_type="grpo"` is GSPO). The
   trainer's default for this objective (`algorithm.agg_mode` unset) is seq-mean-token-mean
-  (`jaxrl.config.algorithm.OBJECTIVE_AGG`).
+  (`jaxrl.learner.objectives.OBJECTIVES`' `agg`).
   Fully masked rows are left out of the sequence mean here and in verl; TRL's "grpo" divides by all B rows.
 * Metrics are token-weighted like `grpo.clipped_objective`'s (verl's `pg_clipfrac`); `pg/seq_clip_frac` is
   the fraction of non-empty responses whose ratio is clipped (TRL's `clip_ratio/region_mean` at sequence

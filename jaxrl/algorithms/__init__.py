@@ -1,9 +1,9 @@
 """jaxrl.algorithms: one `Algorithm` record per RL method, and the registry that `algorithm.name` selects.
 
 To add a method, write its advantage function (and, if it needs them, a shaping / resampling / extra-rows
-stage), then register a record:
+stage, and a dataclass of its hyper-parameters), then register a record:
 
-    ALGORITHMS["my_method"] = Algorithm("my_method", advantages=my_advantages)
+    ALGORITHMS["my_method"] = Algorithm("my_method", advantages=my_advantages, params=MyParams)
 
 Nothing else changes: the RL step (`jaxrl.rl.step`) runs the record's stages in a fixed order. From a file of
 your own, without editing the library: `algorithm.name: my_package.my_module:MY_METHOD` (or
@@ -24,25 +24,27 @@ from jaxrl.algorithms.base import (
     task_reward,
     zero_std_group_frac,
 )
-from jaxrl.algorithms.clipo import ClipoHead, clipo_head
-from jaxrl.algorithms.dapo import dynamic_sampling, informative_groups
+from jaxrl.algorithms.clipo import CLIPOParams, ClipoHead, clipo_head
+from jaxrl.algorithms.dapo import DAPOParams, dynamic_sampling, filter_columns, informative_groups
+from jaxrl.algorithms.estimators import ETRParams, GD2POParams, GDPOParams, ReinforcePPParams
 from jaxrl.algorithms.kl_reward import KLRewardPenalty
-from jaxrl.algorithms.sft_aux import expert_rows
+from jaxrl.algorithms.sft_aux import SFTAuxParams, expert_rows
 
 ALGORITHMS: dict[str, Algorithm] = {
     "grpo": Algorithm("grpo", estimators.grpo("group")),
     "dr_grpo": Algorithm("dr_grpo", estimators.grpo("none")),
-    "dapo": Algorithm("dapo", estimators.grpo("group"), resample=dynamic_sampling),
+    "dapo": Algorithm("dapo", estimators.grpo("group"), resample=dynamic_sampling, params=DAPOParams,
+                      task_columns=filter_columns),
     "rloo": Algorithm("rloo", estimators.rloo, min_group=2),
-    "gdpo": Algorithm("gdpo", estimators.gdpo, per_reward=True),
-    "gd2po": Algorithm("gd2po", estimators.gd2po, per_reward=True),
-    "etr": Algorithm("etr", estimators.etr),
-    "clipo": Algorithm("clipo", estimators.grpo("group"), shaper=clipo_head),
-    "reinforce_pp": Algorithm("reinforce_pp", estimators.reinforce_pp),
+    "gdpo": Algorithm("gdpo", estimators.gdpo, per_reward=True, params=GDPOParams),
+    "gd2po": Algorithm("gd2po", estimators.gd2po, per_reward=True, params=GD2POParams),
+    "etr": Algorithm("etr", estimators.etr, params=ETRParams),
+    "clipo": Algorithm("clipo", estimators.grpo("group"), shaper=clipo_head, params=CLIPOParams),
+    "reinforce_pp": Algorithm("reinforce_pp", estimators.reinforce_pp, params=ReinforcePPParams),
     "reinforce_pp_baseline": Algorithm("reinforce_pp_baseline", estimators.reinforce_pp_baseline),
     "ppo": Algorithm("ppo", estimators.outcome_rewards, critic=True),
-    "sft_aux": Algorithm("sft_aux", estimators.grpo("group"), extra_rows=expert_rows,
-                         loss=lambda s: {"sft_lambda": s.section.sft.lam}),
+    "sft_aux": Algorithm("sft_aux", estimators.grpo("group"), extra_rows=expert_rows, params=SFTAuxParams,
+                         loss=lambda s: {"sft_lambda": s.params.lam}),
 }
 
 
@@ -70,13 +72,21 @@ __all__ = [
     "Advantages",
     "AlgoSettings",
     "Algorithm",
+    "CLIPOParams",
     "ClipoHead",
+    "DAPOParams",
+    "ETRParams",
+    "GD2POParams",
+    "GDPOParams",
     "KLRewardPenalty",
+    "ReinforcePPParams",
+    "SFTAuxParams",
     "Shaper",
     "combined_reward",
     "dynamic_sampling",
     "estimators",
     "expert_rows",
+    "filter_columns",
     "informative_groups",
     "segment_advantages",
     "sequence_advantages",

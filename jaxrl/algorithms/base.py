@@ -30,8 +30,8 @@ class AlgoSettings:
       group_size: G, samples per prompt (rows of a group are contiguous).
       eps: ε of the group standardisation.
       clip_low, clip_high: PPO clip bounds ε_low, ε_high.
-      section: the typed `algorithm:` config section (`jaxrl.config.AlgorithmConfig`); a method reads its own
-        sub-section (`section.etr`, `section.gd2po`, ...).
+      section: the typed `algorithm:` config section (`jaxrl.config.AlgorithmConfig`): the settings every
+        method shares (`clip`, `kl`, ...); a method's own are `params`.
       task_columns: reward columns that score the task (not length shaping such as the overlong penalty); the
         DAPO keep filter and CLIPO's correctness use their weighted sum.
       params: the record's own hyper-parameters (an instance of `Algorithm.params`, from `algorithm.params`,
@@ -107,6 +107,8 @@ class Algorithm:
       params: the dataclass of its own hyper-parameters (every field with a default), set in a config under
         `algorithm.params` and checked at load like every other section (unknown keys, types, the class's
         `__post_init__`); its stages read the instance as `AlgoSettings.params`. None: it takes none.
+      task_columns: (params, reward names) -> the reward columns that score the task, when its parameters
+        choose them (DAPO's `filter_rewards`; None from it, or no function: every reward but length shaping).
     """
 
     name: str
@@ -119,6 +121,7 @@ class Algorithm:
     min_group: int = 1
     critic: bool = False
     params: type | None = None
+    task_columns: Callable[[Any, tuple[str, ...]], tuple[int, ...] | None] | None = None
 
 
 def combined_reward(rewards_BR: np.ndarray, weights_R: np.ndarray) -> np.ndarray:

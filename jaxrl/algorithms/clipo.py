@@ -5,10 +5,13 @@ Each step: mean-pool the policy's final hidden states over the completion (teach
 the per-anchor contrastive loss of the correct rollouts *before* the head's AdamW step, turn it into a
 non-positive reward bonus (`losses.contrastive_bonus`), then update the head. A rollout is correct when its
 total task score is > 0 (the reference's `correctness_mask = reward_tensor.sum(-1) > 0`), not when its first
-reward column is. During `clipo.warmup_steps` only the head trains (the reference's `critic_warmup`).
+reward column is. During `algorithm.params.warmup_steps` only the head trains (the reference's
+`critic_warmup`).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -17,9 +20,29 @@ import optax
 from flax import nnx
 
 from jaxrl import losses
+from jaxrl._checks import check as _check
 from jaxrl.algorithms.base import AlgoSettings, task_reward
 from jaxrl.errors import CheckpointError
 from jaxrl.sharding import hosts
+
+
+@dataclasses.dataclass(frozen=True)
+class CLIPOParams:
+    """`algorithm.params` of clipo: temperature τ, bonus scale λ (`lam`), head width (reference scripts: 512
+    GSM8K, 2048 MATH), head AdamW lr, and RL steps during which only the head trains."""
+
+    tau: float = 0.05
+    lam: float = 0.2
+    head_dim: int = 512
+    lr: float = 1e-3
+    warmup_steps: int = 0
+
+    def __post_init__(self):
+        _check(self.tau > 0, "algorithm.params.tau", self.tau, "must be > 0")
+        _check(self.lr > 0, "algorithm.params.lr", self.lr, "must be > 0")
+        _check(self.lam >= 0, "algorithm.params.lam", self.lam, "must be >= 0")
+        _check(self.head_dim >= 1, "algorithm.params.head_dim", self.head_dim, "must be >= 1")
+        _check(self.warmup_steps >= 0, "algorithm.params.warmup_steps", self.warmup_steps, "must be >= 0")
 
 
 class ClipoHead:
@@ -28,7 +51,7 @@ class ClipoHead:
     name = "clipo_bonus"
 
     def __init__(self, graphdef, mesh, hidden_dim: int, seed: int, s: AlgoSettings):
-        c = s.section.clipo
+        c = s.params
         self.settings, self.warmup_steps = s, c.warmup_steps
         self.cfg = losses.ContrastiveHeadConfig(in_dim=hidden_dim, out_dim=c.head_dim)
         # Committed and replicated from the start: the jitted head step returns committed arrays, and an

@@ -1,20 +1,46 @@
 """DAPO dynamic sampling (arXiv:2503.14476 §3.2): resample until the batch is full of informative groups.
 
 A group is kept when the summed *task* reward of its samples is not all equal (the recipe filters on `acc`,
-the score before the overlong penalty: `AlgoSettings.task_columns`, `algorithm.dapo.filter_rewards`), so an
-all-wrong group is not kept for its length penalty alone. Rounds stop when P informative groups are found or
-after `algorithm.dapo.max_tries` extra rollouts; the batch is then filled with degenerate groups (advantage 0).
+the score before the overlong penalty: `AlgoSettings.task_columns`, or the rewards `algorithm.params.
+filter_rewards` names), so an all-wrong group is not kept for its length penalty alone. Rounds stop when P
+informative groups are found or after `algorithm.params.max_tries` extra rollouts; the batch is then filled
+with degenerate groups (advantage 0).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 import numpy as np
 
+from jaxrl._checks import check as _check
 from jaxrl.algorithms.base import AlgoSettings, task_reward
 from jaxrl.sampling.rollout_rows import concat, select_groups
 from jaxrl.types import Rollout
+
+
+@dataclasses.dataclass(frozen=True)
+class DAPOParams:
+    """`algorithm.params` of dapo: resampling rounds per step (0 = off), and the rewards whose sum decides
+    whether a group is kept (empty: every reward except the length shaping ones, i.e. the recipe's `acc`)."""
+
+    max_tries: int = 8
+    filter_rewards: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        _check(self.max_tries >= 0, "algorithm.params.max_tries", self.max_tries, "must be >= 0")
+
+
+def filter_columns(params: DAPOParams, reward_names: tuple[str, ...]) -> tuple[int, ...] | None:
+    """The reward columns `filter_rewards` names (None: not set, the run's task columns decide); a name that
+    is not one of the run's rewards is a ConfigError (at setup, before any model is built)."""
+    if not params.filter_rewards:
+        return None
+    unknown = sorted(set(params.filter_rewards) - set(reward_names))
+    _check(not unknown, "algorithm.params.filter_rewards", list(params.filter_rewards),
+           f"{unknown} are not reward names ({list(reward_names)})")
+    return tuple(reward_names.index(n) for n in params.filter_rewards)
 
 
 def informative_groups(ro: Rollout, s: AlgoSettings) -> np.ndarray:
@@ -29,7 +55,7 @@ def dynamic_sampling(first: Rollout, collect: Callable[[int], Rollout], s: AlgoS
     g = s.group_size
     p = first.tokens_BL.shape[0] // g
     parts, tries = [first], 0
-    while sum(int(informative_groups(x, s).sum()) for x in parts) < p and tries < s.section.dapo.max_tries:
+    while sum(int(informative_groups(x, s).sum()) for x in parts) < p and tries < s.params.max_tries:
         tries += 1
         parts.append(collect(tries))
     keep = np.concatenate([informative_groups(x, s) for x in parts])

@@ -5,7 +5,7 @@
 | grpo     | weighted sum                  | (R - mean_g) / (std_g + eps)               | [clip.low, clip.high] |
 | dr_grpo  | weighted sum                  | R - mean_g                                 | same                  |
 | rloo     | weighted sum                  | leave-one-out baseline                     | same                  |
-| gdpo     | per reward, then batch norm   | `losses.gdpo_advantages` (gdpo.batch_norm) | same                  |
+| gdpo     | per reward, then batch norm   | `losses.gdpo_advantages` (`batch_norm`)    | same                  |
 | gd2po    | per reward, conflict filter   | `losses.gd2po_advantages`                  | same                  |
 | etr      | weighted sum                  | GRPO                                       | elastic per sample    |
 | rf++     | weighted sum                  | γ-return, whitened over the batch's tokens | [clip.low, clip.high] |
@@ -21,6 +21,8 @@ fork's choice).
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import functools
 
 import jax
@@ -28,7 +30,68 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl import losses
+from jaxrl._checks import check as _check
 from jaxrl.algorithms.base import AlgoSettings, Advantages, combined_reward, sequence_advantages
+
+
+class BatchNorm(str, enum.Enum):
+    """GDPO's batch standardisation of the summed advantages: over samples (TRL) or over tokens (verl)."""
+
+    SAMPLE = "sample"
+    TOKEN = "token"
+
+
+class GD2POMode(str, enum.Enum):
+    """GD²PO conflict filter: drop every conflicting sample, or only those with a small signal-to-noise."""
+
+    HARD = "hard"
+    SNR = "snr"
+
+
+@dataclasses.dataclass(frozen=True)
+class GDPOParams:
+    """`algorithm.params` of gdpo: `batch_norm` sample (TRL, default) or token (verl form, as GD²PO uses)."""
+
+    batch_norm: BatchNorm = BatchNorm.SAMPLE
+
+
+@dataclasses.dataclass(frozen=True)
+class GD2POParams:
+    """`algorithm.params` of gd2po (`losses.gd2po_advantages`): mode, SNR threshold τ, ε of the SNR
+    denominator."""
+
+    mode: GD2POMode = GD2POMode.HARD
+    tau: float = 0.2
+    eps_snr: float = 1e-6
+
+    def __post_init__(self):
+        _check(0 <= self.tau <= 1, "algorithm.params.tau", self.tau, "must be in [0, 1]")
+        _check(self.eps_snr > 0, "algorithm.params.eps_snr", self.eps_snr, "must be > 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class ETRParams:
+    """`algorithm.params` of etr: elasticities α, β and the advantage cap of the elastic clip bounds
+    [READING] (`losses.etr`)."""
+
+    alpha: float = 0.0
+    beta: float = 0.0
+    adv_max: float = 3.0
+
+    def __post_init__(self):
+        for name in ("alpha", "beta", "adv_max"):
+            _check(getattr(self, name) >= 0, f"algorithm.params.{name}", getattr(self, name), "must be >= 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class ReinforcePPParams:
+    """`algorithm.params` of reinforce_pp: discount γ of the last-token reward per trained token (verl
+    `algorithm.gamma`, default 1: every token's return is the reward)."""
+
+    gamma: float = 1.0
+
+    def __post_init__(self):
+        _check(0 <= self.gamma <= 1, "algorithm.params.gamma", self.gamma, "must be in [0, 1]")
 
 
 @functools.lru_cache(maxsize=None)
@@ -60,12 +123,12 @@ def rloo(rewards_BR, weights_R, mask_BT, s: AlgoSettings) -> Advantages:
 
 def gdpo(rewards_BR, weights_R, mask_BT, s: AlgoSettings) -> Advantages:
     """GDPO (arXiv:2601.05242): each reward normalised within its group, weighted sum, batch standardisation
-    over samples (`gdpo.batch_norm: sample`, TRL) or over tokens (`token`, verl). With a single reward the
-    reference (NVlabs/GDPO) falls back to plain GRPO, and so does this."""
+    over samples (`algorithm.params.batch_norm: sample`, TRL) or over tokens (`token`, verl). With a single
+    reward the reference (NVlabs/GDPO) falls back to plain GRPO, and so does this."""
     if rewards_BR.shape[1] == 1:
         return grpo("group")(rewards_BR, weights_R, mask_BT, s)
     r_BR = jnp.asarray(np.nan_to_num(rewards_BR))
-    if s.section.gdpo.batch_norm.value == "token":
+    if s.params.batch_norm is BatchNorm.TOKEN:
         adv_BT = losses.gdpo_token_advantages(r_BR, s.group_size, jnp.asarray(mask_BT), weights=weights_R,
                                               eps=s.eps)
         return sequence_advantages(np.zeros(r_BR.shape[0]), mask_BT, s)._replace(
@@ -77,7 +140,7 @@ def gdpo(rewards_BR, weights_R, mask_BT, s: AlgoSettings) -> Advantages:
 
 def gd2po(rewards_BR, weights_R, mask_BT, s: AlgoSettings) -> Advantages:
     """GD²PO: GDPO with conflicting samples filtered (hard, or by signal-to-noise) and consensus scaling."""
-    c = s.section.gd2po
+    c = s.params
     r_BR = jnp.asarray(np.nan_to_num(rewards_BR))
     adv_BT, metrics = losses.gd2po_advantages(
         r_BR, s.group_size, jnp.asarray(mask_BT), mode=c.mode.value, tau=c.tau, weights=weights_R, eps=s.eps,
@@ -89,7 +152,7 @@ def gd2po(rewards_BR, weights_R, mask_BT, s: AlgoSettings) -> Advantages:
 
 def etr(rewards_BR, weights_R, mask_BT, s: AlgoSettings) -> Advantages:
     """ETR [READING]: GRPO advantages with elastic per-sample clip bounds (`losses.etr_clip_bounds`)."""
-    c = s.section.etr
+    c = s.params
     r_B = jnp.asarray(combined_reward(rewards_BR, weights_R))
     adv_B = _jitted(losses.group_advantages, group_size=s.group_size, scale="group", eps=s.eps,
                     nan_aware=True)(r_B)
@@ -104,9 +167,9 @@ def etr(rewards_BR, weights_R, mask_BT, s: AlgoSettings) -> Advantages:
 
 def reinforce_pp(rewards_BR, weights_R, mask_BT, s: AlgoSettings) -> Advantages:
     """REINFORCE++ (arXiv:2501.03262, verl `reinforce_plus_plus`): `losses.reinforce_pp_advantages` with
-    γ = `algorithm.reinforce_pp.gamma`."""
+    γ = `algorithm.params.gamma`."""
     r_B = jnp.asarray(combined_reward(rewards_BR, weights_R))
-    adv_BT = losses.reinforce_pp_advantages(r_B, jnp.asarray(mask_BT), gamma=s.section.reinforce_pp.gamma,
+    adv_BT = losses.reinforce_pp_advantages(r_B, jnp.asarray(mask_BT), gamma=s.params.gamma,
                                             nan_aware=True)
     return _token_advantages(adv_BT, mask_BT, s)
 

@@ -250,7 +250,9 @@ def _host_plan(cfg, plan, checkpointed_params: int, model_cfg, chips_per_host: i
 
     if chips_per_host < 1:
         raise ConfigError(f"--chips-per-host={chips_per_host}: must be >= 1")
-    dapo = cfg.algorithm.dapo.max_tries if cfg.algorithm.name == "dapo" else 0
+    from jaxrl.rl.setup import algo_settings
+
+    dapo = algo_settings(cfg).params.max_tries if cfg.algorithm.name == "dapo" else 0
     return plan_host(params_per_chip=checkpointed_params, optimizer_per_chip=plan.optimizer,
                      chips_per_host=chips_per_host, num_params=plan.num_params,
                      param_bytes=jnp.dtype(model_cfg.param_dtype).itemsize, rollout_rows=rollout_rows,

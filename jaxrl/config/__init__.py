@@ -12,7 +12,7 @@ plain arguments (STYLE.md principle 13). The modules, one concern each:
 * `io`: the generic YAML <-> dataclass machinery (also `jaxrl train-rm`'s config);
 * `model`: `model:` and `tokenizer:`;
 * `sources`: where rows come from: `data:`, `rollout:`, `rewards:`, `env:`, `multi_agent:`;
-* `algorithm`: `algorithm:` and its per-method sub-sections;
+* `algorithm`: `algorithm:` (the shared sub-sections; a method's own hyper-parameters are `algorithm.params`);
 * `training`: `optimizer:`, `checkpoint:`, `logging:`, `sft_warmup:`, `train:`;
 * `experiment`: `ExperimentConfig` (the checks that span sections), `load_config`, `dump_config`, `save_config`.
 """
@@ -20,25 +20,16 @@ plain arguments (STYLE.md principle 13). The modules, one concern each:
 from jaxrl.config.algorithm import (  # noqa: F401 -- the algorithm section, re-exported
     Algo,
     AlgorithmConfig,
-    BatchNorm,
     ClipSection,
-    CLIPOSection,
-    DAPOSection,
     DistillMode,
     DistillSection,
-    ETRSection,
-    GD2POMode,
-    GD2POSection,
-    GDPOSection,
     KLSection,
     KLWhere,
     MismatchLevel,
     MismatchMode,
     MismatchSection,
-    Objective,
     ObjectiveSection,
     PPOSection,
-    SFTSection,
 )
 from jaxrl.config.experiment import (  # noqa: F401
     DEFAULT_CONFIG,

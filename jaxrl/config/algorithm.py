@@ -48,20 +48,6 @@ class DistillMode(str, enum.Enum):
     REVERSE_KL_LOSS = "reverse_kl_loss"
 
 
-class GD2POMode(str, enum.Enum):
-    """GD²PO conflict filter: drop every conflicting sample, or only those with a small signal-to-noise."""
-
-    HARD = "hard"
-    SNR = "snr"
-
-
-class BatchNorm(str, enum.Enum):
-    """GDPO's batch standardisation of the summed advantages: over samples (TRL) or over tokens (verl)."""
-
-    SAMPLE = "sample"
-    TOKEN = "token"
-
-
 @dataclasses.dataclass(frozen=True)
 class ClipSection:
     """PPO clip: ratio in [1 - low, 1 + high] (DAPO clip-higher: 0.2/0.28); `dual`: c of dual-clip or null."""
@@ -119,91 +105,6 @@ class DistillSection:
 
 
 @dataclasses.dataclass(frozen=True)
-class ETRSection:
-    """ETR elastic clip bounds [READING] (`losses.etr`): elasticities α, β and the advantage cap."""
-
-    alpha: float = 0.0
-    beta: float = 0.0
-    adv_max: float = 3.0
-
-    def __post_init__(self):
-        for name in ("alpha", "beta", "adv_max"):
-            _check(getattr(self, name) >= 0, f"algorithm.etr.{name}", getattr(self, name), "must be >= 0")
-
-
-@dataclasses.dataclass(frozen=True)
-class GDPOSection:
-    """GDPO (`losses.gdpo`): `batch_norm` sample (TRL, default) or token (verl form, as GD²PO uses)."""
-
-    batch_norm: BatchNorm = BatchNorm.SAMPLE
-
-
-@dataclasses.dataclass(frozen=True)
-class GD2POSection:
-    """GD²PO conflict filter (`losses.gd2po_advantages`): mode, SNR threshold τ, ε of the SNR denominator."""
-
-    mode: GD2POMode = GD2POMode.HARD
-    tau: float = 0.2
-    eps_snr: float = 1e-6
-
-    def __post_init__(self):
-        _check(0 <= self.tau <= 1, "algorithm.gd2po.tau", self.tau, "must be in [0, 1]")
-        _check(self.eps_snr > 0, "algorithm.gd2po.eps_snr", self.eps_snr, "must be > 0")
-
-
-@dataclasses.dataclass(frozen=True)
-class CLIPOSection:
-    """CLIPO contrastive head (arXiv:2603.10101): temperature τ, bonus scale λ (`lam`), head width (reference
-    scripts: 512 GSM8K, 2048 MATH), head AdamW lr, and RL steps during which only the head trains."""
-
-    tau: float = 0.05
-    lam: float = 0.2
-    head_dim: int = 512
-    lr: float = 1e-3
-    warmup_steps: int = 0
-
-    def __post_init__(self):
-        _check(self.tau > 0, "algorithm.clipo.tau", self.tau, "must be > 0")
-        _check(self.lr > 0, "algorithm.clipo.lr", self.lr, "must be > 0")
-        _check(self.lam >= 0, "algorithm.clipo.lam", self.lam, "must be >= 0")
-        _check(self.head_dim >= 1, "algorithm.clipo.head_dim", self.head_dim, "must be >= 1")
-        _check(self.warmup_steps >= 0, "algorithm.clipo.warmup_steps", self.warmup_steps, "must be >= 0")
-
-
-@dataclasses.dataclass(frozen=True)
-class DAPOSection:
-    """DAPO dynamic sampling: resampling rounds per step (0 = off), and the rewards whose sum decides whether a
-    group is kept (empty: every reward except the length shaping ones, i.e. the recipe's `acc`)."""
-
-    max_tries: int = 8
-    filter_rewards: tuple[str, ...] = ()
-
-    def __post_init__(self):
-        _check(self.max_tries >= 0, "algorithm.dapo.max_tries", self.max_tries, "must be >= 0")
-
-
-@dataclasses.dataclass(frozen=True)
-class SFTSection:
-    """AFRL SFT-auxiliary loss: weight λ_SFT (`lam`) of the expert-row NLL."""
-
-    lam: float = 0.1
-
-    def __post_init__(self):
-        _check(self.lam >= 0, "algorithm.sft.lam", self.lam, "must be >= 0")
-
-
-@dataclasses.dataclass(frozen=True)
-class ReinforcePPSection:
-    """REINFORCE++ (`losses.reinforce_pp_advantages`): discount γ of the last-token reward per trained token
-    (verl `algorithm.gamma`, default 1: every token's return is the reward)."""
-
-    gamma: float = 1.0
-
-    def __post_init__(self):
-        _check(0 <= self.gamma <= 1, "algorithm.reinforce_pp.gamma", self.gamma, "must be in [0, 1]")
-
-
-@dataclasses.dataclass(frozen=True)
 class PPOSection:
     """PPO with a learned critic (`algorithm.name: ppo`, `jaxrl.rl.critic`): GAE(γ, λ) over the completion
     tokens with the reward at the last token, advantages whitened over the batch's tokens (`whiten`), and a
@@ -240,57 +141,24 @@ class PPOSection:
                self.critic_lora, "a LoRA critic sits on the policy's base: leave critic_init at 'policy'")
 
 
-class Objective(str, enum.Enum):
-    """The per-token policy objective of the update (`losses`): PPO/GRPO clip, GSPO, GSPO-token, CISPO, SAPO."""
-
-    PPO_CLIP = "ppo_clip"
-    GSPO = "gspo"
-    GSPO_TOKEN = "gspo_token"
-    CISPO = "cispo"
-    SAPO = "sapo"
-
-
 @dataclasses.dataclass(frozen=True)
 class ObjectiveSection:
-    """Which policy objective and its own settings. `ppo_clip` uses `algorithm.clip` (and ETR's elastic
-    bounds); GSPO (arXiv:2507.18071) its sequence-ratio clip `gspo_low/high` (paper 3e-4 / 4e-4); CISPO
-    (MiniMax-M1, arXiv:2506.13585) the IS-weight bounds `cispo_w_max` / `cispo_w_min`; SAPO (arXiv:2511.20347)
-    the gate temperatures `sapo_tau_pos` / `sapo_tau_neg`.
+    """Which policy objective (`name`: a key of `jaxrl.learner.objectives.OBJECTIVES`, or a record of your own
+    "path/file.py:RECORD") and its own hyper-parameters (`params`, checked at load against the record's class:
+    GSPO's `clip_low` / `clip_high`, CISPO's `w_max` / `w_min`, SAPO's `tau_pos` / `tau_neg`). `ppo_clip`
+    uses `algorithm.clip` (and ETR's elastic bounds)."""
 
-    CISPO default: the paper's form, ŵ = clip(r, 1 − ε_low^IS, 1 + ε_high^IS) with ε_low^IS "large" (no lower
-    bound: `cispo_w_min` null) and only ε_high^IS tuned (§3.1). The report prints no number for ε_high^IS, so
-    `cispo_w_max` = 1 + 0.2 = 1.2 is verl's CISPO example of that form (`examples/cispo_trainer`:
-    clip_ratio_low 10, clip_ratio_high 0.2). Other references: verl's plain default is the two-sided
-    [0.8, 1.2]; TRL's cap is `epsilon_high` as an absolute weight, 0.2 when unset (REINFORCE scaled by 0.2),
-    and 5 in its ScaleRL example (arXiv:2510.13786)."""
+    name: str = "ppo_clip"
+    params: dict[str, Any] = dataclasses.field(default_factory=dict)
 
-    name: Objective = Objective.PPO_CLIP
-    gspo_low: float = 3e-4
-    gspo_high: float = 4e-4
-    cispo_w_max: float = 1.2
-    cispo_w_min: float | None = None
-    sapo_tau_pos: float = 1.0
-    sapo_tau_neg: float = 1.05
-
-    def __post_init__(self):
-        _check(0 <= self.gspo_low < 1, "algorithm.objective.gspo_low", self.gspo_low, "must be in [0, 1)")
-        _check(self.gspo_high >= 0, "algorithm.objective.gspo_high", self.gspo_high, "must be >= 0")
-        _check(self.cispo_w_max > 0, "algorithm.objective.cispo_w_max", self.cispo_w_max, "must be > 0")
-        if self.cispo_w_min is not None:
-            _check(0 <= self.cispo_w_min <= self.cispo_w_max, "algorithm.objective.cispo_w_min",
-                   self.cispo_w_min, "must be in [0, cispo_w_max] or null")
-        for name in ("sapo_tau_pos", "sapo_tau_neg"):
-            _check(getattr(self, name) > 0, f"algorithm.objective.{name}", getattr(self, name), "must be > 0")
-
-
-# The aggregation each policy objective's reference uses (`AlgorithmConfig.agg_mode` unset).
-OBJECTIVE_AGG: dict[Objective, AggMode] = {
-    Objective.PPO_CLIP: AggMode.TOKEN_MEAN,
-    Objective.GSPO: AggMode.SEQ_MEAN_TOKEN_MEAN,
-    Objective.GSPO_TOKEN: AggMode.SEQ_MEAN_TOKEN_MEAN,
-    Objective.CISPO: AggMode.TOKEN_MEAN,
-    Objective.SAPO: AggMode.SEQ_MEAN_TOKEN_MEAN,
-}
+    MOVED_KEYS: ClassVar[dict[str, str]] = {
+        "gspo_low": "params.clip_low", "gspo_high": "params.clip_high", "cispo_w_max": "params.w_max",
+        "cispo_w_min": "params.w_min", "sapo_tau_pos": "params.tau_pos", "sapo_tau_neg": "params.tau_neg",
+    }
+    RETIRED_DEFAULTS: ClassVar[dict[str, Any]] = {  # as `AlgorithmConfig.RETIRED_DEFAULTS`
+        "gspo_low": 3e-4, "gspo_high": 4e-4, "cispo_w_max": 1.2, "cispo_w_min": None, "sapo_tau_pos": 1.0,
+        "sapo_tau_neg": 1.05,
+    }
 
 
 class MismatchMode(str, enum.Enum):
@@ -342,15 +210,16 @@ class MismatchSection:
 class AlgorithmConfig:
     """Advantage estimator, policy objective, aggregation and their hyper-parameters (spec/algorithms.md).
 
-    `name` is a key of `jaxrl.algorithms.ALGORITHMS` (built-ins: the `Algo` values). Each method's own
-    settings live in its sub-section (`etr`, `gd2po`, `clipo`, `dapo`, `sft`, `gdpo`, `reinforce_pp`,
-    `ppo`); `clip`
-    and `kl` are shared. The flat keys of earlier versions (`etr_alpha`, `clipo_tau`, ...) are refused with
-    their new place. `params` holds the hyper-parameters of a record that declares its own parameter class
-    (`Algorithm.params`, e.g. a user's algorithm), checked against that class at load (`algorithm_params`).
+    `name` is a key of `jaxrl.algorithms.ALGORITHMS` (built-ins: the `Algo` values). A method's own
+    hyper-parameters are `params`, checked at load against its record's parameter class (`Algorithm.params`,
+    e.g. `jaxrl.algorithms.ETRParams`; a user's record declares its own: `algorithm_params`). `clip`, `kl`,
+    `objective`, `mismatch` and `distill` are shared by every method; `ppo` configures the critic and its GAE
+    (the `ActorCritic` schedule of a method with a critic). The sub-sections of earlier versions (`etr`,
+    `gd2po`, `clipo`, `dapo`, `sft`, `gdpo`, `reinforce_pp`) and their flat keys (`etr_alpha`, ...) are
+    refused with their new place.
 
     `agg_mode` left unset (null) resolves at load to the policy objective's reference aggregation
-    (`OBJECTIVE_AGG`): token-mean for `ppo_clip` (verl's default) and `cispo` (the paper's 1/Σ|o_i|),
+    (`PolicyObjective.agg`): token-mean for `ppo_clip` (verl's default) and `cispo` (the paper's 1/Σ|o_i|),
     seq-mean-token-mean for `gspo`, `gspo_token` and `sapo` (their papers' mean over responses; verl
     hard-codes it, TRL warns that a length-weighted GSPO "does not reproduce the GSPO paper"). The resolved
     config names the mode.
@@ -365,13 +234,6 @@ class AlgorithmConfig:
     grad_accum: int = 1
     clip: ClipSection = ClipSection()
     kl: KLSection = KLSection()
-    etr: ETRSection = ETRSection()
-    gdpo: GDPOSection = GDPOSection()
-    gd2po: GD2POSection = GD2POSection()
-    clipo: CLIPOSection = CLIPOSection()
-    dapo: DAPOSection = DAPOSection()
-    sft: SFTSection = SFTSection()
-    reinforce_pp: ReinforcePPSection = ReinforcePPSection()
     ppo: PPOSection = PPOSection()
     objective: ObjectiveSection = ObjectiveSection()
     mismatch: MismatchSection = MismatchSection()
@@ -381,36 +243,62 @@ class AlgorithmConfig:
     MOVED_KEYS: ClassVar[dict[str, str]] = {
         "clip_low": "clip.low", "clip_high": "clip.high", "dual_clip": "clip.dual",
         "kl_beta": "kl.beta", "kl_kind": "kl.kind", "kl_in": "kl.where",
-        "etr_alpha": "etr.alpha", "etr_beta": "etr.beta", "etr_adv_max": "etr.adv_max",
-        "gd2po_mode": "gd2po.mode", "gd2po_tau": "gd2po.tau",
-        "clipo_tau": "clipo.tau", "clipo_lambda": "clipo.lam", "clipo_head_dim": "clipo.head_dim",
-        "clipo_lr": "clipo.lr", "clipo_warmup_steps": "clipo.warmup_steps",
-        "sft_lambda": "sft.lam", "dynamic_sampling_max_tries": "dapo.max_tries",
+        # a method's own settings: its record's parameters (`algorithm.params`, with `algorithm.name` the method)
+        "etr_alpha": "params.alpha", "etr_beta": "params.beta", "etr_adv_max": "params.adv_max",
+        "gd2po_mode": "params.mode", "gd2po_tau": "params.tau",
+        "clipo_tau": "params.tau", "clipo_lambda": "params.lam", "clipo_head_dim": "params.head_dim",
+        "clipo_lr": "params.lr", "clipo_warmup_steps": "params.warmup_steps",
+        "sft_lambda": "params.lam", "dynamic_sampling_max_tries": "params.max_tries",
+        "etr": "params", "gdpo": "params", "gd2po": "params", "clipo": "params", "dapo": "params",
+        "sft": "params", "reinforce_pp": "params",
+    }
+    # What every resolved config of the earlier layout holds (its dump wrote each method's defaults): read as
+    # absent, so such a run's config.yaml still loads (`jaxrl eval --checkpoint`); any other value is refused
+    # with its new place (`MOVED_KEYS`).
+    RETIRED_DEFAULTS: ClassVar[dict[str, Any]] = {
+        "etr": {"alpha": 0.0, "beta": 0.0, "adv_max": 3.0}, "gdpo": {"batch_norm": "sample"},
+        "gd2po": {"mode": "hard", "tau": 0.2, "eps_snr": 1e-6},
+        "clipo": {"tau": 0.05, "lam": 0.2, "head_dim": 512, "lr": 1e-3, "warmup_steps": 0},
+        "dapo": {"max_tries": 8, "filter_rewards": []}, "sft": {"lam": 0.1}, "reinforce_pp": {"gamma": 1.0},
     }
 
     def __post_init__(self):
+        from jaxrl.learner.objectives import OBJECTIVES, PARAMS_KEY, resolve  # the registry (lazy: jax)
+
+        objective = resolve(self.objective.name)  # a user's record ("module:attr") is registered here
+        _check(objective is not None, "algorithm.objective.name", self.objective.name,
+               f"allowed values are {', '.join(map(repr, OBJECTIVES))}, or a PolicyObjective record of your "
+               "own ('package.module:attr')")
+        record_params(objective.params, self.objective.params, objective.name, PARAMS_KEY)
         if self.agg_mode is None:  # resolved once here, so the trainer and the saved config see the mode
-            object.__setattr__(self, "agg_mode", OBJECTIVE_AGG[self.objective.name])
+            object.__setattr__(self, "agg_mode", objective.agg)
         _check(self.adv_eps > 0, "algorithm.adv_eps", self.adv_eps, "must be > 0")
         _check(self.entropy_coef >= 0, "algorithm.entropy_coef", self.entropy_coef, "must be >= 0")
         for name in ("ppo_epochs", "mini_batches", "grad_accum"):
             _check(getattr(self, name) >= 1, f"algorithm.{name}", getattr(self, name), "must be >= 1")
 
 
-def algorithm_params(params_cls: type | None, raw: Mapping[str, Any], name: str) -> Any:
-    """`algorithm.params` as the algorithm record's parameter class (`Algorithm.params`): unknown keys, wrong
-    types and the class's own checks fail as one-line ConfigErrors naming `algorithm.params.<key>`, at load.
+def record_params(params_cls: type | None, raw: Mapping[str, Any], name: str, key: str) -> Any:
+    """A plug-in's parameters (`key`: "algorithm.params" of an `Algorithm` record, "algorithm.objective.params"
+    of a `PolicyObjective`) as its record's parameter class: unknown keys, wrong types and the class's own
+    checks fail as one-line ConfigErrors naming `<key>.<field>`, at load.
 
     Args:
       params_cls: the record's dataclass of hyper-parameters; None when it declares none (then `raw` must be
         empty).
       raw: the config's mapping.
-      name: `algorithm.name`, for the message.
+      name: the record's name, for the message.
+      key: the config key of the mapping.
     """
     if params_cls is None:
-        _check(not raw, "algorithm.params", dict(raw), f"algorithm {name!r} declares no parameters")
+        _check(not raw, key, dict(raw), f"{name!r} declares no parameters")
         return None
     try:
-        return from_dict(params_cls, dict(raw), "algorithm.params")
+        return from_dict(params_cls, dict(raw), key)
     except (TypeError, ValueError) as e:  # the class's own __post_init__ checks
-        raise ConfigError(f"algorithm.params of {name!r}: {e}") from None
+        raise ConfigError(f"{key} of {name!r}: {e}") from None
+
+
+def algorithm_params(params_cls: type | None, raw: Mapping[str, Any], name: str) -> Any:
+    """`algorithm.params` as the algorithm record's parameter class (`Algorithm.params`; `record_params`)."""
+    return record_params(params_cls, raw, name, "algorithm.params")

@@ -133,12 +133,27 @@ def convert(value: Any, tp: Any, key: str) -> Any:
     raise TypeError(f"config field {key} has an unsupported annotation {tp!r}")
 
 
+_NONE = object()
+
+
+def _plain(value: Any) -> Any:
+    """YAML data with lists as tuples, for comparing a loaded value with a Python default."""
+    if isinstance(value, (list, tuple)):
+        return tuple(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
 def from_dict(cls: type, raw: dict[str, Any], key: str) -> Any:
     """Builds dataclass `cls` from a mapping; bad keys, types or values raise ConfigError."""
     hints = _hints(cls)
     names = [config_key(f.name) for f in dataclasses.fields(cls)]
     kwargs = {}
+    retired = getattr(cls, "RETIRED_DEFAULTS", {})
     for name, value in raw.items():
+        if name not in hints and _plain(value) == _plain(retired.get(name, _NONE)):
+            continue  # a key of an earlier layout at its old default (what that version's dump wrote): no effect
         if name not in hints:
             raise _unknown(key, str(name), names, cls)
         kwargs[_field_name(name)] = convert(value, hints[name], f"{key}.{name}" if key else name)

@@ -38,6 +38,7 @@ import optax
 from flax import nnx
 
 from jaxrl import losses
+from jaxrl.learner.objectives import OBJECTIVES
 from jaxrl.models import lora
 from jaxrl.runtime import compile_cache
 
@@ -105,7 +106,7 @@ class LossSpec:
     grad_accum: int = 1
     logprob_chunk: int = 8192
     temperature: float = 1.0
-    objective: str = "ppo_clip"  # a key of OBJECTIVES
+    objective: str = "ppo_clip"  # a key of `jaxrl.learner.objectives.OBJECTIVES`
     objective_kwargs: tuple[tuple[str, Any], ...] = ()  # that objective's settings (hashable)
     lora: Any = None  # `jaxrl.models.lora.LoraConfig`: the trained params are adapters over a frozen `base`
     distill_coef: float = 0.0  # on-policy distillation as a loss term (`algorithm.distill`, reverse_kl_loss)
@@ -118,30 +119,6 @@ def full_params(params, base, lora_cfg):
     if lora_cfg is None:
         return params
     return lora.merge(jax.lax.stop_gradient(base), params, lora_cfg)
-
-
-def _ppo_clip(logp_BT, batch, m_BT, spec, **_):
-    return losses.clipped_objective(logp_BT, batch.old_logp_BT, batch.adv_BT, m_BT, clip_low=batch.clip_low_B,
-                                    clip_high=batch.clip_high_B, dual_clip=spec.dual_clip,
-                                    ratio_level=spec.ratio_level)
-
-
-def _wrap(fn, **fixed):
-    def objective(logp_BT, batch, m_BT, spec, **kwargs):
-        del spec
-        return fn(logp_BT, batch.old_logp_BT, batch.adv_BT, m_BT, **fixed, **kwargs)
-    return objective
-
-
-# name -> (logp_BT, batch, mask_BT, spec, **objective_kwargs) -> (loss_BT, metrics): the per-token policy
-# objectives of `jaxrl.losses`, unaggregated.
-OBJECTIVES = {
-    "ppo_clip": _ppo_clip,
-    "gspo": _wrap(losses.gspo_objective, token_level=False),
-    "gspo_token": _wrap(losses.gspo_objective, token_level=True),
-    "cispo": _wrap(losses.cispo_objective),
-    "sapo": _wrap(losses.sapo_objective),
-}
 
 
 def token_logprobs(model: nnx.Module, tokens_BL, mask_BL, width: int, *, chunk: int, temperature: float = 1.0,
@@ -184,7 +161,7 @@ def _loss(params, graphdef, batch: TrainBatch, spec: LossSpec, norm, base=None):
     """The step's loss: per-token terms summed, aggregated once with the mini-batch's normalisers.
 
         l_BT = w_IS·l_pg + β·k(logp, ref_logp) + c·k'(logp, teacher_logp) − λ_H·H
-               (rollout rows; l_pg from OBJECTIVES[spec.objective]; c: on-policy distillation's loss mode)
+               (rollout rows; l_pg from OBJECTIVES[spec.objective].fn; c: on-policy distillation's loss mode)
         loss = w_pg·aggregate(l, m, agg) + λ_SFT·sft_nll(logp*, m*)
     """
     model = nnx.merge(graphdef, full_params(params, base, spec.lora))
@@ -194,7 +171,7 @@ def _loss(params, graphdef, batch: TrainBatch, spec: LossSpec, norm, base=None):
                                         group=batch.group, segment_BL=batch.segment_BL)
     rl_m_BT, sft_m_BT = _masks(batch)
     agg = lambda v_BT: losses.aggregate(v_BT, rl_m_BT, spec.agg, normalizer=norm["rl"])
-    pg_BT, metrics = OBJECTIVES[spec.objective](logp_BT, batch, rl_m_BT, spec, **dict(spec.objective_kwargs))
+    pg_BT, metrics = OBJECTIVES[spec.objective].fn(logp_BT, batch, rl_m_BT, spec, **dict(spec.objective_kwargs))
     if batch.is_weight_BT is not None:  # train-inference mismatch correction (constant weights)
         pg_BT = pg_BT * jax.lax.stop_gradient(batch.is_weight_BT)
     total_BT = spec.policy_weight * pg_BT

@@ -69,7 +69,7 @@ def plan_host(*, params_per_chip: int, optimizer_per_chip: int, chips_per_host: 
       num_params: parameter count; param_bytes: bytes per parameter of the stored weights.
       rollout_rows: prompts per step × group size; prompt_len: padded prompt width (the prompt bucket);
         completion_len: max_new_tokens (or the gen bucket).
-      resample_rounds: DAPO's extra rollouts held at once (`algorithm.dapo.max_tries`, 0 otherwise).
+      resample_rounds: DAPO's extra rollouts held at once (dapo's `algorithm.params.max_tries`, 0 otherwise).
       runtime_gib: fixed RAM of the process itself.
     """
     for name, value in (("chips_per_host", chips_per_host), ("rollout_rows", rollout_rows)):

@@ -28,9 +28,10 @@ from jaxrl.io import checkpoint as ckpt_lib, model_io
 from jaxrl.runtime import step_time
 from jaxrl.algorithms import ALGORITHMS, Algorithm, AlgoSettings, KLRewardPenalty
 from jaxrl.config import DistillMode, ExperimentConfig, KLWhere, dump_config
-from jaxrl.config.algorithm import algorithm_params
+from jaxrl.config.algorithm import algorithm_params, record_params
 from jaxrl.errors import ConfigError, UserError
 from jaxrl.models import lora
+from jaxrl.learner.objectives import OBJECTIVES, PARAMS_KEY, objective_kwargs
 from jaxrl.learner.optim import build_optimizer
 from jaxrl.rl.ahead import make_feed
 from jaxrl.rl.batch import row_multiple, assemble, update
@@ -64,33 +65,28 @@ def sampling_spec(cfg: ExperimentConfig, *, greedy: bool = False) -> SamplingSpe
 
 
 def algo_settings(cfg: ExperimentConfig) -> AlgoSettings:
+    """The algorithm's settings: the shared ones, its own parameters (`algorithm.params` as its record's
+    class) and the task reward columns (every reward but length shaping, unless its parameters choose)."""
     a = cfg.algorithm
-    names = [r.name for r in cfg.rewards]
-    if a.dapo.filter_rewards:
-        unknown = sorted(set(a.dapo.filter_rewards) - set(names))
-        if unknown:
-            raise UserError(f"algorithm.dapo.filter_rewards: {unknown} are not reward names ({names})")
-        task = tuple(names.index(n) for n in a.dapo.filter_rewards)
-    else:
-        task = tuple(k for k, r in enumerate(cfg.rewards) if r.type not in LENGTH_SHAPING_TYPES)
     record = ALGORITHMS[a.name]  # registered at config load
+    params = algorithm_params(record.params, a.params, record.name)
+    task = tuple(k for k, r in enumerate(cfg.rewards) if r.type not in LENGTH_SHAPING_TYPES)
+    if record.task_columns is not None:
+        task = record.task_columns(params, tuple(r.name for r in cfg.rewards)) or task
     return AlgoSettings(group_size=cfg.rollout.group_size, eps=a.adv_eps, clip_low=a.clip.low,
-                        clip_high=a.clip.high, section=a, task_columns=task,
-                        params=algorithm_params(record.params, a.params, record.name))
+                        clip_high=a.clip.high, section=a, task_columns=task, params=params)
 
 
 def loss_spec(cfg: ExperimentConfig, algorithm: Algorithm, settings: AlgoSettings) -> LossSpec:
     a = cfg.algorithm
     o = a.objective
-    kwargs = {"gspo": {"clip_low": o.gspo_low, "clip_high": o.gspo_high},
-              "gspo_token": {"clip_low": o.gspo_low, "clip_high": o.gspo_high},
-              "cispo": {"w_max": o.cispo_w_max, "w_min": o.cispo_w_min},
-              "sapo": {"tau_pos": o.sapo_tau_pos, "tau_neg": o.sapo_tau_neg}}.get(o.name.value, {})
+    objective = OBJECTIVES[o.name]  # registered at config load
+    kwargs = objective_kwargs(record_params(objective.params, o.params, objective.name, PARAMS_KEY))
     distill = a.distill.teacher is not None and a.distill.mode is DistillMode.REVERSE_KL_LOSS
     spec = LossSpec(agg=a.agg_mode, dual_clip=a.clip.dual,
                     kl_beta=a.kl.beta if a.kl.where is KLWhere.LOSS else 0.0, kl_kind=a.kl.kind,
-                    entropy_coef=a.entropy_coef, grad_accum=a.grad_accum, objective=o.name.value,
-                    objective_kwargs=tuple(sorted(kwargs.items())),
+                    entropy_coef=a.entropy_coef, grad_accum=a.grad_accum, objective=o.name,
+                    objective_kwargs=kwargs,
                     # the sampler's old log-probs are the tempered policy's (`filters.sampled_logprobs`)
                     temperature=cfg.rollout.temperature or 1.0,
                     distill_coef=a.distill.coef if distill else 0.0, distill_kind=a.distill.kind)
@@ -236,7 +232,15 @@ def _segment_estimators(cfg: ExperimentConfig, system: System | None) -> tuple:
     own = cfg.multi_agent.estimators if system is not None else {}
     if not own:
         return ()
-    return tuple(ALGORITHMS[own[role]].advantages if role in own else None for role in system.adapter_roles)
+    return tuple(_own_estimator(ALGORITHMS[own[role]]) if role in own else None for role in system.adapter_roles)
+
+
+def _own_estimator(record: Algorithm):
+    """A role's estimator (`multi_agent.estimators`) runs with its record's default parameters
+    (`algorithm.params` are the run algorithm's)."""
+    params = algorithm_params(record.params, {}, record.name)
+    return lambda rewards_BR, weights_R, mask_BT, s: record.advantages(
+        rewards_BR, weights_R, mask_BT, dataclasses.replace(s, params=params))
 
 
 def eval_collector(cfg: ExperimentConfig, graphdef, tokenizer, rewards: rewards_lib.Rewards) -> Collector:

@@ -185,6 +185,9 @@ UPWARD_ALLOWED = {
     # `ExperimentConfig` resolves `algorithm.name` through the registry at load, so that a misspelt or
     # incompatible algorithm exits 2 before anything heavy (a lazy import inside `__post_init__`)
     ("jaxrl.config.experiment", "jaxrl.algorithms"),
+    # likewise `algorithm.objective.name` through the objectives' registry (and its params against the record's
+    # class), and the unset `agg_mode` resolved to the objective's reference aggregation
+    ("jaxrl.config.algorithm", "jaxrl.learner.objectives"),
 }
 
 

@@ -1,8 +1,8 @@
 """User code named in a config resolves through one helper (`jaxrl._imports.import_attr`, issue 26 item 4).
 
-The same file defines an environment class, a multi-agent system class, a reward function and an algorithm
-record; each registry accepts "path/file.py:attr" (and "package.module:attr") and fails with the same one-line
-shape, naming the config key.
+The same file defines an environment class, a multi-agent system class, a reward function, an algorithm
+record and a policy objective record; each registry accepts "path/file.py:attr" (and "package.module:attr")
+and fails with the same one-line shape, naming the config key.
 """
 
 from __future__ import annotations
@@ -43,6 +43,10 @@ def _adv(rewards_BR, weights_R, mask_BT, s):
 
 
 MY_ALGO = Algorithm("my_algo", _adv)
+
+from jaxrl.learner.objectives import PolicyObjective
+
+MY_OBJECTIVE = PolicyObjective("my_objective", lambda logp_BT, batch, m_BT, spec: (0.0 * logp_BT, {}))
 '''
 
 
@@ -65,6 +69,12 @@ def test_every_registry_takes_a_file_reference(user_file):
     name = f"{user_file}:MY_ALGO"
     assert resolve(name).name == "my_algo" and ALGORITHMS[name] is resolve(name)  # registered once
     del ALGORITHMS[name]
+    from jaxrl.learner import objectives
+
+    name = f"{user_file}:MY_OBJECTIVE"
+    record = objectives.resolve(name)
+    assert record.name == "my_objective" and objectives.OBJECTIVES[name] is record is objectives.resolve(name)
+    del objectives.OBJECTIVES[name]
 
 
 @pytest.mark.parametrize("call, where", [
@@ -74,6 +84,8 @@ def test_every_registry_takes_a_file_reference(user_file):
     (lambda ref: __import__("jaxrl.rewards", fromlist=["import_function"]).import_function(ref, "rewards[r]"),
      "rewards[r]"),
     (lambda ref: __import__("jaxrl.algorithms", fromlist=["resolve"]).resolve(ref), "algorithm.name"),
+    (lambda ref: __import__("jaxrl.learner.objectives", fromlist=["resolve"]).resolve(ref),
+     "algorithm.objective.name"),
 ])
 def test_the_same_one_line_failures_everywhere(call, where, user_file):
     w, f = re.escape(where), re.escape(str(user_file))

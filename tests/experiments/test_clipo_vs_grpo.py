@@ -67,7 +67,7 @@ def test_clipo_term_is_active_and_zero_lambda_is_grpo(tmp_path):
     # T = 0.5: this weak model's samples at T = 1 are all wrong, and CLIPO needs groups with successes
     kw = dict(data=data, init=init, eval_every=3, probes=probes, extra=["rollout.temperature=0.5"])
     grpo = exp.run_one("grpo", 0, 3, tmp_path / "grpo", **kw)
-    zero_kw = {**kw, "extra": [*kw["extra"], "algorithm.clipo.lam=0.0"]}
+    zero_kw = {**kw, "extra": [*kw["extra"], "algorithm.params.lam=0.0"]}
     zero = exp.run_one("clipo", 0, 3, tmp_path / "zero", **zero_kw)
     clipo = exp.run_one("clipo", 0, 3, tmp_path / "clipo", head_warmup=3, **kw)
     assert grpo["eval_steps"].tolist() == [0, 3] and grpo["acc"].shape == (2, 2)

@@ -32,7 +32,7 @@ def test_overrides_pick_the_mode():
         sets = exp.overrides(method, 0, 2, budget=4, tau=0.8, sft_steps=0)
         cfg = load_config("configs/quickstart.yaml", sets)
         assert cfg.algorithm.name == name
-        assert cfg.algorithm.gd2po.mode.value == mode
+        assert cfg.algorithm.params == ({"mode": mode, "tau": 0.8} if name == "gd2po" else {})
         assert [r.name for r in cfg.rewards] == ["answer", "length"]
 
 

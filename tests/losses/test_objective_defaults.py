@@ -35,8 +35,13 @@ def test_explicit_agg_mode_wins_and_reaches_the_loss_spec():
 
 def test_cispo_and_mismatch_defaults():
     cfg = load_config(None, ["algorithm.objective.name=cispo", "algorithm.mismatch.mode=mis"])
-    o, m = cfg.algorithm.objective, cfg.algorithm.mismatch
-    assert (o.cispo_w_max, o.cispo_w_min) == (1.2, None)  # MiniMax-M1's one-sided form, verl example's cap
+    from jaxrl.algorithms import ALGORITHMS
+    from jaxrl.rl.setup import algo_settings, loss_spec
+
+    m = cfg.algorithm.mismatch
+    spec = loss_spec(cfg, ALGORITHMS[cfg.algorithm.name], algo_settings(cfg))
+    # MiniMax-M1's one-sided form, verl example's cap
+    assert spec.objective == "cispo" and dict(spec.objective_kwargs) == {"w_max": 1.2, "w_min": None}
     assert m.reject.value == "mask"
     cfg = load_config(None, ["algorithm.mismatch.mode=mis", "algorithm.mismatch.reject=zero_weight"])
     assert cfg.algorithm.mismatch.reject.value == "zero_weight"

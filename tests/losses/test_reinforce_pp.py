@@ -157,7 +157,7 @@ class JitTest(parameterized.TestCase):
 
 
 def test_registered_as_algorithms():
-    from jaxrl.algorithms import ALGORITHMS, ESTIMATOR_ONLY, AlgoSettings
+    from jaxrl.algorithms import ALGORITHMS, ESTIMATOR_ONLY, AlgoSettings, ReinforcePPParams
     from jaxrl.config import AlgorithmConfig, load_config
     from jaxrl.errors import ConfigError
 
@@ -166,7 +166,8 @@ def test_registered_as_algorithms():
     weights_R = np.array([1.0, 0.5], np.float32)
     mask = _prefix_mask(rng.integers(1, 6, size=8), 6)
     section = AlgorithmConfig(name="reinforce_pp")
-    s = AlgoSettings(group_size=4, eps=1e-6, clip_low=0.2, clip_high=0.28, section=section)
+    s = AlgoSettings(group_size=4, eps=1e-6, clip_low=0.2, clip_high=0.28, section=section,
+                     params=ReinforcePPParams())
     r_B = jnp.asarray(rewards_BR @ weights_R)
     out = ALGORITHMS["reinforce_pp"].advantages(rewards_BR, weights_R, mask, s)
     expected = reinforce_pp_advantages(r_B, jnp.asarray(mask))
@@ -176,7 +177,7 @@ def test_registered_as_algorithms():
     np.testing.assert_allclose(out.adv_BT, reinforce_pp_baseline_advantages(r_B, 4, jnp.asarray(mask)),
                                rtol=1e-5, atol=1e-6)
     assert {"reinforce_pp", "reinforce_pp_baseline"} <= set(ESTIMATOR_ONLY)
-    cfg = load_config(None, ["algorithm.name=reinforce_pp", "algorithm.reinforce_pp.gamma=0.9"])
-    assert cfg.algorithm.reinforce_pp.gamma == 0.9
-    with pytest.raises(ConfigError, match="algorithm.reinforce_pp.gamma"):
-        load_config(None, ["algorithm.name=reinforce_pp", "algorithm.reinforce_pp.gamma=1.5"])
+    cfg = load_config(None, ["algorithm.name=reinforce_pp", "algorithm.params.gamma=0.9"])
+    assert cfg.algorithm.params == {"gamma": 0.9}
+    with pytest.raises(ConfigError, match="algorithm.params.gamma"):
+        load_config(None, ["algorithm.name=reinforce_pp", "algorithm.params.gamma=1.5"])

@@ -61,7 +61,7 @@ BASE = [
 CASES = {
     "ppo": ["algorithm.name=ppo", "train.steps=3", "algorithm.kl.beta=0.05", "algorithm.kl.where=reward",
             "logging.trackers=[mlflow]", "algorithm.ppo.lam=0.95", "algorithm.mini_batches=2"],
-    "dapo": ["algorithm.name=dapo", "algorithm.dapo.max_tries=2", "train.async.max_staleness=1"],
+    "dapo": ["algorithm.name=dapo", "algorithm.params.max_tries=2", "train.async.max_staleness=1"],
     "gdpo": ["algorithm.name=gdpo", "sft_warmup.steps=4", "sft_warmup.batch_size=8"],
     "clipo_lora": ["algorithm.name=clipo", "model.lora={rank: 4, alpha: 8}", "model.quantize=int8",
                    "algorithm.kl.beta=0.05", "optimizer.lr=5e-2"],
@@ -294,7 +294,7 @@ def test_sft_aux_expert_rows_fit_any_mesh(tmp_root):
     4 devices, so the trainer pads them with rows that train on nothing. The run on 2 processes x 2 devices
     follows the unpadded one-device run step by step: the padding (and the second host) changes no loss and no
     normaliser."""
-    overrides = ["algorithm.name=sft_aux", "algorithm.sft.lam=0.5", "data.prompts_per_step=2"]
+    overrides = ["algorithm.name=sft_aux", "algorithm.params.lam=0.5", "data.prompts_per_step=2"]
     dirs = {(p, d): tmp_root / f"sft-aux-{p}x{d}" for p, d in ((1, 1), (2, 2))}  # side by side
     procs = {key: launch(d, overrides, processes=key[0], devices=key[1]) for key, d in dirs.items()}
     runs = {}

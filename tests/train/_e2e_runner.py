@@ -26,14 +26,14 @@ CASES: dict[str, tuple[str, ...]] = {
     "grpo": ("algorithm.name=grpo",),
     "dr_grpo": ("algorithm.name=dr_grpo", "algorithm.agg_mode=seq-mean-token-sum-norm"),
     # Only the length reward: a group whose 4 completions all hit max_new_tokens is degenerate and resampled.
-    "dapo": ("algorithm.name=dapo", "algorithm.clip.high=0.28", "algorithm.dapo.max_tries=3",
+    "dapo": ("algorithm.name=dapo", "algorithm.clip.high=0.28", "algorithm.params.max_tries=3",
              "rewards=[{name: short, type: function, function: '_train_rewards:short'}]", "train.steps=3"),
     "rloo": ("algorithm.name=rloo", "sft_warmup.steps=3", "sft_warmup.batch_size=4"),  # + a warm start
     "gdpo": ("algorithm.name=gdpo",),
     "gd2po": ("algorithm.name=gd2po",),
-    "etr": ("algorithm.name=etr", "algorithm.etr.alpha=0.5", "algorithm.etr.beta=0.5"),
+    "etr": ("algorithm.name=etr", "algorithm.params.alpha=0.5", "algorithm.params.beta=0.5"),
     "clipo": ("algorithm.name=clipo",),
-    "sft_aux": ("algorithm.name=sft_aux", "algorithm.sft.lam=0.5"),
+    "sft_aux": ("algorithm.name=sft_aux", "algorithm.params.lam=0.5"),
     "kl_loss": ("algorithm.name=grpo", "algorithm.kl.beta=0.1", "algorithm.kl.where=loss"),
     "kl_reward": ("algorithm.name=grpo", "algorithm.kl.beta=0.1", "algorithm.kl.where=reward"),
     "ppo": ("algorithm.name=grpo", "algorithm.ppo_epochs=2", "algorithm.mini_batches=2"),

@@ -15,8 +15,8 @@ import optax
 import pytest
 from flax import nnx
 
-from jaxrl.algorithms import ALGORITHMS, AlgoSettings
-from jaxrl.config import AlgorithmConfig, ETRSection
+from jaxrl.algorithms import ALGORITHMS, AlgoSettings, ETRParams
+from jaxrl.config import AlgorithmConfig
 from jaxrl.models import Transformer, TransformerConfig
 from jaxrl.learner.train_step import LossSpec, TrainBatch, TrainState, loss_and_grad, train_step
 
@@ -123,8 +123,8 @@ def test_etr_with_zero_elasticity_is_grpo_bit_for_bit(model_parts):
     weights_R = np.asarray([1.0, 0.5], np.float32)
     batch = _batch(2)
     mask_BT = np.asarray(batch.completion_mask_BT)
-    section = AlgorithmConfig(etr=ETRSection(alpha=0.0, beta=0.0, adv_max=3.0))
-    spec = AlgoSettings(group_size=4, eps=1e-6, clip_low=0.2, clip_high=0.28, section=section)
+    spec = AlgoSettings(group_size=4, eps=1e-6, clip_low=0.2, clip_high=0.28, section=AlgorithmConfig(),
+                        params=ETRParams(alpha=0.0, beta=0.0, adv_max=3.0))
     grpo = ALGORITHMS["grpo"].advantages(rewards_BR, weights_R, mask_BT, spec)
     etr = ALGORITHMS["etr"].advantages(rewards_BR, weights_R, mask_BT, spec)
     assert np.array_equal(etr.adv_BT, grpo.adv_BT)

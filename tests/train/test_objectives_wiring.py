@@ -1,8 +1,9 @@
 """The train step's policy objectives and mismatch weights are the library's per-token functions, aggregated once.
 
-For each objective in `train_step.OBJECTIVES`, the step's loss equals `aggregate(objective_BT)` computed here
-from the library function on the same log-probs (float32, tiny model, one device); importance weights of the
-mismatch correction scale the policy term token by token.
+For each built-in objective (`jaxrl.learner.objectives.OBJECTIVES`), the step's loss equals
+`aggregate(objective_BT)` computed here from the library function on the same log-probs (float32, tiny model,
+one device); importance weights of the mismatch correction scale the policy term token by token; a user's
+objective record with a parameter reaches the loss.
 
 Compiling dominates on the tiny model, so every step loss of the file is computed in one jitted program
 (`step_losses`; its gradients are not returned, so XLA drops the backward pass) and every library reference in
@@ -12,6 +13,7 @@ another (`expected`), instead of two programs per test.
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -21,7 +23,8 @@ from flax import nnx
 
 from jaxrl import losses
 from jaxrl.models import Transformer, TransformerConfig
-from jaxrl.learner.train_step import LossSpec, OBJECTIVES, TrainBatch, loss_and_grad, token_logprobs
+from jaxrl.learner.objectives import OBJECTIVES
+from jaxrl.learner.train_step import LossSpec, TrainBatch, loss_and_grad, token_logprobs
 
 B, W, T = 4, 3, 5
 
@@ -65,6 +68,7 @@ def batch_logp(parts):
     return batch, logp
 
 
+# the built-in objectives (user records registered by other tests in this process are not these tests')
 KWARGS = {"ppo_clip": {}, "gspo": {"clip_low": 3e-4, "clip_high": 4e-4},
           "gspo_token": {"clip_low": 3e-4, "clip_high": 4e-4}, "cispo": {"w_max": 1.28, "w_min": None},
           "sapo": {"tau_pos": 1.0, "tau_neg": 1.05}}
@@ -87,7 +91,7 @@ def step_losses(parts, batch_logp, weights_BT):
     @jax.jit
     def run(params, batch, w_BT):
         out = {name: loss_and_grad(params, graphdef, batch, LossSpec(
-            objective=name, objective_kwargs=tuple(sorted(KWARGS[name].items())))) for name in OBJECTIVES}
+            objective=name, objective_kwargs=tuple(sorted(KWARGS[name].items())))) for name in KWARGS}
         out[UNWEIGHTED] = loss_and_grad(params, graphdef, batch, LossSpec())
         out[WEIGHTED] = loss_and_grad(params, graphdef, batch.replace(is_weight_BT=w_BT), LossSpec())
         return {name: (loss, metrics["pg/loss"]) for name, (loss, _, metrics) in out.items()}
@@ -117,16 +121,17 @@ def expected(batch_logp, weights_BT):
     def reference(logp, batch, w_BT):
         m_BT = batch.completion_mask_BT
         out = {name: losses.aggregate(_library_objective_BT(name, logp, batch), m_BT, "token-mean")
-               for name in OBJECTIVES}
+               for name in KWARGS}
         out[WEIGHTED] = losses.aggregate(_library_objective_BT("ppo_clip", logp, batch) * w_BT, m_BT, "token-mean")
         return out
 
     return jax.device_get(reference(logp, batch, weights_BT))
 
 
-@pytest.mark.parametrize("name", sorted(OBJECTIVES))
+@pytest.mark.parametrize("name", sorted(KWARGS))
 def test_step_loss_is_the_library_objective_aggregated(step_losses, expected, name):
     loss, pg_loss = step_losses[name]
+    assert OBJECTIVES[name].name == name  # a registered built-in
     assert abs(float(expected[name])) > 1e-4  # not trivially zero
     np.testing.assert_allclose(float(loss), float(expected[name]), rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(float(pg_loss), float(expected[name]), rtol=1e-5, atol=1e-7)
@@ -137,3 +142,22 @@ def test_importance_weights_scale_the_policy_term_per_token(step_losses, expecte
     weighted, _ = step_losses[WEIGHTED]
     np.testing.assert_allclose(float(weighted), float(expected[WEIGHTED]), rtol=1e-5, atol=1e-7)
     assert abs(float(weighted) - float(plain)) > 1e-5
+
+
+def test_a_user_objective_and_its_parameter_reach_the_step_loss(parts, batch_logp, step_losses):
+    """`algorithm.objective.name` naming a record in a test file (`test_toy_algorithm.py:TOY_SCALED`: PPO's
+    clip times `scale`), its `params` checked at load: the step's loss is `scale` times ppo_clip's."""
+    from jaxrl.algorithms import ALGORITHMS
+    from jaxrl.config import load_config
+    from jaxrl.rl.setup import algo_settings, loss_spec
+
+    graphdef, params = parts
+    batch, _ = batch_logp
+    toy = f"{Path(__file__).resolve().parent / 'test_toy_algorithm.py'}:TOY_SCALED"
+    cfg = load_config(None, [f"algorithm.objective.name={toy}", "algorithm.objective.params.scale=3",
+                             "algorithm.agg_mode=token-mean"])
+    spec = loss_spec(cfg, ALGORITHMS[cfg.algorithm.name], algo_settings(cfg))
+    assert (spec.objective, spec.objective_kwargs) == (toy, (("scale", 3.0),))
+    loss, _, _ = jax.jit(lambda p, b: loss_and_grad(p, graphdef, b, LossSpec(
+        objective=spec.objective, objective_kwargs=spec.objective_kwargs)))(params, batch)
+    np.testing.assert_allclose(float(loss), 3 * float(step_losses["ppo_clip"][0]), rtol=1e-5)

@@ -3,10 +3,13 @@ normalised separately, each with its own group size, and never together (spec/mu
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
-from jaxrl.algorithms import ALGORITHMS, AlgoSettings, segment_advantages, zero_std_group_frac
+from jaxrl.algorithms import (ALGORITHMS, AlgoSettings, ETRParams, GDPOParams, segment_advantages,
+                              zero_std_group_frac)
 from jaxrl.config import AlgorithmConfig
 from jaxrl.errors import ConfigError
 from jaxrl.rl.setup import _check_role_groups
@@ -46,15 +49,16 @@ def test_batch_statistics_stay_inside_a_segment():
     r_BR, w_R, mask_BT, _, _ = rollout(1)
     r_BR, mask_BT = r_BR[:9], mask_BT[:9]
     seg_B, sizes = np.asarray([0] * 3 + [1] * 6, np.int32), (3, 3)  # role 0: 1 group, role 1: 2 groups of 3
+    gdpo_settings = dataclasses.replace(SETTINGS, params=GDPOParams())
     gdpo = ALGORITHMS["gdpo"].advantages
-    adv = segment_advantages(gdpo, r_BR, w_R, mask_BT, SETTINGS, seg_B, sizes)
-    alone = gdpo(r_BR[3:], w_R, mask_BT[3:], SETTINGS)
+    adv = segment_advantages(gdpo, r_BR, w_R, mask_BT, gdpo_settings, seg_B, sizes)
+    alone = gdpo(r_BR[3:], w_R, mask_BT[3:], gdpo_settings)
     np.testing.assert_allclose(adv.adv_BT[3:], alone.adv_BT, rtol=1e-6, atol=1e-7)
     shifted = r_BR.copy()
     shifted[:3] = r_BR[0]  # role 0 without spread: its normalised rewards become 0
-    adv2 = segment_advantages(gdpo, shifted, w_R, mask_BT, SETTINGS, seg_B, sizes)
+    adv2 = segment_advantages(gdpo, shifted, w_R, mask_BT, gdpo_settings, seg_B, sizes)
     np.testing.assert_allclose(adv2.adv_BT[3:], adv.adv_BT[3:], rtol=1e-6, atol=1e-7)
-    joint, joint2 = gdpo(r_BR, w_R, mask_BT, SETTINGS), gdpo(shifted, w_R, mask_BT, SETTINGS)
+    joint, joint2 = gdpo(r_BR, w_R, mask_BT, gdpo_settings), gdpo(shifted, w_R, mask_BT, gdpo_settings)
     assert not np.allclose(joint.adv_BT[3:], joint2.adv_BT[3:], atol=1e-3)  # mixing roles would show
 
 
@@ -72,8 +76,9 @@ def test_no_segments_is_the_plain_estimator():
     r_BR, w_R, mask_BT, _, _ = rollout(3)
     r_BR, mask_BT = r_BR[:9], mask_BT[:9]
     fn = ALGORITHMS["etr"].advantages
-    a = segment_advantages(fn, r_BR, w_R, mask_BT, SETTINGS, None, ())
-    b = fn(r_BR, w_R, mask_BT, SETTINGS)
+    etr = dataclasses.replace(SETTINGS, params=ETRParams())
+    a = segment_advantages(fn, r_BR, w_R, mask_BT, etr, None, ())
+    b = fn(r_BR, w_R, mask_BT, etr)
     np.testing.assert_array_equal(a.adv_BT, b.adv_BT)
     np.testing.assert_array_equal(a.clip_low_B, b.clip_low_B)
 

@@ -46,6 +46,29 @@ from jaxrl.algorithms import Algorithm  # noqa: E402 -- after the function the r
 TOY_SIGN = Algorithm("toy_sign", toy_sign_advantages, params=ToyParams)
 
 
+@dataclasses.dataclass(frozen=True)
+class ScaleParams:
+    """`algorithm.objective.params` of the toy objective."""
+
+    scale: float = 1.0
+
+
+def scaled_clip(logp_BT, batch, m_BT, spec, *, scale):
+    """A policy objective of one's own: PPO's clipped objective times `scale`."""
+    from jaxrl import losses
+
+    loss_BT, metrics = losses.clipped_objective(logp_BT, batch.old_logp_BT, batch.adv_BT, m_BT,
+                                                clip_low=batch.clip_low_B, clip_high=batch.clip_high_B)
+    return scale * loss_BT, metrics
+
+
+from jaxrl.learner.objectives import PolicyObjective  # noqa: E402
+
+# `algorithm.objective.name: <this file>:TOY_SCALED`, its hyper-parameter under `algorithm.objective.params`
+# (tests/train/test_objectives_wiring.py shows the scale reaching the step's loss)
+TOY_SCALED = PolicyObjective("toy_scaled", scaled_clip, params=ScaleParams)
+
+
 def _train(run_dir, name: str, *overrides: str) -> subprocess.CompletedProcess:
     args = [a for o in (*BASE, f"algorithm.name={name}", *overrides) for a in ("--set", o)]
     return subprocess.run([sys.executable, "-m", "jaxrl.cli", "train", *args, "--run-dir", str(run_dir)],
@@ -57,8 +80,10 @@ def test_a_toy_algorithm_defined_here_trains_two_steps(tmp_path):
     library registers the record at config load (`jaxrl.algorithms.resolve`), and its hyper-parameter reaches
     the advantage function: with margin -10 every sample beats its group's mean by more than the margin
     (rewards are in [0, 1]), so the positive share is exactly 1, which no margin >= 0 can give (a group's
-    samples cannot all exceed their own mean)."""
-    proc = _train(tmp_path / "run", f"{Path(__file__).resolve()}:TOY_SIGN", "algorithm.params.margin=-10")
+    samples cannot all exceed their own mean). The run's policy objective is this file's too."""
+    here = Path(__file__).resolve()
+    proc = _train(tmp_path / "run", f"{here}:TOY_SIGN", "algorithm.params.margin=-10",
+                  f"algorithm.objective.name={here}:TOY_SCALED", "algorithm.objective.params.scale=2")
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = metrics(tmp_path / "run")
     assert [r["step"] for r in rows] == [1, 2]
@@ -98,6 +123,15 @@ def test_algorithm_params_are_checked_against_the_records_class_at_load():
         load_config(None, [f"algorithm.name={toy}", "algorithm.params.margin=wide"])
     with pytest.raises(ConfigError, match=r"algorithm.params of 'toy_sign': margin must be < 1000, got 5000.0"):
         load_config(None, [f"algorithm.name={toy}", "algorithm.params.margin=5000"])
-    with pytest.raises(ConfigError, match=r"algorithm.params=\{'margin': 1\}: algorithm 'grpo' declares no "
+    with pytest.raises(ConfigError, match=r"algorithm.params=\{'margin': 1\}: 'grpo' declares no "
                                           r"parameters"):
         load_config(None, ["algorithm.name=grpo", "algorithm.params.margin=1"])
+    with pytest.raises(ConfigError, match=r"algorithm.objective.params.scale='x': expected float, got str"):
+        load_config(None, [f"algorithm.objective.name={Path(__file__).resolve()}:TOY_SCALED",
+                           "algorithm.objective.params.scale=x"])
+    with pytest.raises(ConfigError, match=r"unknown key 'algorithm.objective.params.w_max' \(valid keys of "
+                                          r"algorithm.objective.params: clip_low, clip_high\)"):
+        load_config(None, ["algorithm.objective.name=gspo", "algorithm.objective.params.w_max=2"])  # cispo's
+    with pytest.raises(ConfigError, match=r"'algorithm.objective.gspo_low' has moved: write "
+                                          r"'algorithm.objective.params.clip_low' instead"):
+        load_config(None, ["algorithm.objective.gspo_low=0.1"])

@@ -87,9 +87,9 @@ def test_full_file_round_trip_of_all_defaults(tmp_path):
         ("algorithm.name=grpoo", "algorithm.name='grpoo': allowed values are 'grpo'"),
         ("algorithm.agg_mode=mean", "algorithm.agg_mode='mean': allowed values are 'token-mean'"),
         ("algorithm.kl.kind=k4", "algorithm.kl.kind='k4': allowed values are 'k1'"),
-        ("algorithm.etr_alpha=0.5", "'algorithm.etr_alpha' has moved: write 'algorithm.etr.alpha' instead"),
-        ("algorithm.clipo_tau=0.1", "'algorithm.clipo_tau' has moved: write 'algorithm.clipo.tau' instead"),
-        ("algorithm.etr.alpah=1", "unknown key 'algorithm.etr.alpah'; did you mean 'algorithm.etr.alpha'?"),
+        ("algorithm.etr_alpha=0.5", "'algorithm.etr_alpha' has moved: write 'algorithm.params.alpha' instead"),
+        ("algorithm.clipo_tau=0.1", "'algorithm.clipo_tau' has moved: write 'algorithm.params.tau' instead"),
+        ("algorithm.etr.alpha=1", "'algorithm.etr' has moved: write 'algorithm.params' instead"),
         ("rollout.prompt_buckets=[64, 32]", "rollout.prompt_buckets=[64, 32]: must be strictly increasing"),
         ("mesh.tensor=2", "mesh.tensor=2 but mesh.rules='fsdp'"),
         ("rewards.nosuch.weight=1", "no list entry 'nosuch'"),
@@ -114,6 +114,51 @@ def test_errors_name_the_key(override, message):
         load_config(None, [override])
     text = str(e.value)
     assert message in text and "\n" not in text
+
+
+OLD_LAYOUT = """
+  etr: {alpha: 0.0, beta: 0.0, adv_max: 3.0}
+  gdpo: {batch_norm: sample}
+  gd2po: {mode: hard, tau: 0.2, eps_snr: 1.0e-06}
+  clipo: {tau: 0.05, lam: 0.2, head_dim: 512, lr: 0.001, warmup_steps: 0}
+  dapo: {max_tries: 8, filter_rewards: []}
+  sft: {lam: 0.1}
+  reinforce_pp: {gamma: 1.0}
+"""  # every method's section, as the resolved config.yaml of a run before `algorithm.params` holds them
+
+
+def test_a_run_config_of_the_earlier_layout_loads_and_its_changed_sections_are_refused(tmp_path):
+    """A config.yaml written before the methods' parameters moved to `algorithm.params` (`jaxrl eval
+    --checkpoint` reads it) loads as the same config when its method sections hold their old defaults; a
+    section that set something is refused with its new place."""
+    cfg = load_config(None)
+    text = dump_config(cfg)
+    old = text.replace("algorithm:\n", "algorithm:" + OLD_LAYOUT, 1).replace(
+        "    name: ppo_clip\n    params: {}\n", "    name: ppo_clip\n    gspo_low: 0.0003\n    cispo_w_min: null\n")
+    assert old.count("etr:") == 1 and "gspo_low" in old  # the old sections are there
+    (tmp_path / "old.yaml").write_text(old)
+    assert load_config(tmp_path / "old.yaml") == cfg
+    (tmp_path / "set.yaml").write_text(old.replace("sft: {lam: 0.1}", "sft: {lam: 0.5}"))
+    with pytest.raises(ConfigError, match=r"^'algorithm.sft' has moved: write 'algorithm.params' instead$"):
+        load_config(tmp_path / "set.yaml")
+    (tmp_path / "obj.yaml").write_text(old.replace("gspo_low: 0.0003", "gspo_low: 0.001"))
+    with pytest.raises(ConfigError, match=r"'algorithm.objective.gspo_low' has moved: write "
+                                          r"'algorithm.objective.params.clip_low' instead"):
+        load_config(tmp_path / "obj.yaml")
+
+
+def test_a_methods_parameters_are_its_records_and_refused_for_another():
+    """`algorithm.params` is checked against the selected record's class (`jaxrl.algorithms.ETRParams`): a
+    misspelt key names the nearest one, a parameter of another method is refused, the values are typed."""
+    cfg = load_config(None, ["algorithm.name=etr", "algorithm.params.alpha=0.5", "algorithm.params.adv_max=2"])
+    assert cfg.algorithm.params == {"alpha": 0.5, "adv_max": 2}
+    with pytest.raises(ConfigError, match=r"unknown key 'algorithm.params.alpah'; did you mean 'algorithm.params."
+                                          r"alpha'\? \(valid keys of algorithm.params: alpha, beta, adv_max\)"):
+        load_config(None, ["algorithm.name=etr", "algorithm.params.alpah=1"])
+    with pytest.raises(ConfigError, match=r"unknown key 'algorithm.params.max_tries'"):
+        load_config(None, ["algorithm.name=etr", "algorithm.params.max_tries=3"])  # dapo's, not etr's
+    with pytest.raises(ConfigError, match=r"algorithm.params.alpha=-1.0: must be >= 0"):
+        load_config(None, ["algorithm.name=etr", "algorithm.params.alpha=-1"])
 
 
 def test_file_errors(tmp_path):
