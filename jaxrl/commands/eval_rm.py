@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
         name = f"synthetic_{bias}"
     else:
         records, name = data_lib.load_pairs(args.data), Path(args.data).stem  # before the model loads
-    from jaxrl.rewards.model_reward import load_scorer_model
+    from jaxrl.rewards.judges.model_reward import load_scorer_model
 
     model, tokenizer = load_scorer_model(args.checkpoint)
     report = evaluate_pairs(model, data_lib.encode_pairs(records, tokenizer, args.max_len), args.batch_size)

@@ -7,7 +7,7 @@ A text stand-in for EVPV-PRM's two judges (arXiv:2603.16253): the problem statem
 * `premise_audit(prompt, steps)`: step t depends on the premise when it quotes an operation "x op y"; a quoted
   operation whose operands are not the problem's (as a set) is a high-severity contradiction (the premise was
   misread), one with the problem's operands but another operator a low-severity one. Returns
-  (V as T booleans, n_high, n_low) for `jaxrl.rewards.evpv_gate.evpv_reward`.
+  (V as T booleans, n_high, n_low) for `jaxrl.rewards.judges.evpv_gate.evpv_reward`.
 """
 
 from __future__ import annotations

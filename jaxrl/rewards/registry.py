@@ -17,13 +17,13 @@ from typing import Any, Callable, Mapping, NamedTuple
 
 from jaxrl.rewards.answers import exact_answer, math_answer, require_math_verify
 from jaxrl.rewards.countdown import countdown
-from jaxrl.rewards.evpv_gate import AGGREGATOR_NAMES, PRM_DEFAULTS, evpv_reward
+from jaxrl.rewards.judges.evpv_gate import AGGREGATOR_NAMES, PRM_DEFAULTS, evpv_reward
 from jaxrl.rewards.gym import reasoning_gym_score
 from jaxrl.rewards.imports import import_function
-from jaxrl.rewards.local_judge import check_judge_spec
-from jaxrl.rewards.model_reward import model_reward
-from jaxrl.rewards.openrs_judge import pairwise_reward
-from jaxrl.rewards.proxy_grm import proxy_grm_score
+from jaxrl.rewards.judges.local_judge import check_judge_spec
+from jaxrl.rewards.judges.model_reward import model_reward
+from jaxrl.rewards.judges.openrs_judge import pairwise_reward
+from jaxrl.rewards.judges.proxy_grm import proxy_grm_score
 from jaxrl.rewards.shaping import format_reward, length_penalty, overlong_penalty
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from jaxrl.cli import main
-from jaxrl.rewards.model_reward import model_reward, pairwise_reward
+from jaxrl.rewards.judges.model_reward import model_reward, pairwise_reward
 
 
 def test_unknown_key_exits_2(capsys):

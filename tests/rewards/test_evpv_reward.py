@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-import jaxrl.rewards.model_reward
+import jaxrl.rewards.judges.model_reward
 from jaxrl.config import RewardSpec
 from jaxrl.errors import ConfigError
 from jaxrl.models import TransformerConfig
@@ -57,7 +57,7 @@ def test_reward_model_scores_every_step_prefix_in_one_call(monkeypatch, tmp_path
         calls.append((list(prompts), list(completions), max_len))
         return [None if "bad" in c else (1.0 if c.endswith("ok") else -1.0) for c in completions]
 
-    monkeypatch.setattr(jaxrl.rewards.model_reward, "model_reward", fake_model_reward)
+    monkeypatch.setattr(jaxrl.rewards.judges.model_reward, "model_reward", fake_model_reward)
     got, info = _evpv(["1 ok\n2 no\n3 ok", "bad", "x ok"], ["p0", "p1", "p2"],
                       prm={"checkpoint": str(tmp_path), "threshold": 0.5, "max_len": 7})
     prefixes = ["1 ok", "1 ok\n2 no", "1 ok\n2 no\n3 ok", "bad", "x ok"]
@@ -96,7 +96,7 @@ def test_a_real_reward_model_as_prm(tmp_path):
     cfg = TransformerConfig.tiny(vocab_size=len(tok), num_layers=1, pad_token_id=tok.pad_token_id)
     rm = str(save_reward_model(RewardModel(cfg, rngs=nnx.Rngs(0)), tmp_path / "rm", tokenizer=tok))
     prefixes = ["1 + 1 = 2", "1 + 1 = 2\nso 2", "1 + 1 = 2\nso 2\n<answer>2</answer>", "7"]
-    scores = jaxrl.rewards.model_reward.model_reward(["What is 1 + 1?"] * 4, prefixes, checkpoint=rm)
+    scores = jaxrl.rewards.judges.model_reward.model_reward(["What is 1 + 1?"] * 4, prefixes, checkpoint=rm)
     threshold = float(sorted(scores)[1])          # two prefixes above it, two at or below
     r = [1.0 if s > threshold else -1.0 for s in scores]
     got, info = _evpv([prefixes[2], prefixes[3]], ["What is 1 + 1?"] * 2,

@@ -129,7 +129,7 @@ def test_a_judged_group_still_scores_beside_a_failed_one():
 
 
 def test_a_proxy_judge_that_never_answers_fails_the_samples():
-    from jaxrl.rewards.proxy_grm import proxy_grm_score
+    from jaxrl.rewards.judges.proxy_grm import proxy_grm_score
 
     spec = RewardSpec(name="grm", type="proxy_grm", params={"proxy": f"{__name__}:_proxy_raises"})
     fields = {"answer": ["1", "2"], "question": ["q", "q"], "response_1": ["a", "a"],
@@ -156,7 +156,7 @@ def test_a_proxy_judge_that_never_answers_fails_the_samples():
 def test_nan_scores_of_a_reward_model_fail_their_samples(monkeypatch, tmp_path):
     import jax.numpy as jnp
 
-    from jaxrl.rewards import model_reward as mr
+    from jaxrl.rewards.judges import model_reward as mr
     from jaxrl.io.tokenizer import builtin_tokenizer
 
     tok = builtin_tokenizer()

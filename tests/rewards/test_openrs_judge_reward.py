@@ -13,8 +13,8 @@ from jaxrl.config import RewardSpec
 from jaxrl.errors import ConfigError
 from jaxrl.models import Transformer, TransformerConfig
 from jaxrl.rewards import resolve, score
-from jaxrl.rewards.local_judge import generate_texts
-from jaxrl.rewards.openrs_judge import fill, judgement_score, parse_judgement
+from jaxrl.rewards.judges.local_judge import generate_texts
+from jaxrl.rewards.judges.openrs_judge import fill, judgement_score, parse_judgement
 from jaxrl.io.tokenizer import builtin_tokenizer
 
 TEMPLATE = "Q:{query}\nA:{response_a}\nB:{response_b}\nJSON:"

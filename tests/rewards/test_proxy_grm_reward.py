@@ -7,7 +7,7 @@ import pytest
 from jaxrl.config import RewardSpec
 from jaxrl.errors import ConfigError
 from jaxrl.rewards import resolve, score
-from jaxrl.rewards.proxy_grm import extract_rubric, format_ok
+from jaxrl.rewards.judges.proxy_grm import extract_rubric, format_ok
 
 COMPLETIONS = [
     "<rubric>Check the sum.</rubric><eval>R1 is right</eval><answer>1</answer>",      # acc +1, fmt 1

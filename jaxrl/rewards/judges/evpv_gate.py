@@ -12,7 +12,7 @@ dropped, at most `max_steps`). Per completion with steps t = 1..T::
     R            = aggregator(r̃)
 
 `prm` is a function `prm(prompt, steps) -> list of T step rewards`, or `{checkpoint: PATH, threshold: 0.0,
-batch_size: 32, max_len: 1024}`: a `type: model` reward model (`jaxrl.rewards.model_reward.model_reward`)
+batch_size: 32, max_len: 1024}`: a `type: model` reward model (`jaxrl.rewards.judges.model_reward.model_reward`)
 scoring every step prefix (prompt, steps[:t] joined by the separator), all prefixes of a batch in one call,
 with r_t = +1 if the score > threshold else −1; a prefix longer than max_len fails its sample (None, the
 reward's on_error). `premise` is a function `premise(prompt, steps) -> (V as T booleans, n_h, n_l)`;
@@ -49,7 +49,7 @@ def split_steps(completion: str, separator: str, max_steps: int) -> list[str]:
 
 def _model_step_rewards(spec: Mapping[str, Any], prompts: Sequence[str], steps: Sequence[list[str]],
                         separator: str) -> list[list[float] | None]:
-    from jaxrl.rewards.model_reward import model_reward
+    from jaxrl.rewards.judges.model_reward import model_reward
 
     cfg = {k: spec.get(k, d) for k, d in PRM_DEFAULTS.items()}
     owner, texts, rows = [], [], []

@@ -4,7 +4,7 @@ OpenRS (arXiv:2602.14069; reference Qwen-Applications/OpenRS, `tools.py::parse_j
 `tools.py::parse_pair_score`, `evaluator.py::evaluate_pair`). Within each group of G completions of one prompt
 (rows contiguous) every ordered pair (i, j), i ≠ j, is judged with A = completion i and B = completion j, so
 each unordered pair is judged in both orders. With a judge *model* (`judge: {model: PATH, ...}` or `judge:
-{generate: "module:function"}`, see `jaxrl.rewards.local_judge`), all P·G·(G−1) rubric requests of a step are
+{generate: "module:function"}`, see `jaxrl.rewards.judges.local_judge`), all P·G·(G−1) rubric requests of a step are
 generated in batches; each reply is parsed and scored::
 
     the last ```json fenced block of the reply (else the last JSON object in it) → {"rubric_compares": [...]}
@@ -15,7 +15,7 @@ generated in batches; each reply is parsed and scored::
 A request that does not fit the judge's context (its reply is None) leaves that pair out of the means; the
 samples of a group with no judged pair fail (None: their `on_error`, counted by the reward-failure guard).
 With a judge *function* (`judge: "module:function"`, `judge(prompt, a, b) -> S`) the scores come from it
-instead (`jaxrl.rewards.model_reward.pairwise_reward`).
+instead (`jaxrl.rewards.judges.model_reward.pairwise_reward`).
 
 Deviations from the reference: the rubric request is this module's short English prompt (`RUBRIC_REQUEST`; the
 reference has 50+ Chinese category prompts), or the user's `prompt_template`; a reply with no fenced block
@@ -32,9 +32,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from jaxrl.rewards.local_judge import Generator, text_generator
-from jaxrl.rewards.model_reward import check_groups, group_win_rates
-from jaxrl.rewards.model_reward import pairwise_reward as function_pairwise_reward
+from jaxrl.rewards.judges.local_judge import Generator, text_generator
+from jaxrl.rewards.judges.model_reward import check_groups, group_win_rates
+from jaxrl.rewards.judges.model_reward import pairwise_reward as function_pairwise_reward
 
 RUBRIC_REQUEST = (
     "Compare two responses to the same user request. First write 3 to 8 evaluation criteria fitted to the "

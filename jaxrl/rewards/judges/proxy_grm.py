@@ -15,7 +15,7 @@ a question and two responses and writes `<rubric>…</rubric><eval>…</eval><an
     R       = jaxrl.losses.research.proxy_grm.proxy_grm_reward(r_acc, r_proxy, r_fmt, use_fb, use_proxy,
                                                                format_weight)
 
-The proxy is a judge spec (`jaxrl.rewards.local_judge`: `{model: PATH, ...}` or `{generate: "module:f"}`),
+The proxy is a judge spec (`jaxrl.rewards.judges.local_judge`: `{model: PATH, ...}` or `{generate: "module:f"}`),
 sent `PROXY_REQUEST` filled with the sample's fields `question`, `response_1`, `response_2` and the rubric,
 all requests of a step in one call; its pick is the reply's <answer> content, else its last "1"/"2" (as
 `proxy/proxy.py`). Or a function `proxy(question, response_1, response_2, rubric) -> reply text`, called per
@@ -36,8 +36,8 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from jaxrl.rewards.imports import import_function
-from jaxrl.rewards.local_judge import text_generator
-from jaxrl.rewards.openrs_judge import fill
+from jaxrl.rewards.judges.local_judge import text_generator
+from jaxrl.rewards.judges.openrs_judge import fill
 
 PROXY_REQUEST = (
     "You are a precise evaluation assistant. Read the question and the two responses, evaluate both strictly "
