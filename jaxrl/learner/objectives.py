@@ -43,12 +43,14 @@ class PolicyObjective:
       agg: its reference's aggregation, the default of `algorithm.agg_mode`.
       params: the dataclass of its hyper-parameters (every field with a default; the field names are `fn`'s
         keyword arguments), set under `algorithm.objective.params`; None: it takes none.
+      clip_frac_key: its metric of the share of clipped tokens, logged as `clip_frac` (None: it clips none).
     """
 
     name: str
     fn: Callable[..., tuple[Any, dict]]
     agg: AggMode = AggMode.TOKEN_MEAN
     params: type | None = None
+    clip_frac_key: str | None = "pg/clip_frac"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,8 +113,10 @@ OBJECTIVES: dict[str, PolicyObjective] = {
                             GSPOParams),
     "gspo_token": PolicyObjective("gspo_token", _wrap(losses.gspo_objective, token_level=True),
                                   AggMode.SEQ_MEAN_TOKEN_MEAN, GSPOParams),
-    "cispo": PolicyObjective("cispo", _wrap(losses.cispo_objective), AggMode.TOKEN_MEAN, CISPOParams),
-    "sapo": PolicyObjective("sapo", _wrap(losses.sapo_objective), AggMode.SEQ_MEAN_TOKEN_MEAN, SAPOParams),
+    "cispo": PolicyObjective("cispo", _wrap(losses.cispo_objective), AggMode.TOKEN_MEAN, CISPOParams,
+                             "cispo/clip_frac"),
+    "sapo": PolicyObjective("sapo", _wrap(losses.sapo_objective), AggMode.SEQ_MEAN_TOKEN_MEAN, SAPOParams,
+                            None),  # soft gates: nothing is clipped
 }
 
 

@@ -52,9 +52,10 @@ class MismatchSpec:
         return cls(m.mode.value, m.level.value, m.lower, m.upper, m.reject.value)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Run:
-    """Everything resolved once for a run: specs, host objects and jitted functions (no config)."""
+    """Everything resolved once for a run: specs, host objects and jitted functions (no config); frozen: a
+    plug-in keeps its own state, the run's choices do not change after setup."""
 
     run_dir: Path
     mesh: Any

@@ -20,6 +20,7 @@ from jaxrl.types import Rollout
 from jaxrl.runtime import step_time
 from jaxrl.algorithms import combined_reward, segment_advantages, zero_std_group_frac
 from jaxrl.rl.run import Run
+from jaxrl.learner.objectives import OBJECTIVES
 from jaxrl.learner.train_step import TrainState
 
 TIMING_PREFIX = "time/"
@@ -129,10 +130,9 @@ def rl_step(run: Run, state: TrainState, records, step: int, next_records=None):
     if "kl/loss" in metrics:  # a KL that was not measured is absent, not a flat 0
         metrics.setdefault("kl", metrics["kl/loss"])
     metrics.setdefault("entropy", metrics.get("entropy/mean", float("nan")))
-    for key in ("pg/clip_frac", "cispo/clip_frac"):  # the objective's clip fraction, when it has one
-        if key in metrics:
-            metrics.setdefault("clip_frac", metrics[key])
-            break
+    clip_key = OBJECTIVES[run.loss.objective].clip_frac_key  # the objective's clip fraction, when it has one
+    if clip_key in metrics:
+        metrics.setdefault("clip_frac", metrics[clip_key])
     metrics.update({f"{TIMING_PREFIX}{stage}": clock.seconds.get(stage, 0.0) for stage in step_time.STAGES})
     metrics.update(_throughput(run, ro, clock, group, run.update.ppo_epochs))
     return state, metrics, ro

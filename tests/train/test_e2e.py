@@ -51,6 +51,8 @@ def test_two_steps_train_and_log_finite_metrics(results, name):
         assert not bad, f"non-finite metrics {bad}"
         assert row["train/nonfinite"] == 0 and row["train/grad_norm"] > 0
         assert row["entropy"] > 0 and 0 <= row["clip_frac"] <= 1
+        # `clip_frac` is the objective's own clip metric (`PolicyObjective.clip_frac_key`)
+        assert row["clip_frac"] == row["cispo/clip_frac" if name == "cispo" else "pg/clip_frac"]
         # a KL that is not measured is not logged (no flat-zero curve); a measured one always is
         assert ("kl" in row) == name.startswith("kl_"), "kl logged without a reference, or missing with one"
     # two AdamW steps of lr 1e-2 move some parameter by about 2e-2
