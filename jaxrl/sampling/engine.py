@@ -134,16 +134,10 @@ def _rollout(
 
     def body(carry):
         t, logits_BV, cache, tokens_BT, logp_BT, done_B, length_B = carry
-        keys_B = None if greedy else filters.row_keys(key, t, rows_B)
-        tok_B = filters.choose_tokens(
-            logits_BV, keys_B, temperature, greedy=greedy, top_k=top_k, top_p=top_p_arg
-        )
-        logp_B = filters.sampled_logprobs(logits_BV, tok_B, temperature, greedy=greedy)
         active_B = ~done_B
-        tok_B = jnp.where(active_B, tok_B, pad_id)
-        tokens_BT = jax.lax.dynamic_update_slice(tokens_BT, tok_B[:, None], (0, t))
-        logp_BT = jax.lax.dynamic_update_slice(logp_BT, jnp.where(active_B, logp_B, 0.0)[:, None], (0, t))
-        length_B = length_B + active_B.astype(jnp.int32)
+        tok_B, tokens_BT, logp_BT, length_B = filters.emit_tokens(
+            logits_BV, key, t, rows_B, active_B, tokens_BT, logp_BT, length_B, temperature=temperature,
+            greedy=greedy, top_k=top_k, top_p=top_p_arg, pad_id=pad_id)
         done_B = done_B | (active_B & jnp.any(tok_B[:, None] == eos_E[None, :], axis=-1))
         step = model.forward(
             tok_B[:, None], (next_pos_B + t)[:, None], jnp.ones((rows, 1), bool), cache=cache, layers=layers

@@ -146,3 +146,26 @@ def sampled_logprobs(logits_BV: jax.Array, tok_B: jax.Array, temperature: jax.Ar
     chex.assert_rank([logits_BV, tok_B], [2, 1])
     z_BV = logits_BV if greedy else logits_BV / temperature
     return jnp.take_along_axis(jax.nn.log_softmax(z_BV, axis=-1), tok_B[:, None], axis=-1)[:, 0]
+
+
+def emit_tokens(logits_BV: jax.Array, key: jax.Array | None, t: jax.Array, rows_B: jax.Array, live_B: jax.Array,
+                tokens_BT: jax.Array, logp_BT: jax.Array, length_B: jax.Array, *, temperature, greedy: bool,
+                top_k: int | None, top_p, pad_id: int) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """One decode step's tokens, written at column `t` of the rows' buffers: every decode loop of the sampler
+    (`engine`, `multiturn`) emits its tokens here.
+
+    Each row's token is drawn from its own key (`row_keys(key, t, rows_B)`: global row ids, so a row's tokens
+    do not depend on the batch it sits in) or taken greedily; its log-prob is `sampled_logprobs`'. Rows that
+    are no longer live get `pad_id` and log-prob 0, and only the live rows' lengths grow.
+
+    Returns:
+      (tok_B, tokens_BT, logp_BT, length_B): the step's tokens (pad on rows not live) and the updated buffers.
+    """
+    chex.assert_rank([logits_BV, tokens_BT, logp_BT], 2)
+    keys_B = None if greedy else row_keys(key, t, rows_B)
+    tok_B = choose_tokens(logits_BV, keys_B, temperature, greedy=greedy, top_k=top_k, top_p=top_p)
+    logp_B = sampled_logprobs(logits_BV, tok_B, temperature, greedy=greedy)
+    tok_B = jnp.where(live_B, tok_B, pad_id)
+    tokens_BT = jax.lax.dynamic_update_slice(tokens_BT, tok_B[:, None], (0, t))
+    logp_BT = jax.lax.dynamic_update_slice(logp_BT, jnp.where(live_B, logp_B, 0.0)[:, None], (0, t))
+    return tok_B, tokens_BT, logp_BT, length_B + live_B.astype(jnp.int32)

@@ -142,15 +142,10 @@ def _turn(graphdef, state, cache, chunk_BW, chunk_mask_BW, key, rows_B, temperat
 
     def body(carry):
         t, logits_BV, cache, tokens_BT, logp_BT, done_B, length_B, hist_BK, stopped_B = carry
-        keys_B = None if greedy else filters.row_keys(key, t, rows_B)
-        tok_B = filters.choose_tokens(logits_BV, keys_B, temperature, greedy=greedy, top_k=top_k,
-                                      top_p=top_p_arg)
-        logp_B = filters.sampled_logprobs(logits_BV, tok_B, temperature, greedy=greedy)
         live_B = ~done_B
-        tok_B = jnp.where(live_B, tok_B, pad_id)
-        tokens_BT = jax.lax.dynamic_update_slice(tokens_BT, tok_B[:, None], (0, t))
-        logp_BT = jax.lax.dynamic_update_slice(logp_BT, jnp.where(live_B, logp_B, 0.0)[:, None], (0, t))
-        length_B = length_B + live_B.astype(jnp.int32)
+        tok_B, tokens_BT, logp_BT, length_B = filters.emit_tokens(
+            logits_BV, key, t, rows_B, live_B, tokens_BT, logp_BT, length_B, temperature=temperature,
+            greedy=greedy, top_k=top_k, top_p=top_p_arg, pad_id=pad_id)
         hist_BK = jnp.concatenate([hist_BK[:, 1:], tok_B[:, None]], axis=1)
         stop_hit_B = jnp.any(jnp.all((stop_SK[None] == -1) | (hist_BK[:, None, :] == stop_SK[None]), -1), -1)
         hit_B = live_B & (jnp.any(tok_B[:, None] == eos_E[None, :], axis=-1) | stop_hit_B)
