@@ -25,7 +25,7 @@ from typing import Any, Mapping, Sequence
 from jaxrl.data.entities import _ROOMS as CODES
 from jaxrl.data.entities import FIELD_NAMES, build_world
 from jaxrl.envs.base import Action, StepResult, encode_text, prompt_ids
-from jaxrl.envs.search import _ANSWER, _unit, exact_match
+from jaxrl.envs.search import _unit, end_or_calls
 from jaxrl.envs.tools import find_calls
 from jaxrl.errors import EnvError
 
@@ -88,13 +88,9 @@ class FieldsEnv:
         return prompt_ids(self.tokenizer, [{"role": "user", "content": user}])
 
     def step(self, action: Action) -> StepResult:
-        answers = _ANSWER.findall(action.text)
-        if answers:
-            ok = exact_match(answers[-1], self.answers)
-            return StepResult([], float(ok), True, {"answer": answers[-1].strip(), "correct": ok})
-        calls = find_calls(action.text, (TOOL,))[:1]
-        if action.eos or not calls:
-            return StepResult([], 0.0, True, {"answer": None, "correct": False})
+        calls = end_or_calls(action, self.answers, (TOOL,), 1)
+        if isinstance(calls, StepResult):  # answered, or no call: the episode ends
+            return calls
         field = calls[0][1].strip()
         ok = field in self.fields
         out = f"{field}: {self.person[field]}" if ok else "error: unknown field"  # never echo a bad argument

@@ -38,6 +38,21 @@ def normalize_answer(text: str) -> str:
     return " ".join(_ARTICLES.sub(" ", text).split())
 
 
+def end_or_calls(action: Action, answers: Sequence[str], tools: Sequence[str],
+                 limit: int) -> StepResult | list[tuple[str, str]]:
+    """A tool-using turn read the one way every built-in env reads it: an `<answer>` ends the episode (reward
+    1 iff it matches one of `answers`), a turn without a call (or ending on EOS) ends it with 0; otherwise the
+    turn's first `limit` (tool, argument) calls, for the env to run."""
+    given = _ANSWER.findall(action.text)
+    if given:
+        ok = exact_match(given[-1], answers)
+        return StepResult([], float(ok), True, {"answer": given[-1].strip(), "correct": ok})
+    calls = find_calls(action.text, tuple(tools))[:limit]
+    if action.eos or not calls:
+        return StepResult([], 0.0, True, {"answer": None, "correct": False})
+    return calls
+
+
 def exact_match(prediction: str, answers: Sequence[str]) -> bool:
     return normalize_answer(prediction) in {normalize_answer(a) for a in answers}
 
@@ -84,13 +99,9 @@ class ToolEnv:
         return prompt_ids(self.tokenizer, [{"role": "user", "content": user}])
 
     def step(self, action: Action) -> StepResult:
-        answers = _ANSWER.findall(action.text)
-        if answers:
-            ok = exact_match(answers[-1], self.answers)
-            return StepResult([], float(ok), True, {"answer": answers[-1].strip(), "correct": ok})
-        calls = find_calls(action.text, tuple(self.tools))[: self.calls_per_turn]
-        if action.eos or not calls:
-            return StepResult([], 0.0, True, {"answer": None, "correct": False})
+        calls = end_or_calls(action, self.answers, tuple(self.tools), self.calls_per_turn)
+        if isinstance(calls, StepResult):  # answered, or no call: the episode ends
+            return calls
         outputs, errors = [], 0
         for name, argument in calls:
             try:
