@@ -7,10 +7,11 @@ spec/multi-agent.md §2 on the fictional-entity world (`jaxrl.data.entities`, BM
     Proposer  n_p search episodes ending in <question>q</question>               (multi-turn, `ProposerEnv`)
     validity  first <question> tag; 10 to 1000 characters and >= min_words words; a* not in q; non-empty
               results; >= min_searches distinct search terms (JSON lists expanded); (`grounded`, not the
-              reference's: q names a title of its results); RAG check: the
-              policy answers q greedily from this episode's results mixed with up to 4 other episodes'
-              results, and must match a* (spec §2.5; verifier = "policy", on its own prompt or laid out
-              as the Solver reading a search result, `rag_layout`)
+              reference's: q names a title of its results); RAG check: a
+              verifier answers q from this episode's results mixed with up to 4 other episodes'
+              results, and must match a* (spec §2.5; `rag_verifier`, `jaxrl.multi_agent.ssp_verify`:
+              the policy greedily, on its own prompt or laid out as the Solver reading a search result,
+              `rag_layout`; a rule over the world; or a separate frozen judge)
     Solver    G search episodes per problem (an invalid slot gets a dummy problem, spec §2.6)
     rewards   R_s = losses.research.ssp.solver_reward(exact match, answer-tag counts)
               R_p = proposer_reward(R_s of its problem, "1-acc", valid, format_penalty)
@@ -45,6 +46,7 @@ from jaxrl.losses.research.ssp import answer_tag_counts, proposer_reward, solver
 from jaxrl.multi_agent.adapters import role_params
 from jaxrl.multi_agent.roles import joint_rollout, role_metrics, role_rows
 from jaxrl.multi_agent.ssp_pool import ProblemPool
+from jaxrl.multi_agent.ssp_verify import make_verifier
 from jaxrl.sampling import DEFAULT_GEN_BUCKETS, DEFAULT_PROMPT_BUCKETS, SamplingSpec, generate_from_state
 from jaxrl.types import Rollout
 
@@ -319,8 +321,12 @@ class SspSystem:
         advanced before the test; v1: after steps interval, 2·interval, …) and a failed slot with no eligible
         pool problem (reference: any pool problem; v1: the dummy; only with reuse_threshold < 1).
       format_penalty: R_p of an invalid problem (script 0, config default -1).
-      rag_check: run rule 7 with the policy as verifier; rag_others: other episodes' materials mixed in
-        (reference: 4; fewer keep the verifier's prompt inside a small model's prompt buckets).
+      rag_check: run rule 7; rag_others: other episodes' materials mixed in (reference: 4; fewer keep the
+        verifier's prompt inside a small model's prompt buckets).
+      rag_verifier: who answers in rule 7 (`jaxrl.multi_agent.ssp_verify`): "policy" (the paper: the policy
+        itself, greedy), "rule" (a frozen lookup over the world's questions, needing the evidence in the
+        materials), or a judge spec, `{model: PATH, ...}` (a frozen local model) or `{generate:
+        "module:function"}` (the reference: a separate LLM).
       proposer_samples: n_p, questions proposed per answer record, the Proposer's group (reference: 1,
         A = R); the Solver's group is the run's `rollout.group_size`.
       update: "sequential" (reference: the Proposer's update, then the Solver's, whose old log-probs are
@@ -364,7 +370,8 @@ class SspSystem:
                  failed_slots: str = "reuse", reuse_threshold: float = 1.0, pool_clear_interval: int = 10,
                  leak: str = "substring", query_with_question: bool = False, solver_demo_search: float = 1.0,
                  verifier_demos: bool = False, rag_layout: str = "materials", proposer_query: str = "chain",
-                 short_prompts: bool = False, grounded: bool = False, rules: str = "reference"):
+                 short_prompts: bool = False, grounded: bool = False, rules: str = "reference",
+                 rag_verifier: Any = "policy"):
         if int(proposer_samples) < 1:
             raise ValueError(f"proposer_samples={proposer_samples}: must be >= 1")
         if update not in ("sequential", "joint"):
@@ -387,6 +394,7 @@ class SspSystem:
         self.short_prompts, self.grounded = bool(short_prompts), bool(grounded)
         self.query_with_question, self.solver_demo_search = bool(query_with_question), float(solver_demo_search)
         self.world = dict(corpus_seed=int(corpus_seed), corpus_size=str(corpus_size), top_k=int(top_k))
+        self.verifier = make_verifier(rag_verifier, cached_world(int(corpus_seed), str(corpus_size)))
         self.max_turns, self.max_total_tokens = int(max_turns), int(max_total_tokens)
         self.min_words, self.min_searches = int(min_words), min_searches
         self.format_penalty, self.rag_check = float(format_penalty), bool(rag_check)
@@ -445,24 +453,29 @@ class SspSystem:
                                 sampling, key)
 
     def verify(self, graphdef, params, problems: Sequence[Problem], answers: Sequence[str], spec, key
-               ) -> np.ndarray:
-        """Rule 7: greedy single-turn answers from noisy materials; valid when they match a*."""
+               ) -> tuple[np.ndarray, float]:
+        """Rule 7: the verifier's answers from noisy materials; valid when they match a*. Returns (valid
+        [P], the share of checked problems the verifier gave no answer for)."""
         ok = np.asarray([p.valid for p in problems])
         idx = np.flatnonzero(ok)
         if not self.rag_check or not len(idx):
-            return ok
+            return ok, 0.0
         others = [p.materials for p in problems]
-        ids = [self.verifier_ids(noisy_materials(problems[i].materials, others, int(i), self.rag_others),
-                                 problems[i].question) for i in idx]
-        greedy = dataclasses.replace(spec, temperature=0.0, num_samples=1)
-        tok = self.tokenizer
-        gen = generate_from_state(graphdef, role_params(params, "verifier"), ids, greedy,
-                                  eos_ids=(int(tok.eos_token_id),), seed=key, pad_id=int(tok.pad_token_id))
-        rows = role_rows("verifier", ids, gen, 1, tok, spec.prompt_buckets)
-        for i, text in zip(idx, rows.completions):
-            said = _ANSWER.findall(text)
-            ok[i] = bool(said) and exact_match(said[-1], [answers[i]])
-        return ok
+        materials = [noisy_materials(problems[i].materials, others, int(i), self.rag_others) for i in idx]
+        questions = [str(problems[i].question) for i in idx]
+        if self.verifier is not None:  # a rule or a separate judge
+            said = self.verifier.answers(materials, questions)
+        else:  # the policy, greedy, one turn
+            ids = [self.verifier_ids(m, q) for m, q in zip(materials, questions)]
+            greedy = dataclasses.replace(spec, temperature=0.0, num_samples=1)
+            tok = self.tokenizer
+            gen = generate_from_state(graphdef, role_params(params, "verifier"), ids, greedy,
+                                      eos_ids=(int(tok.eos_token_id),), seed=key, pad_id=int(tok.pad_token_id))
+            rows = role_rows("verifier", ids, gen, 1, tok, spec.prompt_buckets)
+            said = [(_ANSWER.findall(text) or [None])[-1] for text in rows.completions]
+        for i, a in zip(idx, said):
+            ok[i] = a is not None and exact_match(a, [answers[i]])
+        return ok, float(np.mean([a is None for a in said]))
 
     def collect(self, graphdef, params, records: Sequence[Mapping[str, Any]], rewards, spec: SamplingSpec,
                 key, *, train: bool = True) -> Rollout:
@@ -489,7 +502,7 @@ class SspSystem:
         problems = [extract_problem(t, a, min_words=self.min_words, leak=self.leak, grounded=self.grounded,
                                     min_searches=self.min_searches or int(r.get("hops", 1)), rules=self.rules)
                     for t, a, r in zip(prop.completions, answers, prop.records)]
-        valid = self.verify(graphdef, params, problems, answers, spec, jax.random.fold_in(key, 9))
+        valid, unanswered = self.verify(graphdef, params, problems, answers, spec, jax.random.fold_in(key, 9))
         reused = self.pool.fill(valid, keys[2]) if self.pool is not None else [None] * len(problems)
         solver_records = [{"question": p.question, "answers": [a], "valid": True} if ok else
                           {"question": DUMMY, "answers": [a], "valid": False} if old is None else
@@ -514,6 +527,7 @@ class SspSystem:
         for reason in ("format", "length", "leak", "materials", "searches", "grounded"):
             metrics[f"ssp/invalid/{reason}"] = float(np.mean([p.reason == reason for p in problems]))
         metrics["ssp/rag_rejected"] = float(np.mean([p.valid and not v for p, v in zip(problems, valid)]))
+        metrics["ssp/rag_unanswered"] = unanswered  # of the problems the verifier was asked about
         parts = [(p_rows, list(prop.records), r_p[:, None]), (s_rows, list(sol.records), r_s[:, None])]
         return joint_rollout(parts, role_ids=ROLE_IDS, reward_names=names, weights_R=weights,
                              pad_id=int(self.tokenizer.pad_token_id), metrics=metrics,
