@@ -1,4 +1,4 @@
-"""Short CI version of the docs' length-bias demonstration (tiny model, CPU), averaged over four seeds.
+"""Short CI version of the docs' length-bias demonstration (tiny model, CPU), averaged over three seeds.
 
 Plain BT and DIR share the model init, data and batches of each seed; after 600 RM steps (DIR switched on at
 step 300) DIR's mean |corr(margin, chosen-is-longer)| on the balanced held-out set must be clearly below BT's,
@@ -8,8 +8,9 @@ a lot. The eight runs go in one subprocess on ONE CPU device with XLA's default 
 8 fake devices made each 600-step run about 1.4x slower: the tiny model's batch split eight ways). Measured
 that way (2026-11-29, seeds 0-3, (accuracy, |corr|)): BT (0.50, 0.94) (0.60, 0.67) (0.54, 0.96) (0.72, 0.53);
 DIR (0.86, 0.45) (0.72, 0.21) (0.56, 0.77) (0.76, 0.27): means BT 0.59 / 0.77, DIR 0.73 / 0.43. (With the 8
-fake devices, 2026-11-24: means BT 0.56 / 0.79, DIR 0.64 / 0.60.) docs/reward_models.md has the full-length
-runs.
+fake devices, 2026-11-24: means BT 0.56 / 0.79, DIR 0.64 / 0.60.) The test runs seeds 0-2 (for the CI budget,
+2026-11-29; six runs, not eight): means BT 0.55 / 0.86, DIR 0.71 / 0.48, the same program and numbers as above.
+docs/reward_models.md has the full-length runs.
 """
 
 import json
@@ -25,7 +26,7 @@ from tests._xla import suite_cache_dir
 ROOT = Path(__file__).resolve().parents[2]
 FAST = ["train.steps=600", "train.eval_every=0", "checkpoint.every=100000", "checkpoint.async_save=false",
         "logging.tensorboard=false", "logging.progress_bar=false", "logging.every=100"]
-SEEDS = (0, 1, 2, 3)
+SEEDS = (0, 1, 2)
 # argv: out directory, seeds ("0,1,2,3"), then the --set overrides; prints {name: [[accuracy, |corr|] per seed]}
 # as JSON
 DRIVER = """
@@ -44,7 +45,7 @@ print(json.dumps(res))
 
 
 def _runs(tmp_path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """name -> (accuracy [4], |corr| [4]) of the eight runs, BT's four seeds then DIR's."""
+    """name -> (accuracy [S], |corr| [S]) of the runs, BT's seeds then DIR's."""
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     path = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
     env.update(XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu", PYTHONPATH=path,
@@ -59,7 +60,7 @@ def _runs(tmp_path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     return {k: (np.asarray(v)[:, 0], np.asarray(v)[:, 1]) for k, v in res.items()}
 
 
-@pytest.mark.slow  # ~2.5 min: 8 runs of 600 steps
+@pytest.mark.slow  # ~2 min: 6 runs of 600 steps
 def test_dir_reduces_length_dependence(tmp_path):
     runs = _runs(tmp_path)
     (acc_bt, corr_bt), (acc_dir, corr_dir) = runs["bt"], runs["dir"]
