@@ -42,6 +42,9 @@ class MeshConfig:
       dcn_data: how many of the `data` ways go across slices (multi-slice only; must divide `data`).
       dcn_fsdp: how many of the `fsdp` ways go across slices (multi-slice only; must divide `fsdp`).
       rules: logical-axis rule table, `"fsdp"` or `"fsdp_tp"` (see `jaxrl.sharding.rules`).
+      rollout_devices: devices set apart for the sampler (`jaxrl.rl.placement`): the first N sample on a mesh
+        of their own (FSDP over them, `tensor` kept), the others form the training mesh that data x fsdp x
+        tensor describes. 0 (default): both share every device.
     """
 
     data: int = 1
@@ -50,8 +53,12 @@ class MeshConfig:
     dcn_data: int = 1
     dcn_fsdp: int = 1
     rules: str = "fsdp"
+    rollout_devices: int = 0
 
     def __post_init__(self):
+        if not isinstance(self.rollout_devices, int) or self.rollout_devices < 0:
+            raise ConfigError(f"mesh.rollout_devices={self.rollout_devices!r}: must be an integer >= 0 (0: the "
+                              "sampler shares the training devices)")
         sizes = {"data": self.data, "fsdp": self.fsdp, "tensor": self.tensor}
         for name, size in sizes.items():
             if size != -1 and size < 1:

@@ -12,11 +12,11 @@ work of collecting (decoding loops, rewards, environments, tokenisation) overlap
 The sampler keeps its own copies of the versions it still needs (k copies of the trained parameters, k + 1
 for a moment; LoRA: adapters only), made before an update donates the state (`time/weight_sync`).
 
-Overlap runs the collection in one background thread, only where that is safe: one process with one
-device. With several devices, programs with collectives dispatched from two threads may enter them in
-different orders (on CPU with gloo across processes that hangs; `jaxrl.rl.batch`), so there the collection
-runs in place at launch: the same rollouts and numbers, without the overlap (an accelerator's disjoint
-sampler devices are the next step of issue 27).
+Overlap runs the collection in one background thread, only where that is safe: one process whose sampler
+shares no device with the trainer (one device, or `mesh.rollout_devices`, `jaxrl.rl.placement`). With shared
+devices, programs with collectives dispatched from two threads may enter them in different orders (on CPU
+with gloo across processes that hangs; `jaxrl.rl.batch`), so there the collection runs in place at launch:
+the same rollouts and numbers, without the overlap.
 
 Timing: a rollout's own collection stages (`time/generation`, `time/reward`, `time/env`) are reported at the
 step that trains on it, and `time/exposed_generation` is what the trainer waited for it; collected in place,
@@ -239,8 +239,9 @@ class Ahead:
             self._pool.shutdown(wait=True)
 
 
-def make_feed(max_staleness: int, *, processes: int, devices: int):
-    """`Synchronous` for k = 0; `Ahead` otherwise, overlapping only with one process and one device."""
+def make_feed(max_staleness: int, *, processes: int, devices: int, own_sampler_devices: bool = False):
+    """`Synchronous` for k = 0; `Ahead` otherwise, overlapping with one process when the sampler and the
+    trainer share no device (one device, or `mesh.rollout_devices`: `jaxrl.rl.placement`)."""
     if max_staleness == 0:
         return Synchronous()
-    return Ahead(max_staleness, overlap=processes == 1 and devices == 1)
+    return Ahead(max_staleness, overlap=processes == 1 and (devices == 1 or own_sampler_devices))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from jaxrl.errors import ConfigError, UserError
 from jaxrl.models import lora
 from jaxrl.learner.objectives import OBJECTIVES, PARAMS_KEY, objective_kwargs
 from jaxrl.learner.optim import build_optimizer
+from jaxrl.rl import placement
 from jaxrl.rl.ahead import make_feed
 from jaxrl.rl.batch import row_multiple, assemble, update
 from jaxrl.rl.collect import Collector, EnvEpisodes, SingleTurn, System, SystemRows
@@ -45,6 +47,7 @@ from jaxrl.learner.train_step import LossSpec, TrainState, jitted_logprob_pass, 
 
 # Reward types that shape by length; DAPO's keep filter and CLIPO's correctness read the other columns.
 LENGTH_SHAPING_TYPES = ("length", "overlong")
+log = logging.getLogger(__name__)
 
 
 def _pure(state) -> dict:
@@ -110,7 +113,7 @@ def setup(cfg: ExperimentConfig, run_dir: Path) -> tuple[Run, TrainState, Any]:
     _check_whole_groups_per_host(cfg, jax.process_count())
     algorithm = ALGORITHMS[cfg.algorithm.name]
     settings = algo_settings(cfg)
-    mesh = make_mesh(cfg.mesh)
+    mesh, sampler_mesh = _meshes(cfg.mesh)  # sampler_mesh: None when the sampler shares the training devices
     rules = RULES[cfg.mesh.rules]
     tokenizer = build.build_tokenizer(cfg.model, cfg.tokenizer)
     system = _multi_agent_system(cfg, tokenizer, algorithm)  # invalid params fail before the model is built
@@ -158,6 +161,17 @@ def setup(cfg: ExperimentConfig, run_dir: Path) -> tuple[Run, TrainState, Any]:
 
         state = role_adapters.per_role_state(state, system.adapter_roles)
         policy = PerRoleAdapters(policy, tuple(system.adapter_roles), system.adapter_aliases)
+    sampler_graphdef = graphdef
+    if sampler_mesh is not None:  # the sampler's programs constrain activations on its own mesh
+        sampler_graphdef = nnx.split(type(model).abstract(model.cfg,
+                                                          constrain=make_constrain(sampler_mesh, rules)))[0]
+    collector = _collector(cfg, system, sampler_graphdef, tokenizer, rewards, sampler_mesh or mesh, rules)
+    if sampler_mesh is not None:  # weights move to the sampler's devices, rollouts back to the trainer's
+        if isinstance(policy, PerRoleAdapters):
+            raise ConfigError("mesh.rollout_devices with multi_agent.adapters='per_role': not supported yet "
+                              "(use adapters: shared, or mesh.rollout_devices: 0)")
+        policy = placement.RolloutDevicesPolicy(policy, sampler_mesh)
+        collector = placement.TrainDevicesCollector(collector, mesh)
     m = cfg.algorithm.mismatch
     run = Run(run_dir=run_dir, mesh=mesh, rules=rules, graphdef=graphdef, hidden_dim=model.cfg.hidden_size,
               tokenizer=tokenizer, tx=tx, loss=spec,
@@ -167,14 +181,14 @@ def setup(cfg: ExperimentConfig, run_dir: Path) -> tuple[Run, TrainState, Any]:
               logprobs_from_sampler=cfg.rollout.logprobs_from_sampler,
               mismatch=MismatchSpec.from_config(m), state_sharding=state_sharding,
               step_fn=step_fn, logprob_fn=logprob_fn,
-              collector=_collector(cfg, system, graphdef, tokenizer, rewards, mesh, rules), policy=policy,
+              collector=collector, policy=policy,
               schedule=_schedule(cfg, system, policy, model, tokenizer, mesh, rules),
               segment_estimators=_segment_estimators(cfg, system),
               share_prompts=cfg.train.share_prompts,
               flops_per_token=functools.partial(step_time.train_flops_per_token, model.cfg,
                                                 lora=lora_cfg is not None), batch_stages=batch_stages,
               feed=make_feed(cfg.train.async_.max_staleness, processes=jax.process_count(),
-                             devices=mesh.devices.size))
+                             devices=mesh.devices.size, own_sampler_devices=sampler_mesh is not None))
     if cfg.train.share_prompts == "always":
         _check_always_shared(cfg, run, algorithm)
     if algorithm.shaper is not None:
@@ -186,6 +200,18 @@ def setup(cfg: ExperimentConfig, run_dir: Path) -> tuple[Run, TrainState, Any]:
         else:  # one reward column: the row's summed penalty
             run.shapers.append(penalty)
     return run, state, model
+
+
+def _meshes(mesh_cfg):
+    """(the training mesh, the sampler's mesh or None): `mesh.rollout_devices` sets the first devices apart
+    for the sampler (`jaxrl.rl.placement`)."""
+    if not mesh_cfg.rollout_devices:
+        return make_mesh(mesh_cfg), None
+    sampler, trainer = placement.split_devices(jax.devices(), mesh_cfg.rollout_devices,
+                                               processes=jax.process_count())
+    log.info("mesh.rollout_devices=%d: the sampler on devices %s, the trainer on devices %s",
+             mesh_cfg.rollout_devices, [d.id for d in sampler], [d.id for d in trainer])
+    return make_mesh(mesh_cfg, trainer), placement.rollout_mesh(mesh_cfg, sampler)
 
 
 def _batch_stages(cfg: ExperimentConfig, tokenizer, mesh, rules) -> list:
