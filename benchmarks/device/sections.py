@@ -127,7 +127,7 @@ def device(s: Settings, shape: str | None) -> dict:
     x = jnp.ones((s.copy_bytes // 2,), jnp.bfloat16)
     copy = jax.jit(jnp.copy)  # a new buffer (the input is not donated): reads and writes every byte
     jax.block_until_ready(copy(x))
-    copy_s = _best_seconds(lambda: jax.block_until_ready(copy(x)), 5)
+    copy_s = _best_seconds(lambda x=x: jax.block_until_ready(copy(x)), 5)
     del x
     read, read_bytes = _bench("sampling").stream_runner(s.copy_bytes)  # jnp.sum over fp32: reads only
     read_s = _best_seconds(read, 5)

@@ -103,6 +103,8 @@ def test_synchronous_samples_the_current_policy_and_is_the_default():
     assert isinstance(make_feed(0, processes=1, devices=1), Synchronous)
     assert make_feed(1, processes=1, devices=1).overlap
     assert not make_feed(1, processes=2, devices=2).overlap and not make_feed(1, processes=1, devices=4).overlap
+    assert make_feed(1, processes=1, devices=4, own_sampler_devices=True).overlap  # mesh.rollout_devices
+    assert not make_feed(1, processes=2, devices=4, own_sampler_devices=True).overlap
     taken, _, _ = _loop(Synchronous(), _Run(), 1, 4, 4, 0, [])
     assert [ro["version"] for ro in taken.values()] == [0, 1, 2, 3]
     with pytest.raises(ConfigError, match="train.async.max_staleness=-1: must be >= 0"):
