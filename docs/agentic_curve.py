@@ -3,6 +3,8 @@
     python docs/agentic_curve.py RUN_DIR [--baseline 0.031] [--out docs/agentic_search_tiny.png]
     python docs/agentic_curve.py RUN_DIR --panels march --out docs/march_tiny.png
     python docs/agentic_curve.py RUN_DIR --panels ssp --baseline 0.109 --out docs/ssp_tiny.png
+    python docs/agentic_curve.py runs/search_smollm2_hard --baseline 0 --held-out 32 --title "..." \
+        --out docs/search_smollm2_hard.png
 
 `--panels search` (configs/search_tiny.yaml): left, held-out greedy accuracy (`eval/accuracy`, every
 `train.eval_every` GRPO steps) against the no-search baseline (a dashed line: the guess demonstrations'
@@ -66,20 +68,21 @@ PANELS = {
 }
 
 
-def plot(rows: list[dict], baseline: float, out: Path, panels: str = "search") -> None:
+def plot(rows: list[dict], baseline: float, out: Path, panels: str = "search", title: str | None = None,
+         held_out: int = 64) -> None:
     p = PANELS[panels]
     fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.2))
     for key, label in p["left"]:
         left.plot(*series(rows, key), marker="o", label=label)
     if p["baseline"]:
         left.axhline(baseline, color="grey", linestyle="--", label=p["baseline"])
-    left.set(xlabel="GRPO step", ylim=(0, 1), title=p["left_title"])
+    left.set(xlabel="GRPO step", ylim=(0, 1), title=p["left_title"].replace("(64)", f"({held_out})"))
     left.legend(loc=p["left_legend"], fontsize=8)
     for key, label in p["right"]:
         right.plot(*series(rows, key), label=label)
     right.set(xlabel="GRPO step", ylim=p["right_ylim"], title=p["right_title"])
     right.legend(loc=p["right_legend"], fontsize=8)
-    fig.suptitle(p["title"], fontsize=9)
+    fig.suptitle(title or p["title"], fontsize=9)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=100)
@@ -91,13 +94,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline", type=float, default=2 / 64, help="no-search held-out accuracy")
     parser.add_argument("--out", default=None, help="PNG to write (default: RUN_DIR/agentic_<panels>.png)")
     parser.add_argument("--panels", choices=sorted(PANELS), default="search", help="which run's curves")
+    parser.add_argument("--title", default=None, help="the figure's title (default: the panels' tiny config)")
+    parser.add_argument("--held-out", type=int, default=64, help="held-out questions evaluated (left title)")
     args = parser.parse_args(argv)
     rows = read_metrics(args.run_dir)
     if not rows:
         print(f"no metrics.jsonl in {args.run_dir}", file=sys.stderr)
         return 1
     out = Path(args.out) if args.out else Path(args.run_dir) / f"agentic_{args.panels}.png"
-    plot(rows, args.baseline, out, args.panels)
+    plot(rows, args.baseline, out, args.panels, args.title, args.held_out)
     print(out)
     return 0
 
