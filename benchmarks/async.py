@@ -1,9 +1,12 @@
 """Step time and exposed generation of asynchronous training (`train.async.max_staleness` k = 0, 1, 2).
 
     python benchmarks/async.py [--steps 8] [--repeats 2] [--out benchmarks/async.json] [--set key=value ...]
+        [--devices N [--rollout-devices M]]
 
-Runs `jaxrl train` (the embedded quickstart config, no warm start, one device) for each k in turn, round-robin
-`--repeats` times, and reads the metrics of every step after the first (which compiles). Per k: the mean step
+Runs `jaxrl train` (the embedded quickstart config, no warm start, one device; `--devices N`: N fake CPU
+devices, `--rollout-devices M`: the first M of them the sampler's own, `mesh.rollout_devices`) for each k in
+turn, round-robin `--repeats` times, and reads the metrics of every step after the first (which compiles). Per
+k: the mean step
 time, the collector's own time (generation + reward + env), the part of it the trainer waited for
 (`time/exposed_generation`; for k = 0 all of it), the update, and the overlap achieved,
 1 − exposed / collected. Prints a Markdown table; `--out` also writes the numbers as JSON.
@@ -30,12 +33,14 @@ BASE = ("sft_warmup.steps=0", "train.eval_every=0", "checkpoint.every=1000", "ch
 COLLECTED = ("time/generation", "time/reward", "time/env")
 
 
-def run(k: int, steps: int, extra: list[str], work: Path) -> list[dict]:
+def run(k: int, steps: int, extra: list[str], work: Path, devices: int | None = None) -> list[dict]:
     run_dir = Path(tempfile.mkdtemp(dir=work, prefix=f"k{k}-"))
     sets = [*BASE, f"train.steps={steps}", f"train.async.max_staleness={k}", *extra]
     argv = [sys.executable, "-m", "jaxrl.cli", "train", "--run-dir", str(run_dir),
             *[a for s in sets for a in ("--set", s)]]
     env = {key: v for key, v in os.environ.items() if key != "XLA_FLAGS"}  # one CPU device
+    if devices:
+        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
     env.update(JAX_PLATFORMS=env.get("JAX_PLATFORMS", "cpu"), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                HF_DATASETS_OFFLINE="1")
     proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
@@ -61,13 +66,17 @@ def main() -> int:
     parser.add_argument("--ks", default="0,1,2")
     parser.add_argument("--set", action="append", default=[], dest="sets")
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--devices", type=int, default=None, help="fake CPU devices (default: one)")
+    parser.add_argument("--rollout-devices", type=int, default=0, help="of them, the sampler's own")
     args = parser.parse_args()
+    if args.rollout_devices:
+        args.sets = [*args.sets, f"mesh.rollout_devices={args.rollout_devices}"]
     ks = [int(k) for k in args.ks.split(",")]
     rows: dict[int, list[dict]] = {k: [] for k in ks}
     with tempfile.TemporaryDirectory() as work:
         for _ in range(args.repeats):  # round-robin: each k sees the same machine load
             for k in ks:
-                rows[k] += run(k, args.steps, args.sets, Path(work))
+                rows[k] += run(k, args.steps, args.sets, Path(work), args.devices)
     table = {k: summarise(rs) for k, rs in rows.items()}
     base = table[ks[0]]["step_s"]
     print("| k | step (s) | collected (s) | exposed (s) | update (s) | overlap | step vs k=0 | staleness max |")
