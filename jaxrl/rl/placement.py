@@ -1,15 +1,14 @@
 """Sampler and trainer on disjoint devices: `mesh.rollout_devices: N` (issue 27 item 2).
 
 The first N devices form the rollout mesh (FSDP over them, the config's `tensor` axis kept); the others form
-the training mesh that `mesh.data x fsdp x tensor` describes. Two plug-ins carry it, chosen at setup, so the
-step has no branch for it:
-
-* `RolloutDevicesPolicy` wraps the run's Policy: its sampling parameters (LoRA: base and adapters merged) are
-  put on the rollout mesh with `jax.device_put`, device to device (no host round trip), where the feeds time
-  `time/weight_sync`. The reference, the trained view, warm start and restore are the inner policy's.
-* `TrainDevicesCollector` wraps the run's Collector: the device arrays of every rollout it returns (tokens,
-  the sampler's log-probs) move to the training mesh with their partition spec kept, before any trainer program
-  reads them. Host-side rows (episodes' masks, rewards, text) are untouched.
+the training mesh that `mesh.data x fsdp x tensor` describes. One plug-in carries it, chosen at setup, so the
+step has no branch for it: `SamplerDevices` wraps the run's Collector (built with a graphdef whose activation
+constraints name the sampler's mesh). It puts the sampling parameters it is given (LoRA: base and adapters
+merged) on the sampler's mesh with `jax.device_put`, device to device (no host round trip), reported as
+`time/weight_sync`, and moves the device arrays of every rollout (tokens, the sampler's log-probs) to the
+training mesh with their partition spec kept, before any trainer program reads them. Everything the trainer
+computes from the sampling parameters (old log-probs recomputed, reward shaping, the critic) keeps them on the
+training mesh. Host-side rows (episodes' masks, rewards, text) are untouched.
 
 Sampling does not depend on where rows sit (each row's random stream is keyed by its row id,
 `jaxrl.sampling.generate_from_state`) and the training mesh is the same shape as a run without rollout devices
@@ -26,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from typing import Any, Sequence
 
 import jax
@@ -87,32 +87,26 @@ def to_mesh(rows: Rows, mesh: Mesh) -> Rows:
                                         for f in dataclasses.fields(Rows) if f.name != "completions"})
 
 
-class RolloutDevicesPolicy:
-    """A Policy whose sampling parameters live on the rollout mesh (module docstring).
+class SamplerDevices:
+    """A Collector that samples on the sampler's mesh and hands its rollouts to the trainer's (module
+    docstring). The parameters it is given (the trainer's sampling parameters) are put on the sampler's mesh
+    first; the seconds that takes are the rollout's `time/weight_sync` (the step moves them to that stage).
 
     Args:
-      inner: the run's policy (Dense or LoRA).
-      mesh: the rollout mesh.
+      inner: the run's collector, built with the sampler's graphdef and mesh.
+      sampler_mesh, train_mesh: the two meshes.
     """
 
-    def __init__(self, inner, mesh: Mesh):
-        self.inner, self.mesh = inner, mesh
-
-    def sampling_params(self, trained) -> Any:
-        return put_on(self.inner.sampling_params(trained), self.mesh)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-
-class TrainDevicesCollector:
-    """A Collector whose rollouts are handed to the trainer on the training mesh (module docstring)."""
-
-    def __init__(self, inner, mesh: Mesh):
-        self.inner, self.mesh = inner, mesh
+    def __init__(self, inner, sampler_mesh: Mesh, train_mesh: Mesh):
+        self.inner, self.sampler_mesh, self.train_mesh = inner, sampler_mesh, train_mesh
 
     def __call__(self, params, records, spec, key, *, train: bool):
-        return to_mesh(self.inner(params, records, spec, key, train=train), self.mesh)
+        t0 = time.perf_counter()
+        placed = jax.block_until_ready(put_on(params, self.sampler_mesh))
+        sync_s = time.perf_counter() - t0
+        rollout = to_mesh(self.inner(placed, records, spec, key, train=train), self.train_mesh)
+        rollout.metrics["time/weight_sync"] = rollout.metrics.get("time/weight_sync", 0.0) + sync_s
+        return rollout
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)

@@ -170,8 +170,7 @@ def setup(cfg: ExperimentConfig, run_dir: Path) -> tuple[Run, TrainState, Any]:
         if isinstance(policy, PerRoleAdapters):
             raise ConfigError("mesh.rollout_devices with multi_agent.adapters='per_role': not supported yet "
                               "(use adapters: shared, or mesh.rollout_devices: 0)")
-        policy = placement.RolloutDevicesPolicy(policy, sampler_mesh)
-        collector = placement.TrainDevicesCollector(collector, mesh)
+        collector = placement.SamplerDevices(collector, sampler_mesh, mesh)
     m = cfg.algorithm.mismatch
     run = Run(run_dir=run_dir, mesh=mesh, rules=rules, graphdef=graphdef, hidden_dim=model.cfg.hidden_size,
               tokenizer=tokenizer, tx=tx, loss=spec,

@@ -26,7 +26,7 @@ from jaxrl.learner.train_step import TrainState
 TIMING_PREFIX = "time/"
 # A collector's own stage times in its rollout's metrics -> the stage they belong to (`_collect_timed`).
 _COLLECTOR_TIMES = {"time/generation": "generation", "time/reward": "reward", "time/generate_s": "generation",
-                    "time/env_s": "env"}
+                    "time/env_s": "env", "time/weight_sync": "weight_sync"}
 
 
 def step_key(seed: int, step: int, stream: int) -> jax.Array:
@@ -55,10 +55,10 @@ def _collect_timed(clock: step_time.StageClock, collect_fn, round_: int) -> Roll
         ro = collect_fn(round_)
         step_time.synced((ro.tokens_BL, ro.old_logp_BT))
     total = clock.seconds.pop("collect")
-    own = {stage: 0.0 for stage in ("generation", "reward", "env")}
+    own = {stage: 0.0 for stage in ("generation", "reward", "env")}  # weight_sync: only when it was measured
     for key, stage in _COLLECTOR_TIMES.items():
         if key in ro.metrics:
-            own[stage] += float(ro.metrics.pop(key))
+            own[stage] = own.get(stage, 0.0) + float(ro.metrics.pop(key))
     rest = max(total - sum(own.values()), 0.0)
     own["reward" if own["generation"] and not own["reward"] else "generation"] += rest
     for stage, seconds in own.items():

@@ -23,8 +23,11 @@ from jaxrl.rl import placement
 from jaxrl.sharding import MeshConfig, make_mesh
 from tests.sharding.test_multihost_cli import BASE, _env, assert_same_metrics, metrics
 
-ASYNC = ["train.async.max_staleness=1", "train.steps=3"]
-COMPARED = ("loss", "reward/mean", "eval/accuracy", "train/grad_norm", "async/staleness_max", "entropy")
+# the trainer also computes from the sampling parameters: the KL penalty in the reward (a shaping stage) and the
+# old log-probs recomputed for TIS, on the training mesh
+ASYNC = ["train.async.max_staleness=1", "train.steps=3", "algorithm.name=grpo", "algorithm.kl.beta=0.05",
+         "algorithm.kl.where=reward", "algorithm.mismatch.mode=tis"]
+COMPARED = ("loss", "reward/mean", "eval/accuracy", "train/grad_norm", "async/staleness_max", "entropy", "kl")
 
 
 @pytest.mark.slow  # two tiny CLI runs side by side, about 40 s
