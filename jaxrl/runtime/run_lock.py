@@ -56,9 +56,11 @@ class RunLock:
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / LOCK_FILE
         self._fd: int | None = None
+        self._created = False  # this lock made the run directory: release removes it if nothing else was written
 
     def acquire(self) -> "RunLock":
         try:
+            self._created = not self.run_dir.exists()
             self.run_dir.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as e:
@@ -91,6 +93,11 @@ class RunLock:
         fcntl.flock(self._fd, fcntl.LOCK_UN)
         os.close(self._fd)
         self._fd = None
+        if self._created:  # a command that failed before writing anything leaves no directory behind
+            with contextlib.suppress(OSError):
+                if [p.name for p in self.run_dir.iterdir()] == [LOCK_FILE]:
+                    self.path.unlink()
+                    self.run_dir.rmdir()
 
     def __enter__(self) -> "RunLock":
         return self.acquire()

@@ -17,6 +17,7 @@ from tests.runtime import _trainer as T
 
 
 def test_second_holder_is_refused_naming_the_first(tmp_path):
+    (tmp_path / "run").mkdir()  # a directory the lock did not make keeps its (released) lock file
     with RunLock(tmp_path / "run"):
         info = json.loads((tmp_path / "run" / LOCK_FILE).read_text())
         assert info["pid"] == os.getpid() and info["host"] == socket.gethostname()
@@ -84,3 +85,19 @@ def test_train_rm_takes_the_same_lock(tmp_path, monkeypatch, capsys):
     assert err.count("\n") == 1, err
     assert err.startswith(f"jaxrl train-rm: error: run directory {tmp_path / 'run'} is in use by another "
                           f"trainer (pid {os.getpid()} on host")
+
+
+def test_a_lock_that_made_the_run_dir_removes_it_if_nothing_else_was_written(tmp_path):
+    """A command that fails before writing anything (a setup-time config error) leaves no directory behind;
+    a directory it did not make, or one holding anything else, stays."""
+    fresh = tmp_path / "fresh"
+    RunLock(fresh).acquire().release()
+    assert not fresh.exists()
+    kept = tmp_path / "kept"
+    with RunLock(kept):
+        (kept / "metrics.jsonl").write_text("{}\n")
+    assert sorted(p.name for p in kept.iterdir()) == [LOCK_FILE, "metrics.jsonl"]
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    RunLock(existing).acquire().release()
+    assert existing.is_dir() and [p.name for p in existing.iterdir()] == [LOCK_FILE]
