@@ -46,7 +46,7 @@ def main() -> None:
     prompts = [list(np.random.default_rng(p).integers(3, vocab - 1, size=args.prompt_len))
                for p in range(args.prompts)]
     programs = {
-        "jaxrl CPU options": engine._rollout_cpu_per_layer,
+        "jaxrl CPU options": engine.rollout_for.cpu_per_layer,
         "YNNPACK fusions on": jax.jit(engine._rollout, static_argnames=engine._STATIC, compiler_options={
             k: v for k, v in engine.CPU_PER_LAYER_OPTIONS.items() if k not in engine.CPU_DECODE_OPTIONS}),
     }
@@ -56,14 +56,14 @@ def main() -> None:
         best = {name: float("inf") for name in programs}
         for rnd in range(args.repeats + 1):  # round 0 compiles
             for name, program in programs.items():
-                engine._rollout_cpu_per_layer = program  # what `rollout_for(on_cpu=True, per_layer=True)` returns
+                engine.rollout_for.cpu_per_layer = program  # what `rollout_for(on_cpu=True, per_layer=True)` returns
                 start = time.perf_counter()
                 out = generate(model, prompts, num_samples=samples, max_new_tokens=args.new_tokens,
                                temperature=1.0, seed=0, per_layer=True)
                 jax.block_until_ready(jax.tree.leaves(out))
                 if rnd:
                     best[name] = min(best[name], time.perf_counter() - start)
-        engine._rollout_cpu_per_layer = programs["jaxrl CPU options"]
+        engine.rollout_for.cpu_per_layer = programs["jaxrl CPU options"]
         ours, default = best["jaxrl CPU options"], best["YNNPACK fusions on"]
         print(f"rows {args.prompts * samples:4d}: jaxrl {ours:.3f}  YNNPACK on {default:.3f}  "
               f"speed-up {default / ours:.2f}x")

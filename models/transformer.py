@@ -36,7 +36,7 @@ from flax import nnx
 from jaxrl.models import shared_prompt, siamese
 from jaxrl.models.attention import KeyMask
 from jaxrl.models.config import TransformerConfig
-from jaxrl.models.kv_cache import KVCache
+from jaxrl.models.kv_cache import KVCache, write_slots
 from jaxrl.models.layers import MLP, Attention, Embed, Proj, RMSNorm, rope_inv_freq, rope_tables
 from jaxrl.sharding import Constrain, no_constraint
 
@@ -284,8 +284,9 @@ def _visibility(mask_BL, cache, kernel: str = "xla"):
     if cache is None:
         return KeyMask(mask_BL, kernel=kernel), None, jnp.zeros((batch,), jnp.int32)
     prior_B = jnp.sum(cache.valid_BS, axis=-1, dtype=jnp.int32)
-    valid_BS = jax.lax.dynamic_update_slice_in_dim(cache.valid_BS, mask_BL, cache.index, axis=1)
-    old_BS = cache.valid_BS & (jnp.arange(cache.capacity) < cache.index)[None, :]
+    valid_BS = write_slots(cache.valid_BS, mask_BL, cache.index, row_axis=0, slot_axis=1)
+    index_B1 = jnp.reshape(cache.index, (-1, 1))  # [1, 1] shared, or [B, 1] per row (`KVCache.with_row_index`)
+    old_BS = cache.valid_BS & (jnp.arange(cache.capacity)[None, :] < index_B1)
     causal_LL = jnp.arange(length)[:, None] >= jnp.arange(length)[None, :]
     visible_old_BLS = jnp.broadcast_to(old_BS[:, None, :], (batch, length, cache.capacity))
     return (visible_old_BLS, mask_BL[:, None, :] & causal_LL[None]), valid_BS, prior_B

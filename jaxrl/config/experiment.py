@@ -69,6 +69,13 @@ class ExperimentConfig:
                    "penalty in the reward; use kl.where: loss (as its reference implementations do)")
         # Every algorithm here but those with a critic (PPO: GAE, one sample per prompt is enough) normalises
         # rewards within a group of samples of the same prompt.
+        slots, rows = self.rollout.engine.slots, self.data.prompts_per_step * self.rollout.group_size
+        _check(self.rollout.engine.kind == "static" or (self.env is None and self.multi_agent is None),
+               "rollout.engine.kind", self.rollout.engine.kind, "must be 'static' with env: or multi_agent: "
+               "(multi-turn episodes decode with the turn decoder, jaxrl.sampling.multiturn; continuous "
+               "batching is single-turn for now)")
+        _check(slots is None or slots <= rows, "rollout.engine.slots", slots,
+               f"must be <= the rows of a step (data.prompts_per_step x rollout.group_size = {rows})")
         _check(self.rollout.group_size >= 2 or algo.critic, "rollout.group_size", self.rollout.group_size,
                "group-relative algorithms need group_size >= 2")
         for r in self.rewards:  # a pairwise judge compares the G completions of one prompt: its groups

@@ -50,6 +50,25 @@ class DataConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    """`rollout.engine`: how rows are decoded (`jaxrl.sampling`). `static` (default): every row keeps its row
+    of the batch until the longest ends. `continuous`: `slots` decode slots; a row that stops (EOS or length)
+    hands its slot to the next pending row (`jaxrl.sampling.continuous`). The same tokens and log-probs for
+    a seed; continuous pays when completion lengths are long-tailed (benchmarks/RESULTS.md, "Continuous
+    batching"). `slots` null: one per row (no refill). Held-out evaluation decodes with the static engine."""
+
+    kind: str = "static"
+    slots: int | None = None
+
+    def __post_init__(self):
+        _check_choice("rollout.engine.kind", self.kind, ("static", "continuous"))
+        if self.slots is not None:
+            _check(self.kind == "continuous", "rollout.engine.slots", self.slots,
+                   "is the continuous engine's (set rollout.engine.kind: continuous, or slots: null)")
+            _check(self.slots >= 1, "rollout.engine.slots", self.slots, "must be >= 1 (or null: one per row)")
+
+
+@dataclasses.dataclass(frozen=True)
 class RolloutConfig:
     """Sampling of `group_size` completions per prompt; lengths are padded up to the nearest bucket."""
 
@@ -61,6 +80,7 @@ class RolloutConfig:
     prompt_buckets: tuple[int, ...] = (32, 64, 128, 256, 512)
     gen_buckets: tuple[int, ...] = ()
     logprobs_from_sampler: bool = False
+    engine: EngineConfig = EngineConfig()
 
     def __post_init__(self):
         _check(self.group_size >= 1, "rollout.group_size", self.group_size, "must be >= 1")

@@ -166,7 +166,9 @@ def compile_programs(cfg, model_cfg, mesh, rules) -> list[ProgramReport]:
     out.append(report("log-prob pass", compiled, time.perf_counter() - t0))
     t0 = time.perf_counter()
     compiled, prompts = _lower_sampler(cfg, model_cfg, mesh, rules).compile(), cfg.data.prompts_per_step
-    out.append(report(f"sampler ({prompts} x {cfg.rollout.group_size} rows, {w} + {t})", compiled,
+    engine = cfg.rollout.engine
+    slots = f", {engine.slots or prompts * cfg.rollout.group_size} slots" if engine.kind == "continuous" else ""
+    out.append(report(f"sampler ({prompts} x {cfg.rollout.group_size} rows{slots}, {w} + {t})", compiled,
                       time.perf_counter() - t0))
     return out
 
@@ -177,7 +179,7 @@ def _lower_sampler(cfg, model_cfg, mesh, rules):
     longest prompt bucket, rows sharded like the trainer's, the accelerator form (the layer scan; the CPU's
     per-layer decode is a CPU-only choice)."""
     from jaxrl.models import Transformer
-    from jaxrl.sampling import engine
+    from jaxrl.sampling import continuous, engine
     from jaxrl.sharding import batch_shardings, make_constrain, state_shardings
 
     r = cfg.rollout
@@ -191,11 +193,16 @@ def _lower_sampler(cfg, model_cfg, mesh, rules):
     scalar = lambda dtype: jax.ShapeDtypeStruct((), dtype)  # noqa: E731
     key = jax.eval_shape(lambda: jax.random.key(0))
     gen_width = max(r.gen_buckets) if r.gen_buckets else r.max_new_tokens
-    return engine.rollout.lower(
+    # the engine the run samples with: `rollout.engine` (the continuous one decodes `slots` rows a step)
+    program, extra = engine.rollout, {}
+    if r.engine.kind == "continuous":
+        program, extra = continuous.continuous, {"slots": r.engine.slots or prompts[0] * r.group_size}
+    return program.lower(
         graphdef, state, tokens, mask, key, scalar(jnp.float32), scalar(jnp.float32), scalar(jnp.int32),
-        jax.ShapeDtypeStruct((1,), jnp.int32), scalar(jnp.int32), num_samples=r.group_size,
+        jax.ShapeDtypeStruct((1,), jnp.int32), scalar(jnp.int32),
+        jax.ShapeDtypeStruct((prompts[0] * r.group_size,), jnp.int32), num_samples=r.group_size,
         gen_width=gen_width, greedy=r.temperature == 0.0, top_k=r.top_k, use_top_p=r.top_p is not None,
-        per_layer=False)
+        per_layer=False, **extra)
 
 
 def table(reports: list[ProgramReport], analytic_peak: int) -> str:

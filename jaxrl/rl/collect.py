@@ -159,6 +159,11 @@ def sample_and_score(graphdef, params, records: Records, tokenizer, rewards, spe
     metrics["response_length/mean"] = float(lengths.mean())
     metrics["response_length/max"] = float(lengths.max())
     metrics["response/finished_frac"] = float(finished.mean())
+    # the decode loop's iterations and the share of its row-steps (slots x steps) that made a token: a static
+    # batch with long-tailed lengths wastes the rest (`rollout.engine`, jaxrl.sampling.continuous)
+    steps = int(gen.decode_steps)
+    metrics["rollout/decode_steps"] = float(steps)
+    metrics["rollout/slot_use"] = float(lengths.sum()) / max(steps * (spec.slots or len(lengths)), 1)
     return Rollout.of(Rows(tokens, mask, cmask, old_logp, lengths, finished, completions), records=rep,
                       rewards_BR=rewards_BR, weights_R=info.weights_R, reward_names=info.names, metrics=metrics,
                       score_infos=(info,), pad_id=pad_id)

@@ -58,6 +58,16 @@ def rollout_mesh(cfg: MeshConfig, devices: Sequence[jax.Device]) -> Mesh:
     return make_mesh(MeshConfig(data=1, fsdp=-1, tensor=tensor, rules=cfg.rules), devices)
 
 
+def check_slots(slots: int | None, mesh: Mesh) -> None:
+    """`rollout.engine.slots` must split evenly over the sampler's batch shards (its mesh's data x fsdp): the
+    slots are the decode rows, so a count they do not divide would replicate rows (duplicated work) and lay
+    them out unlike the static engine's (the same tokens, log-probs equal only to float rounding)."""
+    shards = mesh.shape["data"] * mesh.shape["fsdp"]
+    if slots is not None and slots % shards:
+        raise ConfigError(f"rollout.engine.slots={slots}: must be a multiple of the sampler's {shards} batch "
+                          "shards (mesh.data x mesh.fsdp of the devices that sample)")
+
+
 def _spec_on(x: jax.Array, mesh: Mesh) -> PartitionSpec:
     """`x`'s partition spec for `mesh`: a dimension the new axis sizes do not divide is replicated."""
     spec = tuple(x.sharding.spec) if isinstance(x.sharding, NamedSharding) else ()

@@ -64,7 +64,7 @@ def sampling_spec(cfg: ExperimentConfig, *, greedy: bool = False) -> SamplingSpe
                             prompt_buckets=buckets(r.prompt_buckets), gen_buckets=buckets(r.gen_buckets))
     return SamplingSpec(max_new_tokens=r.max_new_tokens, num_samples=r.group_size, temperature=r.temperature,
                         top_k=r.top_k, top_p=r.top_p, prompt_buckets=buckets(r.prompt_buckets),
-                        gen_buckets=buckets(r.gen_buckets))
+                        gen_buckets=buckets(r.gen_buckets), engine=r.engine.kind, slots=r.engine.slots)
 
 
 def algo_settings(cfg: ExperimentConfig) -> AlgoSettings:
@@ -114,6 +114,7 @@ def setup(cfg: ExperimentConfig, run_dir: Path) -> tuple[Run, TrainState, Any]:
     algorithm = ALGORITHMS[cfg.algorithm.name]
     settings = algo_settings(cfg)
     mesh, sampler_mesh = _meshes(cfg.mesh)  # sampler_mesh: None when the sampler shares the training devices
+    placement.check_slots(cfg.rollout.engine.slots, sampler_mesh or mesh)
     rules = RULES[cfg.mesh.rules]
     tokenizer = build.build_tokenizer(cfg.model, cfg.tokenizer)
     system = _multi_agent_system(cfg, tokenizer, algorithm)  # invalid params fail before the model is built

@@ -11,6 +11,7 @@ V vocabulary, E stop tokens.
 
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import jax
@@ -24,10 +25,13 @@ from jaxrl.sampling.batching import (
     Generation,
     SamplingSpec,
     bucket,
+    check_budgets,
+    check_engine,
     check_prompts,
     check_settings,
     pad_prompts,
 )
+from jaxrl.sampling.continuous import continuous_for
 from jaxrl.sampling.engine import compile_count, rollout_for
 
 __all__ = [
@@ -52,12 +56,14 @@ def generate(
     pad_id: int = 0,
     batch_sharding: jax.sharding.Sharding | None = None,
     per_layer: bool | None = None,
+    max_new_per_row: Sequence[int] | None = None,
     **spec_fields,
 ) -> Generation:
     """Samples completions from an NNX `Transformer`; see `generate_from_state`."""
     graphdef, state = nnx.split(model)
     return generate_from_state(graphdef, state, prompts, spec, eos_ids=eos_ids, seed=seed, pad_id=pad_id,
-                               batch_sharding=batch_sharding, per_layer=per_layer, **spec_fields)
+                               batch_sharding=batch_sharding, per_layer=per_layer,
+                               max_new_per_row=max_new_per_row, **spec_fields)
 
 
 def generate_from_state(
@@ -71,6 +77,7 @@ def generate_from_state(
     pad_id: int = 0,
     batch_sharding: jax.sharding.Sharding | None = None,
     per_layer: bool | None = None,
+    max_new_per_row: Sequence[int] | None = None,
     **spec_fields,
 ) -> Generation:
     """Samples completions with a KV cache: each prompt is prefilled once and shared by its G samples.
@@ -95,6 +102,9 @@ def generate_from_state(
         faster on CPU, where a layer scan copies every weight slice at every step, at the cost of one more
         copy of the block weights while sampling. None (default): True when the parameters are on CPU.
         Same tokens and logprobs either way (tested).
+      max_new_per_row: optional [P·G] length budgets in [1, max_new_tokens]: row r stops after
+        max_new_per_row[r] tokens (finished stays False unless it emitted an EOS). A workload with
+        long-tailed lengths (`benchmarks/continuous.py`) is where `spec.engine = "continuous"` pays.
 
     Returns:
       Generation with tokens/logprobs [P·G, T], lengths/finished/prompt_index [P·G].
@@ -126,10 +136,17 @@ def generate_from_state(
     eos_E = np.asarray(eos or (-1,), np.int32)
     on_cpu = _on_cpu(state)
     per_layer = on_cpu if per_layer is None else bool(per_layer)
-    tokens_BT, logp_BT, length_B, finished_B = rollout_for(on_cpu=on_cpu, per_layer=per_layer)(
+    rows = len(prompt_ids) * int(num_samples)
+    slots = check_engine(spec.engine, spec.slots, rows)
+    budget_B = check_budgets(max_new_per_row, rows, max_new_tokens)
+    if spec.engine == "continuous":
+        run = functools.partial(continuous_for(on_cpu=on_cpu, per_layer=per_layer), slots=slots)
+    else:
+        run = rollout_for(on_cpu=on_cpu, per_layer=per_layer)
+    tokens_BT, logp_BT, length_B, finished_B, steps = run(
         graphdef, state, tokens_PL, mask_PL, key,
         jnp.float32(temperature), jnp.float32(1.0 if top_p is None else top_p),
-        jnp.int32(max_new_tokens), eos_E, jnp.int32(pad_id),
+        jnp.int32(max_new_tokens), eos_E, jnp.int32(pad_id), budget_B,
         num_samples=int(num_samples), gen_width=gen_width, greedy=float(temperature) == 0.0,
         top_k=None if top_k is None else int(top_k), use_top_p=top_p is not None,
         per_layer=per_layer,
@@ -141,6 +158,7 @@ def generate_from_state(
         logprobs=logp_BT[:, :max_new_tokens],
         finished=finished_B,
         prompt_index=jnp.asarray(prompt_index),
+        decode_steps=steps,
     )
 
 

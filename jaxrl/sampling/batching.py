@@ -32,6 +32,10 @@ class SamplingSpec:
       top_k: keep the k most likely tokens (None: all).
       top_p: nucleus mass in (0, 1] (None: no nucleus filter).
       prompt_buckets, gen_buckets: allowed padded prompt widths / decode buffer widths (None: exact sizes).
+      engine: "static" (every row keeps its row of the batch until the longest ends: `jaxrl.sampling.engine`)
+        or "continuous" (`slots` decode slots, a finished row's slot refilled: `jaxrl.sampling.continuous`);
+        the same tokens and log-probs for a seed.
+      slots: the continuous engine's decode slots S, 1 <= S <= P·G (None: all P·G rows, no refill).
     """
 
     max_new_tokens: int
@@ -41,6 +45,8 @@ class SamplingSpec:
     top_p: float | None = None
     prompt_buckets: tuple[int, ...] | None = DEFAULT_PROMPT_BUCKETS
     gen_buckets: tuple[int, ...] | None = DEFAULT_GEN_BUCKETS
+    engine: str = "static"
+    slots: int | None = None
 
 
 class Generation(NamedTuple):
@@ -53,6 +59,8 @@ class Generation(NamedTuple):
         (log softmax(z/τ), τ = 1 when greedy; `filters.sampled_logprobs`), 0 after the end.
       finished: [P*G] bool, True when the row emitted an EOS token (False when it ran out of length).
       prompt_index: [P*G] int32 index p of the prompt the row continues.
+      decode_steps: int32 scalar, the decode loop's iterations (each runs one forward of every row of a
+        static batch, or of every slot of the continuous engine), or None.
     """
 
     tokens: jax.Array
@@ -60,6 +68,7 @@ class Generation(NamedTuple):
     logprobs: jax.Array
     finished: jax.Array
     prompt_index: jax.Array
+    decode_steps: jax.Array | None = None
 
 
 class BucketError(UserError, ValueError):
@@ -124,6 +133,33 @@ def check_settings(
     if not 0 <= int(pad_id) < vocab_size:
         raise ValueError(f"pad_id {pad_id} is outside the vocabulary [0, {vocab_size})")
     return eos
+
+
+ENGINES = ("static", "continuous")
+
+
+def check_engine(engine: str, slots: int | None, rows: int) -> int:
+    """The number of decode slots to compile for: validates `engine` and `slots` against the P·G rows."""
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {list(ENGINES)}, got {engine!r}")
+    if slots is None:
+        return rows
+    if engine == "static":
+        raise ValueError(f"slots ({slots}) are the continuous engine's; the static engine decodes all {rows} rows")
+    if not 1 <= int(slots) <= rows:
+        raise ValueError(f"slots must be in [1, {rows}] (the rows of one call: prompts x samples), got {slots}")
+    return int(slots)
+
+
+def check_budgets(budgets, rows: int, max_new_tokens: int) -> np.ndarray:
+    """[rows] int32 per-row length budgets (None: max_new_tokens for every row); each in [1, max_new_tokens]."""
+    if budgets is None:
+        return np.full((rows,), int(max_new_tokens), np.int32)
+    out = np.asarray(budgets, np.int64).reshape(-1)
+    if out.shape != (rows,) or out.min() < 1 or out.max() > int(max_new_tokens):
+        raise ValueError(f"max_new_per_row must hold {rows} budgets in [1, {max_new_tokens}], got shape "
+                         f"{out.shape} in [{out.min()}, {out.max()}]")
+    return out.astype(np.int32)
 
 
 def left_pad(prompts: Sequence[Sequence[int]], width: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:

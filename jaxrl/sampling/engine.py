@@ -60,8 +60,45 @@ def compile_count() -> int:
 
 
 def _last_logits(model, hidden_BD: jax.Array) -> jax.Array:
+    """[B, V] float32 logits of the final hidden states [B, D]."""
     w_DV = model.unembedding()
     return jnp.einsum("BD,DV->BV", hidden_BD, w_DV, preferred_element_type=jnp.float32)
+
+
+def start(graphdef, state, tokens_PL, mask_PL, scalars, eos_E, budget_B, num_samples: int,
+          constrain: Constrain | None):
+    """(model, pin, tokens_PL, mask_PL) at the top of a rollout program (both engines): the arguments
+    checked, the model merged, the prompts pinned to the batch layout (`pin` is the identity without
+    `constrain`)."""
+    chex.assert_rank([tokens_PL, mask_PL], 2)
+    chex.assert_equal_shape([tokens_PL, mask_PL])
+    chex.assert_rank(list(scalars), 0)
+    chex.assert_shape([eos_E, budget_B], [(None,), (tokens_PL.shape[0] * num_samples,)])
+    pin = constrain or (lambda x, names: x)
+    tokens_PL, mask_PL = pin(tokens_PL, ("batch", "length")), pin(mask_PL, ("batch", "length"))
+    return nnx.merge(graphdef, state), pin, tokens_PL, mask_PL
+
+
+def prefill(model, tokens_PL: jax.Array, mask_PL: jax.Array, gen_width: int):
+    """(KV cache of the P prompts with room for `gen_width` more slots, last-column logits [P, V]): one
+    forward over the left-padded prompts, logits only for the last column (the last real token of each row).
+
+    The barrier keeps XLA from constant-folding the prefill's (all-masked) scores over the empty cache.
+    """
+    num_prompts, width = tokens_PL.shape
+    cache = KVCache.init(model.cfg, num_prompts, width + gen_width, model.cfg.dtype)
+    cache = jax.lax.optimization_barrier(cache)
+    positions_PL = jnp.maximum(jnp.cumsum(mask_PL.astype(jnp.int32), axis=-1) - 1, 0)
+    out = model.forward(
+        tokens_PL, positions_PL, mask_PL, cache=cache, return_hidden=True, return_logits=False
+    )
+    return out.cache, _last_logits(model, out.hidden[:, -1])
+
+
+def finished_rows(tokens_BT: jax.Array, length_B: jax.Array, eos_E: jax.Array) -> jax.Array:
+    """[B] bool: the row's last token is a stop token (an EOS ends a row, so it is only ever the last)."""
+    last_B = jnp.take_along_axis(tokens_BT, jnp.maximum(length_B - 1, 0)[:, None], axis=-1)[:, 0]
+    return (length_B > 0) & jnp.any(last_B[:, None] == eos_E[None, :], axis=-1)
 
 
 def _rollout(
@@ -75,6 +112,7 @@ def _rollout(
     max_new_tokens: jax.Array,
     eos_E: jax.Array,
     pad_id: jax.Array,
+    budget_B: jax.Array,
     *,
     num_samples: int,
     gen_width: int,
@@ -83,8 +121,9 @@ def _rollout(
     use_top_p: bool,
     per_layer: bool = False,
     constrain: Constrain | None = None,
-) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
-    """Prefill + decode loop. Returns (tokens_BT, logprobs_BT, lengths_B, finished_B) with T = gen_width.
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]:
+    """Prefill + decode loop. Returns (tokens_BT, logprobs_BT, lengths_B, finished_B, decode steps) with
+    T = gen_width.
 
     Args:
       graphdef, state: `nnx.split(model)`; state may be sharded.
@@ -94,6 +133,8 @@ def _rollout(
       max_new_tokens: int32 scalar <= gen_width.
       eos_E: [E] int32 stop tokens (-1 entries never match).
       pad_id: int32 scalar written after the end of each row.
+      budget_B: [B] int32, row b stops after budget_B[b] tokens (its own length budget; >= max_new_tokens
+        for none). The static batch keeps a stopped row's slot until the loop ends.
       num_samples: G; gen_width: decode buffer width; greedy/top_k/use_top_p: static sampling mode.
       per_layer: decode on per-layer weight and cache buffers (see the module notes).
       constrain: optional sharding callback (module notes): pins prompts, KV cache and outputs to the batch
@@ -101,26 +142,15 @@ def _rollout(
     """
     global _trace_count
     _trace_count += 1
-    chex.assert_rank(tokens_PL, 2)
-    chex.assert_equal_shape([tokens_PL, mask_PL])
-    chex.assert_rank([temperature, top_p, max_new_tokens, pad_id], 0)
-    chex.assert_rank(eos_E, 1)
-    model = nnx.merge(graphdef, state)
-    pin = constrain or (lambda x, names: x)
-    tokens_PL, mask_PL = pin(tokens_PL, ("batch", "length")), pin(mask_PL, ("batch", "length"))
-    num_prompts, width = tokens_PL.shape
-    rows = num_prompts * num_samples
+    model, pin, tokens_PL, mask_PL = start(graphdef, state, tokens_PL, mask_PL, (temperature, top_p, max_new_tokens,
+                                                                                 pad_id), eos_E, budget_B,
+                                           num_samples, constrain)
+    rows = tokens_PL.shape[0] * num_samples
 
-    # Prefill the P prompts once.
-    # The barrier keeps XLA from constant-folding the prefill's (all-masked) scores over the empty cache.
-    cache = KVCache.init(model.cfg, num_prompts, width + gen_width, model.cfg.dtype)
-    cache = jax.lax.optimization_barrier(cache)
-    positions_PL = jnp.maximum(jnp.cumsum(mask_PL.astype(jnp.int32), axis=-1) - 1, 0)
-    out = model.forward(
-        tokens_PL, positions_PL, mask_PL, cache=cache, return_hidden=True, return_logits=False
-    )
-    logits_BV = jnp.repeat(_last_logits(model, out.hidden[:, -1]), num_samples, axis=0)
-    cache = _pin_cache(out.cache.repeat(num_samples), pin)
+    # Prefill the P prompts once; the G samples of a prompt share its cache.
+    cache_P, logits_PV = prefill(model, tokens_PL, mask_PL, gen_width)
+    logits_BV = jnp.repeat(logits_PV, num_samples, axis=0)
+    cache = pin_cache(cache_P.repeat(num_samples), pin)
     layers = None
     if per_layer:
         layers, cache = model.layer_states(), cache.unstack()
@@ -138,7 +168,8 @@ def _rollout(
         tok_B, tokens_BT, logp_BT, length_B = filters.emit_tokens(
             logits_BV, key, t, rows_B, active_B, tokens_BT, logp_BT, length_B, temperature=temperature,
             greedy=greedy, top_k=top_k, top_p=top_p_arg, pad_id=pad_id)
-        done_B = done_B | (active_B & jnp.any(tok_B[:, None] == eos_E[None, :], axis=-1))
+        stop_B = jnp.any(tok_B[:, None] == eos_E[None, :], axis=-1) | (length_B >= budget_B)
+        done_B = done_B | (active_B & stop_B)
         step = model.forward(
             tok_B[:, None], (next_pos_B + t)[:, None], jnp.ones((rows, 1), bool), cache=cache, layers=layers
         )
@@ -153,12 +184,14 @@ def _rollout(
         jnp.zeros((rows,), bool),
         jnp.zeros((rows,), jnp.int32),
     )
-    _, _, _, tokens_BT, logp_BT, done_B, length_B = jax.lax.while_loop(cond, body, init)
+    steps, _, _, tokens_BT, logp_BT, _, length_B = jax.lax.while_loop(cond, body, init)
     rows_BT, rows_B = ("batch", None), ("batch",)
-    return pin(tokens_BT, rows_BT), pin(logp_BT, rows_BT), pin(length_B, rows_B), pin(done_B, rows_B)
+    finished_B = finished_rows(tokens_BT, length_B, eos_E)
+    return (pin(tokens_BT, rows_BT), pin(logp_BT, rows_BT), pin(length_B, rows_B), pin(finished_B, rows_B),
+            steps)
 
 
-def _pin_cache(cache: KVCache, pin) -> KVCache:
+def pin_cache(cache: KVCache, pin) -> KVCache:
     """The stacked KV cache with each field pinned to its logical names (`KV_CACHE_NAMES`)."""
     if isinstance(cache.k, (tuple, list)):  # per-layer form: pinned after `unstack` by the decode step
         return cache
@@ -167,7 +200,6 @@ def _pin_cache(cache: KVCache, pin) -> KVCache:
 
 
 _STATIC = ("graphdef", "num_samples", "gen_width", "greedy", "top_k", "use_top_p", "per_layer", "constrain")
-rollout = jax.jit(_rollout, static_argnames=_STATIC)
 # XLA:CPU options of the decode programs (benchmarks/RESULTS.md, "CPU decode"):
 # * YNNPACK library fusions off: XLA:CPU hands each decode-step dot to YNNPACK, whose MLP down projection of a
 #   few rows ([B, 384] x [384, 128] on the 4-layer test model) took 23 ms a call inside the decode loop, where
@@ -178,12 +210,23 @@ rollout = jax.jit(_rollout, static_argnames=_STATIC)
 #   a 2-core CPU (no more per-step copies of the per-layer cache buffers). It made the layer scan no faster.
 CPU_DECODE_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
 CPU_PER_LAYER_OPTIONS = {**CPU_DECODE_OPTIONS, "xla_cpu_copy_insertion_use_region_analysis": True}
-_rollout_cpu = jax.jit(_rollout, static_argnames=_STATIC, compiler_options=CPU_DECODE_OPTIONS)
-_rollout_cpu_per_layer = jax.jit(_rollout, static_argnames=_STATIC, compiler_options=CPU_PER_LAYER_OPTIONS)
 
 
-def rollout_for(*, on_cpu: bool, per_layer: bool):
-    """The compiled `rollout` to call: CPU programs have their own compiler options."""
-    if not on_cpu:
-        return rollout
-    return _rollout_cpu_per_layer if per_layer else _rollout_cpu
+class Programs:
+    """A rollout function jitted for each platform form; `programs(on_cpu=, per_layer=)` is the one to call
+    (CPU programs have their own compiler options, above). Both engines have one (`rollout_for` here,
+    `jaxrl.sampling.continuous.continuous_for`)."""
+
+    def __init__(self, fn, static_argnames):
+        self.accelerator = jax.jit(fn, static_argnames=static_argnames)
+        self.cpu = jax.jit(fn, static_argnames=static_argnames, compiler_options=CPU_DECODE_OPTIONS)
+        self.cpu_per_layer = jax.jit(fn, static_argnames=static_argnames, compiler_options=CPU_PER_LAYER_OPTIONS)
+
+    def __call__(self, *, on_cpu: bool, per_layer: bool):
+        if not on_cpu:
+            return self.accelerator
+        return self.cpu_per_layer if per_layer else self.cpu
+
+
+rollout_for = Programs(_rollout, _STATIC)
+rollout = rollout_for.accelerator

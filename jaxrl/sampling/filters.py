@@ -92,9 +92,12 @@ def filtered_logits(
 
 
 def row_keys(key: jax.Array, step: jax.Array, rows_B: jax.Array) -> jax.Array:
-    """One PRNG key per row: fold_in(fold_in(key, step), row). rows_B are global row indices [B] int32."""
-    step_key = jax.random.fold_in(key, step)
-    return jax.vmap(lambda r: jax.random.fold_in(step_key, r))(rows_B)
+    """One PRNG key per row: fold_in(fold_in(key, step), row). rows_B are global row indices [B] int32; step is
+    a scalar (all rows at one step) or [B] (each row at its own step: `jaxrl.sampling.continuous`)."""
+    if jnp.ndim(step) == 0:
+        step_key = jax.random.fold_in(key, step)
+        return jax.vmap(lambda r: jax.random.fold_in(step_key, r))(rows_B)
+    return jax.vmap(lambda t, r: jax.random.fold_in(jax.random.fold_in(key, t), r))(step, rows_B)
 
 
 def choose_tokens(

@@ -52,7 +52,7 @@ from flax import nnx
 from jaxrl.models import KVCache
 from jaxrl.sampling import filters
 from jaxrl.sampling.batching import DEFAULT_GEN_BUCKETS, DEFAULT_PROMPT_BUCKETS, bucket, left_pad
-from jaxrl.sampling.engine import CPU_DECODE_OPTIONS, CPU_PER_LAYER_OPTIONS, _last_logits, _pin_cache
+from jaxrl.sampling.engine import CPU_DECODE_OPTIONS, CPU_PER_LAYER_OPTIONS, _last_logits, pin_cache
 from jaxrl.sharding import hosts
 
 MODES = ("reprefill", "continue")
@@ -127,7 +127,7 @@ def _turn(graphdef, state, cache, chunk_BW, chunk_mask_BW, key, rows_B, temperat
     rows = chunk_BW.shape[0]
     if cache is None:
         cache = KVCache.init(model.cfg, rows, capacity, model.cfg.dtype)
-        cache = _pin_cache(jax.lax.optimization_barrier(cache), pin)
+        cache = pin_cache(jax.lax.optimization_barrier(cache), pin)
     layers = None
     if per_layer:
         layers, cache = model.layer_states(), cache.unstack()

@@ -55,12 +55,13 @@ BASE = [
 
 # One comparison asserts several things: ppo (a critic, GAE, 2 mini-batches) also checks the KL term, in the
 # reward per token (its reference and the critic are checkpointed, so the kill -9 test below resumes both),
-# and process 0's tracker; gdpo starts from an SFT warm start on 4 hosts; dapo is asynchronous
+# process 0's tracker, and continuous batching (4 decode slots for the 8 rows of a step, refilled); gdpo starts from an SFT warm start on 4 hosts; dapo is asynchronous
 # (`train.async.max_staleness=1`: step 2 trains on a rollout the step-0 policy sampled, its resampling rounds
 # included, collected before step 1's update; `jaxrl.rl.ahead`).
 CASES = {
     "ppo": ["algorithm.name=ppo", "train.steps=3", "algorithm.kl.beta=0.05", "algorithm.kl.where=reward",
-            "logging.trackers=[mlflow]", "algorithm.ppo.lam=0.95", "algorithm.mini_batches=2"],
+            "logging.trackers=[mlflow]", "algorithm.ppo.lam=0.95", "algorithm.mini_batches=2",
+            "rollout.engine.kind=continuous", "rollout.engine.slots=4"],
     "dapo": ["algorithm.name=dapo", "algorithm.params.max_tries=2", "train.async.max_staleness=1"],
     "gdpo": ["algorithm.name=gdpo", "sft_warmup.steps=4", "sft_warmup.batch_size=8"],
     "clipo_lora": ["algorithm.name=clipo", "model.lora={rank: 4, alpha: 8}", "model.quantize=int8",
@@ -218,6 +219,9 @@ def test_several_hosts_match_one_host(name, tmp_root):
     if name == "ppo":  # the KL term is on and compared: the policy moved away from its reference
         assert any(r.get("kl", 0) > 0 for r in one), f"KL never positive: {[r.get('kl') for r in one]}"
         assert all(r["critic/vf_loss"] > 0 for r in one if "loss" in r), one  # the critic's loss, compared
+        assert [r["rollout/decode_steps"] for r in two if "loss" in r] == [
+            r["rollout/decode_steps"] for r in one if "loss" in r]  # 4 slots, refilled: more steps than 8
+        assert all(r["rollout/decode_steps"] > 8 for r in one if "loss" in r), one
 
 
 @pytest.mark.slow
