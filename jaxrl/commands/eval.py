@@ -16,7 +16,6 @@ when given). A LoRA run's adapters are merged into their base on the fly (`jaxrl
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 from pathlib import Path
 
@@ -88,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     if args.data is None:  # a system's questions must be over its world (as `jaxrl train` checks them)
         collector.check_records(records, "held-out")
     greedy = sampling_spec(cfg, greedy=True)
-    sampled = dataclasses.replace(sampling_spec(cfg), num_samples=args.k) if args.k > 1 else None
+    sampled = sampling_spec(cfg, eval_samples=args.k) if args.k > 1 else None
     encoder = Encoder(tokenizer, d.system_prompt, d.target_format, tuple(d.target_formats))
     collect = lambda params, batch, spec, seed: collector(params, batch, spec, seed, train=False)
     batch_size = args.batch_size or d.prompts_per_step  # the training evaluation's batches by default

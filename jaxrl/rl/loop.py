@@ -18,7 +18,6 @@ take.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import functools
 import logging
 import time
@@ -92,7 +91,7 @@ def _train(cfg: ExperimentConfig, run_dir: str | Path, checkpoint_dir: str | Non
     warm_start = functools.partial(sft_warm_start, run, records=train_records, encoder=encoder, steps=w.steps,
                                    lr=w.lr, batch_size=w.batch_size, packed=w.packing)
     k = cfg.train.eval_samples
-    sampled = dataclasses.replace(run.sampling, num_samples=k) if k > 1 else None
+    sampled = setup_lib.sampling_spec(cfg, eval_samples=k) if k > 1 else None
     # held-out rows (a multi-agent system: the rows it evaluates, e.g. MARCH's Solver answers)
     collect = lambda params, records, spec, seed: run.collector(params, records, spec, seed, train=False)
     # The trained parameters (LoRA: the adapters) -> the policy the sampler runs (LoRA: base + adapters).

@@ -55,16 +55,19 @@ def _pure(state) -> dict:
     return state.to_pure_dict()
 
 
-def sampling_spec(cfg: ExperimentConfig, *, greedy: bool = False) -> SamplingSpec:
-    """The rollout's `SamplingSpec` (greedy: one sample per prompt at τ = 0, for held-out evaluation)."""
+def sampling_spec(cfg: ExperimentConfig, *, greedy: bool = False, eval_samples: int | None = None) -> SamplingSpec:
+    """The rollout's `SamplingSpec`; greedy: one sample per prompt at τ = 0, and `eval_samples` k: k samples at
+    the rollout's temperature, both for held-out evaluation, which decodes with the static engine (its
+    batches, the last one short, are not the step's rows that `rollout.engine.slots` is sized for)."""
     r = cfg.rollout
     buckets = lambda b: tuple(b) or None
     if greedy:
         return SamplingSpec(max_new_tokens=r.max_new_tokens, num_samples=1, temperature=0.0,
                             prompt_buckets=buckets(r.prompt_buckets), gen_buckets=buckets(r.gen_buckets))
-    return SamplingSpec(max_new_tokens=r.max_new_tokens, num_samples=r.group_size, temperature=r.temperature,
-                        top_k=r.top_k, top_p=r.top_p, prompt_buckets=buckets(r.prompt_buckets),
-                        gen_buckets=buckets(r.gen_buckets), engine=r.engine.kind, slots=r.engine.slots)
+    engine = dict(engine="static") if eval_samples else dict(engine=r.engine.kind, slots=r.engine.slots)
+    return SamplingSpec(max_new_tokens=r.max_new_tokens, num_samples=eval_samples or r.group_size,
+                        temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
+                        prompt_buckets=buckets(r.prompt_buckets), gen_buckets=buckets(r.gen_buckets), **engine)
 
 
 def algo_settings(cfg: ExperimentConfig) -> AlgoSettings:

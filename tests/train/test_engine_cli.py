@@ -19,9 +19,11 @@ import pytest
 
 from tests.sharding.test_multihost_cli import BASE, _env, assert_same_metrics, metrics
 
+# held-out: 2 sampled completions per prompt too, in batches of 4, 4 and 2 prompts (the last one's 4 rows are
+# fewer than the 8 slots: evaluation decodes with the static engine)
 RUN = ["train.steps=3", "algorithm.name=grpo", "data.prompts_per_step=4", "rollout.group_size=4",
-       "rollout.max_new_tokens=24", "rollout.gen_buckets=[32]"]
-COMPARED = ("loss", "reward/mean", "eval/accuracy", "train/grad_norm", "response_length/mean",
+       "rollout.max_new_tokens=24", "rollout.gen_buckets=[32]", "data.eval_size=10", "train.eval_samples=2"]
+COMPARED = ("loss", "reward/mean", "eval/accuracy", "eval/pass@2", "train/grad_norm", "response_length/mean",
             "response/finished_frac", "entropy")
 
 
@@ -38,8 +40,9 @@ def test_continuous_engine_trains_exactly_as_the_static_batch(tmp_path):
     for n, p in procs.items():
         assert p.returncode == 0, logs[n][-3000:]
     static, cont = metrics(tmp_path / "static"), metrics(tmp_path / "continuous")
-    assert_same_metrics(cont, static, keys=COMPARED)  # every step has each key, and then: bit for bit
+    assert_same_metrics(cont, static, keys=COMPARED)  # the same keys at every step, and then bit for bit:
     assert [[r.get(k) for k in COMPARED] for r in cont] == [[r.get(k) for k in COMPARED] for r in static]
+    assert any("eval/pass@2" in r for r in static)
     steps = [r for r in static if "loss" in r]
     assert any(0 < r["response/finished_frac"] < 1 for r in steps), steps  # EOS at mixed lengths
     for s, c in zip(steps, (r for r in cont if "loss" in r)):
