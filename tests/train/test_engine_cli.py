@@ -8,6 +8,7 @@ slots, one per device, the sampler's log-probs differ from the static batch's in
 single-row dots round unlike its 4-row ones; tokens and the gradient stay the same, the loss's ratio moves by
 1e-8.)
 The multi-host form (2 processes x 2 devices = 1 x 4) is the ppo case of tests/sharding/test_multihost_cli.py.
+Also: the engine's configuration errors (one line, before anything is built).
 """
 
 from __future__ import annotations
@@ -15,8 +16,13 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import jax
 import pytest
 
+from jaxrl.config import load_config
+from jaxrl.errors import ConfigError
+from jaxrl.rl import placement
+from jaxrl.sharding import MeshConfig, make_mesh
 from tests.sharding.test_multihost_cli import BASE, _env, assert_same_metrics, metrics
 
 # held-out: 2 sampled completions per prompt too, in batches of 4, 4 and 2 prompts (the last one's 4 rows are
@@ -50,3 +56,25 @@ def test_continuous_engine_trains_exactly_as_the_static_batch(tmp_path):
         assert c["rollout/decode_steps"] > s["rollout/decode_steps"]  # 8 rows at a time, not 16
         tokens = s["response_length/mean"] * 16
         assert c["rollout/slot_use"] == tokens / (8 * c["rollout/decode_steps"])  # 8 slots busy that share
+
+
+@pytest.mark.parametrize("config,sets,match", [
+    (None, ["rollout.engine.kind=paged"], "rollout.engine.kind='paged': allowed values are 'static', 'continuous'"),
+    (None, ["rollout.engine.slots=4"], "rollout.engine.slots=4: is the continuous engine's"),
+    (None, ["rollout.engine.kind=continuous", "rollout.engine.slots=0"], "rollout.engine.slots=0: must be >= 1"),
+    (None, ["rollout.engine.kind=continuous", "rollout.engine.slots=65"],
+     r"rollout.engine.slots=65: must be <= the rows of a step \(data.prompts_per_step x rollout.group_size = 64\)"),
+    ("configs/search_tiny.yaml", ["rollout.engine.kind=continuous"],
+     "rollout.engine.kind='continuous': must be 'static' with env: or multi_agent:"),
+])
+def test_bad_engine_config_is_one_line(config, sets, match):
+    with pytest.raises(ConfigError, match=match):
+        load_config(config, sets)
+
+
+def test_slots_split_over_the_sampler_batch_shards():
+    mesh = make_mesh(MeshConfig(data=2, fsdp=2), jax.devices()[:4])
+    placement.check_slots(8, mesh)
+    placement.check_slots(None, mesh)
+    with pytest.raises(ConfigError, match=r"rollout.engine.slots=6: must be a multiple of the sampler's 4 batch"):
+        placement.check_slots(6, mesh)
