@@ -1,6 +1,6 @@
 """`rollout.engine` through the real CLI (issue 33 item 1): the continuous engine trains exactly as the static one.
 
-Two tiny GRPO runs side by side on 4 fake devices, completions of up to 24 tokens stopping at EOS at mixed
+Two tiny 2-step GRPO runs side by side on 4 fake devices, completions of up to 24 tokens stopping at EOS at mixed
 lengths: with 8 decode slots for the 16 rows of a step, refilled as rows stop, every metric of every step is
 the same as with the static batch, bit for bit (rollouts, rewards, loss, gradient norm, held-out accuracy),
 while the decode loop runs more steps of fewer rows (`rollout/decode_steps`, `rollout/slot_use`). (With 4
@@ -25,10 +25,11 @@ from jaxrl.rl import placement
 from jaxrl.sharding import MeshConfig, make_mesh
 from tests.sharding.test_multihost_cli import BASE, _env, assert_same_metrics, metrics
 
-# held-out: 2 sampled completions per prompt too, in batches of 4, 4 and 2 prompts (the last one's 4 rows are
+# held-out: 2 sampled completions per prompt too, in batches of 4 and 2 prompts (the last one's 4 rows are
 # fewer than the 8 slots: evaluation decodes with the static engine)
-RUN = ["train.steps=3", "algorithm.name=grpo", "data.prompts_per_step=4", "rollout.group_size=4",
-       "rollout.max_new_tokens=24", "rollout.gen_buckets=[32]", "data.eval_size=10", "train.eval_samples=2"]
+RUN = ["train.steps=2", "train.eval_every=2", "algorithm.name=grpo", "data.prompts_per_step=4",
+       "rollout.group_size=4", "rollout.max_new_tokens=24", "rollout.gen_buckets=[32]", "data.eval_size=6",
+       "train.eval_samples=2"]
 COMPARED = ("loss", "reward/mean", "eval/accuracy", "eval/pass@2", "train/grad_norm", "response_length/mean",
             "response/finished_frac", "entropy")
 
