@@ -33,7 +33,7 @@ from flax import nnx
 
 from jaxrl.models import KVCache
 from jaxrl.sampling import filters
-from jaxrl.sampling.engine import Programs, pin_cache, finished_rows, prefill, start
+from jaxrl.sampling.engine import Programs, finished_rows, is_eos, pin_cache, prefill, start
 from jaxrl.sharding import Constrain
 
 _trace_count = 0
@@ -110,19 +110,20 @@ def _continuous(graphdef: nnx.GraphDef, state: nnx.State, tokens_PL, mask_PL, ke
         next_row, row_S, t_S, logits_SV, cache, tokens_BT, logp_BT, length_B = carry
         admit_S, row_S = admission(row_S, next_row, rows)
         next_row = next_row + jnp.sum(admit_S, dtype=jnp.int32)
-        prompt_S = jnp.maximum(row_S, 0) // num_samples
+        safe_row_S = jnp.maximum(row_S, 0)  # idle slots (row -1) index row 0; their writes are dropped below
+        prompt_S = safe_row_S // num_samples
         cache, logits_SV = jax.lax.cond(jnp.any(admit_S), _admit, lambda c, z, *_: (c, z),
                                         cache, logits_SV, cache_P, logits_PV, admit_S, prompt_S)
         t_S = jnp.where(admit_S, 0, t_S)
         live_S = row_S >= 0
-        keys_S = None if greedy else filters.row_keys(key, t_S, jnp.maximum(row_S, 0))
+        keys_S = None if greedy else filters.row_keys(key, t_S, safe_row_S)
         tok_S = filters.choose_tokens(logits_SV, keys_S, temperature, greedy=greedy, top_k=top_k, top_p=top_p_arg)
         logp_S = filters.sampled_logprobs(logits_SV, tok_S, temperature, greedy=greedy)
         out_S = jnp.where(live_S, row_S, rows)  # rows (out of bounds) for idle slots: their writes are dropped
         tokens_BT = tokens_BT.at[out_S, t_S].set(tok_S, mode="drop")
         logp_BT = logp_BT.at[out_S, t_S].set(logp_S, mode="drop")
         length_B = length_B.at[out_S].set(t_S + 1, mode="drop")
-        stop_S = jnp.any(tok_S[:, None] == eos_E[None, :], axis=-1) | (t_S + 1 >= limit_B[jnp.maximum(row_S, 0)])
+        stop_S = is_eos(tok_S, eos_E) | (t_S + 1 >= limit_B[safe_row_S])
         step = model.forward(tok_S[:, None], (prompt_len_P[prompt_S] + t_S)[:, None], jnp.ones((slots, 1), bool),
                              cache=cache.with_row_index(width + jnp.minimum(t_S, gen_width - 1)), layers=layers)
         row_S = jnp.where(live_S & stop_S, -1, row_S)

@@ -95,10 +95,15 @@ def prefill(model, tokens_PL: jax.Array, mask_PL: jax.Array, gen_width: int):
     return out.cache, _last_logits(model, out.hidden[:, -1])
 
 
+def is_eos(tok_B: jax.Array, eos_E: jax.Array) -> jax.Array:
+    """[B] bool: the token is one of the stop tokens eos_E ([E] int32, -1 entries match nothing)."""
+    return jnp.any(tok_B[:, None] == eos_E[None, :], axis=-1)
+
+
 def finished_rows(tokens_BT: jax.Array, length_B: jax.Array, eos_E: jax.Array) -> jax.Array:
     """[B] bool: the row's last token is a stop token (an EOS ends a row, so it is only ever the last)."""
     last_B = jnp.take_along_axis(tokens_BT, jnp.maximum(length_B - 1, 0)[:, None], axis=-1)[:, 0]
-    return (length_B > 0) & jnp.any(last_B[:, None] == eos_E[None, :], axis=-1)
+    return (length_B > 0) & is_eos(last_B, eos_E)
 
 
 def _rollout(
@@ -168,7 +173,7 @@ def _rollout(
         tok_B, tokens_BT, logp_BT, length_B = filters.emit_tokens(
             logits_BV, key, t, rows_B, active_B, tokens_BT, logp_BT, length_B, temperature=temperature,
             greedy=greedy, top_k=top_k, top_p=top_p_arg, pad_id=pad_id)
-        stop_B = jnp.any(tok_B[:, None] == eos_E[None, :], axis=-1) | (length_B >= budget_B)
+        stop_B = is_eos(tok_B, eos_E) | (length_B >= budget_B)
         done_B = done_B | (active_B & stop_B)
         step = model.forward(
             tok_B[:, None], (next_pos_B + t)[:, None], jnp.ones((rows, 1), bool), cache=cache, layers=layers

@@ -52,7 +52,7 @@ from flax import nnx
 from jaxrl.models import KVCache
 from jaxrl.sampling import filters
 from jaxrl.sampling.batching import DEFAULT_GEN_BUCKETS, DEFAULT_PROMPT_BUCKETS, bucket, left_pad
-from jaxrl.sampling.engine import CPU_DECODE_OPTIONS, CPU_PER_LAYER_OPTIONS, _last_logits, pin_cache
+from jaxrl.sampling.engine import CPU_DECODE_OPTIONS, CPU_PER_LAYER_OPTIONS, _last_logits, is_eos, pin_cache
 from jaxrl.sharding import hosts
 
 MODES = ("reprefill", "continue")
@@ -148,7 +148,7 @@ def _turn(graphdef, state, cache, chunk_BW, chunk_mask_BW, key, rows_B, temperat
             greedy=greedy, top_k=top_k, top_p=top_p_arg, pad_id=pad_id)
         hist_BK = jnp.concatenate([hist_BK[:, 1:], tok_B[:, None]], axis=1)
         stop_hit_B = jnp.any(jnp.all((stop_SK[None] == -1) | (hist_BK[:, None, :] == stop_SK[None]), -1), -1)
-        hit_B = live_B & (jnp.any(tok_B[:, None] == eos_E[None, :], axis=-1) | stop_hit_B)
+        hit_B = live_B & (is_eos(tok_B, eos_E) | stop_hit_B)
         done_B = done_B | hit_B | (live_B & (length_B >= max_new_B))
         feed_B = live_B & ~done_B  # a token that ends the turn is fed at the start of the next one
         step = model.forward(tok_B[:, None], None, feed_B[:, None], cache=cache, layers=layers)
