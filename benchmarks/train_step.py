@@ -47,9 +47,11 @@ SHAPES = {"tiny": MODEL,
                           max_position_embeddings=8192, tie_embeddings=True)}
 
 
-def make_inputs(b: int, lp: int, lc: int, seed: int = 0, group: int = 1) -> dict[str, np.ndarray]:
+def make_inputs(b: int, lp: int, lc: int, seed: int = 0, group: int = 1, lengths: str = "uniform"
+                ) -> dict[str, np.ndarray]:
     """Random rows: prompts of lp//2 .. lp tokens, left-padded (one prompt per `group` consecutive rows),
-    completions of lc//2 .. lc tokens."""
+    completions of lc//2 .. lc tokens (`lengths` "uniform"), or of min(lc, ⌊16 / U⌋) tokens, U ~ Uniform(0, 1]
+    ("long-tailed": the law of benchmarks/continuous.py, median 32, a few rows at lc)."""
     rng = np.random.default_rng(seed)
     if b % group:
         raise ValueError(f"--batch {b} is not a multiple of --group {group}")
@@ -59,6 +61,10 @@ def make_inputs(b: int, lp: int, lc: int, seed: int = 0, group: int = 1) -> dict
     pmask = np.arange(lp)[None, :] >= lp - plen[:, None]  # left padding
     comp = rng.integers(3, MODEL["vocab_size"], size=(b, lc))
     clen = rng.integers(lc // 2, lc + 1, size=b)
+    if lengths == "long-tailed":
+        from continuous import long_tailed_lengths  # benchmarks/continuous.py
+
+        clen = np.maximum(long_tailed_lengths(b, 16, lc, seed=seed + 1), 1)
     cmask = np.arange(lc)[None, :] < clen[:, None]
     return dict(prompt_ids=np.where(pmask, prompt, 0), prompt_mask=pmask,
                 completion_ids=np.where(cmask, comp, 0), completion_mask=cmask,
@@ -140,11 +146,20 @@ def run_jaxrl(model_dir: str, args, out) -> None:
         adapters = lora.init_adapters(params, lora_cfg, jax.random.key(3))
         base = params if args.lora == "dense" else quant.quantize_params(params, args.lora)
         params, spec = adapters, LossSpec(lora=lora_cfg)
-    x = make_inputs(args.batch, args.prompt, args.completion, group=args.group)
+    x = make_inputs(args.batch, args.prompt, args.completion, group=args.group, lengths=args.lengths)
     step, state, batch = jaxrl_update(graphdef, params, x, group=args.group if args.shared else 1, spec=spec)
     del params
+    packed = {}
+    if args.packed:  # `train.packing: auto` on one device: packed rows where they compute fewer positions
+        from jaxrl.config import MeshConfig
+        from jaxrl.rl import packing
+        from jaxrl.sharding import RULES, make_mesh
+
+        mesh = make_mesh(MeshConfig(data=1, fsdp=1), jax.devices()[:1])
+        batch, packed = packing.packer_for("auto", mesh, RULES["fsdp"], 1)(batch)
+        batch = jax.device_put(batch, jax.devices()[0])  # placed like the rest: one program for every call
     state, m, compile_s, times = time_update(step, state, batch, base, args.steps)
-    out.put(dict(side=args.side, step_s=statistics.median(times),
+    out.put(dict(side=args.side, step_s=statistics.median(times), **packed,
                  first_call_s=compile_s,
                  loss=float(m["loss"]), peak_rss_mib=_peak_rss_mib(), step_cache_size=step._cache_size()))
 
@@ -165,7 +180,7 @@ def run_trl(model_dir: str, args, out) -> None:
         trainer = GRPOTrainer(model=model, reward_funcs=lambda completions, **kw: [0.0] * len(completions),
                               args=cfg, train_dataset=datasets.Dataset.from_dict({"prompt": ["a"] * 4}),
                               processing_class=tok)
-        x = make_inputs(args.batch, args.prompt, args.completion, group=args.group)
+        x = make_inputs(args.batch, args.prompt, args.completion, group=args.group, lengths=args.lengths)
         t = {k: torch.as_tensor(v) for k, v in x.items()}
         inputs = dict(prompt_ids=t["prompt_ids"], prompt_mask=t["prompt_mask"].long(),
                       completion_ids=t["completion_ids"], completion_mask=t["completion_mask"].long(),
@@ -229,8 +244,9 @@ def _best(results: list[dict]) -> dict:
 
 # side -> (child function, extra arguments); KEYS: the side's key in the JSON report; NAMES: its printed name.
 # Every jaxrl side shares prompts within groups (`--group` > 1) except `unshared`.
-_J = dict(lora="none", shared=True)
+_J = dict(lora="none", shared=True, packed=False)
 SIDES = {"jaxrl": (run_jaxrl, dict(_J, scan_layers=True)),
+         "packed": (run_jaxrl, dict(_J, scan_layers=True, packed=True)),
          "unshared": (run_jaxrl, dict(_J, scan_layers=True, shared=False)),
          "unrolled": (run_jaxrl, dict(_J, scan_layers=False)),
          "trl": (run_trl, {}),
@@ -238,10 +254,10 @@ SIDES = {"jaxrl": (run_jaxrl, dict(_J, scan_layers=True)),
          "lora": (run_jaxrl, dict(_J, scan_layers=True, lora="dense")),
          "qlora-int8": (run_jaxrl, dict(_J, scan_layers=True, lora="int8")),
          "qlora-nf4": (run_jaxrl, dict(_J, scan_layers=True, lora="nf4"))}
-KEYS = {"unshared": "jaxrl_unshared", "unrolled": "jaxrl_unrolled", "remat-dots": "jaxrl_remat_dots",
+KEYS = {"packed": "jaxrl_packed", "unshared": "jaxrl_unshared", "unrolled": "jaxrl_unrolled", "remat-dots": "jaxrl_remat_dots",
         "lora": "jaxrl_lora", "qlora-int8": "jaxrl_qlora_int8",
         "qlora-nf4": "jaxrl_qlora_nf4"}
-NAMES = {"jaxrl": "jaxrl (scan_layers=true, default)", "unshared": "jaxrl (prompts not shared)",
+NAMES = {"jaxrl": "jaxrl (scan_layers=true, default)", "packed": "jaxrl (train.packing: auto)", "unshared": "jaxrl (prompts not shared)",
          "unrolled": "jaxrl (scan_layers=false)", "trl": "TRL",
          "remat-dots": "jaxrl (model.remat: dots)", "lora": "jaxrl LoRA r={rank}",
          "qlora-int8": "jaxrl QLoRA int8 r={rank}",
@@ -259,6 +275,8 @@ def main(argv=None) -> int:
     ap.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
     ap.add_argument("--sides", default="jaxrl,unrolled,trl", help=f"comma-separated, of {', '.join(SIDES)}")
     ap.add_argument("--lora-rank", type=int, default=16, help="adapter rank of the lora / qlora sides")
+    ap.add_argument("--lengths", choices=("uniform", "long-tailed"), default="uniform",
+                    help="completion lengths: lc/2..lc, or long-tailed 16..lc (`make_inputs`)")
     args = ap.parse_args(argv)
     sides = args.sides.split(",")
     if not sides or any(side not in SIDES for side in sides):
@@ -284,20 +302,24 @@ def main(argv=None) -> int:
                 rounds[side].append(_child(fn, model_dir, side_args))
     best = {side: _best(results) for side, results in rounds.items()}
     tokens = args.batch * (args.prompt + args.completion)
+    x = make_inputs(args.batch, args.prompt, args.completion, group=args.group, lengths=args.lengths)
+    real = int(x["prompt_mask"].sum() + x["completion_mask"].sum())  # the batch's real (unpadded) tokens
     for r in best.values():
         r["tokens_per_s"] = tokens / r["step_s"]  # 0 for a side that failed
+        r["real_tokens_per_s"] = real / r["step_s"]
     tr = best.get("trl")
     vs_trl = lambda r: r["tokens_per_s"] / tr["tokens_per_s"] if tr and tr["tokens_per_s"] else None
     report = dict(shape=args.shape, batch=args.batch, group=args.group, prompt=args.prompt,
                   completion=args.completion,
-                  seq_len=args.prompt + args.completion, tokens_per_update=tokens, rounds=args.rounds,
+                  seq_len=args.prompt + args.completion, tokens_per_update=tokens, real_tokens=real,
+                  lengths=args.lengths, rounds=args.rounds,
                   **{KEYS.get(side, side): r for side, r in best.items()})
     if tr:
         report.update({"speedup" + ("" if side == "jaxrl" else "_" + side): vs_trl(r)
                        for side, r in best.items() if side != "trl"})
     print(json.dumps(report, indent=2))
     print(f"GRPO update, {args.shape} shape, B={args.batch} G={args.group} prompt={args.prompt} "
-          f"completion={args.completion}, "
+          f"completion={args.completion} ({args.lengths}, {real} of {tokens} tokens real), "
           f"best of {args.rounds} round(s):")
     for side, r in best.items():
         name = NAMES[side].format(rank=args.lora_rank)
@@ -305,8 +327,9 @@ def main(argv=None) -> int:
             print(f"  {name:34s} failed ({r['error']})")
             continue
         ratio = f"  -> {vs_trl(r):.2f}x TRL" if side != "trl" and vs_trl(r) is not None else ""
+        how = f", packed rows {r['train/packed_rows']:.2f}" if r.get("train/packed") else ""
         print(f"  {name:34s} {r['tokens_per_s']:6.0f} tok/s ({r['step_s'] * 1e3:6.1f} ms/update, peak RSS "
-              f"{r['peak_rss_mib']:.0f} MiB, loss {r['loss']:.6f}){ratio}")
+              f"{r['peak_rss_mib']:.0f} MiB, loss {r['loss']:.6f}{how}){ratio}")
     return 0
 
 

@@ -187,7 +187,12 @@ class TrainConfig:
     `share_prompts`: run each prompt once for the G completions of its group in the update and the old /
     reference log-prob passes (`jaxrl.models.shared_prompt`; same numbers up to float summation order).
     "auto": wherever the batch keeps whole groups (`jaxrl.rl.batch.prompt_groups` lists the cases that fall
-    back to the unshared forward), "always": the same, but a batch that cannot is an error, "never": off."""
+    back to the unshared forward), "always": the same, but a batch that cannot is an error, "never": off.
+    `packing`: "auto" runs the update's forward over packed rows (`jaxrl.rl.packing.RLPacker`: each row's real
+    tokens end to end, no attention across sequences; the loss and gradient of the padded rows up to float
+    summation order) on every mini-batch where that computes fewer token positions than the padded (or
+    shared-prompt) forward; "off" (default): padded rows. Off by default so that the shipped configs' recorded
+    results stay as they are; the pod configs pack."""
 
     steps: int = 100
     seed: int = 0
@@ -195,6 +200,7 @@ class TrainConfig:
     max_failed_reward_steps: int = 3
     eval_samples: int = 1
     share_prompts: str = "auto"
+    packing: str = "off"
     async_: AsyncConfig = AsyncConfig()  # the key `train.async` (`jaxrl.config.io.config_key`)
 
     def __post_init__(self):
@@ -205,4 +211,5 @@ class TrainConfig:
         _check(self.steps >= 0, "train.steps", self.steps, "must be >= 0")
         _check(self.eval_every >= 0, "train.eval_every", self.eval_every, "must be >= 0 (0 = never)")
         _check_choice("train.share_prompts", self.share_prompts, ("auto", "always", "never"))
+        _check_choice("train.packing", self.packing, ("auto", "off"))
 

@@ -39,6 +39,7 @@ from flax import nnx
 
 from jaxrl import losses
 from jaxrl.learner.objectives import OBJECTIVES
+from jaxrl.learner.packed import packed_token_logprobs
 from jaxrl.models import lora
 from jaxrl.runtime import compile_cache
 
@@ -89,6 +90,9 @@ class TrainBatch:
     # int32 [B, L] segment ids of packed rows (`jaxrl.rl.packing`: several sequences per row, each attending only
     # to itself, positions restarting per segment), None = one sequence per row
     segment_BL: Any = None
+    # `jaxrl.learner.packed.PackedRows`: the forward runs over these packed rows and gathers each completion
+    # token's log-prob back to [B, T] (`jaxrl.rl.packing.rl_layout`); None = the padded rows' forward
+    packed: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,9 +170,13 @@ def _loss(params, graphdef, batch: TrainBatch, spec: LossSpec, norm, base=None):
     """
     model = nnx.merge(graphdef, full_params(params, base, spec.lora))
     width = batch.completion_mask_BT.shape[1]
-    logp_BT, ent_BT, _ = token_logprobs(model, batch.tokens_BL, batch.mask_BL, width,
-                                        chunk=spec.logprob_chunk, temperature=spec.temperature,
-                                        group=batch.group, segment_BL=batch.segment_BL)
+    if batch.packed is not None:  # the same [B, T] log-probs from the packed rows' forward
+        logp_BT, ent_BT = packed_token_logprobs(model, batch.packed, chunk=spec.logprob_chunk,
+                                                temperature=spec.temperature)
+    else:
+        logp_BT, ent_BT, _ = token_logprobs(model, batch.tokens_BL, batch.mask_BL, width,
+                                            chunk=spec.logprob_chunk, temperature=spec.temperature,
+                                            group=batch.group, segment_BL=batch.segment_BL)
     rl_m_BT, sft_m_BT = _masks(batch)
     agg = lambda v_BT: losses.aggregate(v_BT, rl_m_BT, spec.agg, normalizer=norm["rl"])
     pg_BT, metrics = OBJECTIVES[spec.objective].fn(logp_BT, batch, rl_m_BT, spec, **dict(spec.objective_kwargs))
@@ -229,10 +237,10 @@ def accumulate(grad_fn, params, batch, grad_accum: int, *, additive=frozenset())
     if grad_accum == 1:
         (loss, metrics), grads = grad_fn(params, batch)
         return loss, grads, metrics
-    b = jax.tree.leaves(batch)[0].shape[0]
-    if b % grad_accum:
-        raise ValueError(f"mini-batch of {b} rows is not divisible by grad_accum={grad_accum}")
-    micro = jax.tree.map(lambda x: x.reshape(grad_accum, b // grad_accum, *x.shape[1:]), batch)
+    for x in jax.tree.leaves(batch):  # rows, or packed rows (`PackedRows`): each split into grad_accum parts
+        if x.shape[0] % grad_accum:
+            raise ValueError(f"mini-batch of {x.shape[0]} rows is not divisible by grad_accum={grad_accum}")
+    micro = jax.tree.map(lambda x: x.reshape(grad_accum, x.shape[0] // grad_accum, *x.shape[1:]), batch)
 
     def body(carry, mb):
         (loss, metrics), grads = grad_fn(params, mb)

@@ -3,6 +3,8 @@
     batch, metrics = assemble(run, params, ro, adv)   # advantages, old / reference log-probs, mismatch weights
     state, metrics = update(run, state, batch, step)  # PPO epochs x mini-batches of the jitted, donated step
 
+Each mini-batch's forward may run over packed rows (`train.packing: auto`, `jaxrl.rl.packing.RLPacker`).
+
 A batch of whole GRPO groups runs each prompt once per group in the update and log-prob passes
 (`TrainBatch.group`; `prompt_groups` says which batches do, `train.share_prompts` switches it).
 """
@@ -244,4 +246,13 @@ def update(run: Run, state: TrainState, batch: TrainBatch, step: int) -> tuple[T
     shared-prompt batch, `batch.group` > 1, shuffles whole groups, so each mini-batch holds whole groups).
     `state` is the policy's train view (`Policy.train_view`: with per-role adapters, one role's)."""
     rows_of = minibatch_rows(batch.tokens_BL.shape[0], batch.group, run.update, step)
-    return minibatch_steps(run, run.step_fn, state, batch, rows_of)
+    step_fn = run.step_fn if run.packer is None else functools.partial(_packed_step, run)
+    return minibatch_steps(run, step_fn, state, batch, rows_of)
+
+
+def _packed_step(run: Run, state: TrainState, batch: TrainBatch):
+    """One optimiser step on the mini-batch, its forward over packed rows where that saves work
+    (`train.packing: auto`, `jaxrl.rl.packing.RLPacker`), with the packer's metrics."""
+    batch, info = run.packer(batch)
+    state, metrics = run.step_fn(state, batch)
+    return state, {**metrics, **info}

@@ -1,4 +1,8 @@
-"""Sequence packing of SFT rows: several demonstrations in one fixed-width row, so the update computes no padding.
+"""Sequence packing: several sequences in one fixed-width row, so the update computes (almost) no padding.
+
+Two users: the SFT warm start (`pack`, below: demonstrations rewritten into packed completion space) and the
+RL update (`rl_layout`, `RLPacker`, at the end: only the forward runs packed, the loss keeps the padded
+[B, T] layout; `train.packing: auto`).
 
 A padded SFT batch holds B rows [prompt left-padded to W | completion right-padded to T]; in the warm starts of
 the multi-turn configs 45-80% of those L = W + T positions are real tokens. Packing lays each row's real
@@ -29,11 +33,20 @@ Only SFT rows (SFT weight 1, no per-row RL quantities) are packed.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import math
+from typing import Any
+
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Sharding
 
+from jaxrl.learner.packed import PackedRows
 from jaxrl.learner.train_step import TrainBatch
+from jaxrl.rl.batch import rows_multiple_of
+from jaxrl.sharding import batch_shardings, hosts
 
 CLIP = 0.2  # the clip bounds of expert rows (unused by the SFT loss; kept like `expert_rows`)
 
@@ -155,3 +168,137 @@ def pack(batch: TrainBatch, num_blocks: int, held: list[int], rows_per_block: in
     ones = np.ones((n,), np.float32)
     return TrainBatch(tokens, mask, target[:, 1:], zeros, zeros, zeros, ones * CLIP, ones * CLIP, ones,
                       segment_BL=segment)
+
+
+# --- RL rows: the update's forward over packed rows, the loss on the padded [B, T] layout -------------------
+#
+# `pack` above rewrites SFT rows into packed completion space. An RL row carries per-token and per-row
+# quantities (advantages, old / reference log-probs, clip bounds, sequence-level aggregation), so an RL batch
+# keeps its padded [B, T] tensors and only its forward runs packed (`jaxrl.learner.packed`): `rl_layout` says
+# where each row's real tokens go and where each completion token's log-prob comes from, `RLPacker` builds
+# the packed rows on the devices and decides, per mini-batch, whether packing saves work.
+
+RL_LADDER = 8  # packed rows per block take one of 8 sizes (eighths of the block): at most 8 programs per width
+
+
+def row_spans(mask_BL: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(start_B, count_B, contiguous_B): each row's first real position, its number of real tokens, and
+    whether those are one contiguous run (a left-padded prompt followed by a right-padded completion)."""
+    mask_BL = np.asarray(mask_BL, bool)
+    length = mask_BL.shape[1]
+    count_B = mask_BL.sum(axis=1)
+    start_B = np.argmax(mask_BL, axis=1)
+    last_B = length - 1 - np.argmax(mask_BL[:, ::-1], axis=1)
+    contiguous_B = (count_B == 0) | (last_B - start_B + 1 == count_B)
+    return start_B, count_B, contiguous_B
+
+
+def ladder(per_block: int, steps: int = RL_LADDER) -> list[int]:
+    """The packed-row counts a block may take: ⌈per_block·i/steps⌉ for i = 1..steps, distinct, ascending."""
+    return sorted({-(-per_block * i // steps) for i in range(1, steps + 1)})
+
+
+@dataclasses.dataclass(frozen=True)
+class RLLayout:
+    """Where a batch's real tokens go: `src_RL` the block-local flat source position (row-in-block·L + column)
+    of each packed slot (−1: padding), `segment_RL` its segment (0: padding), `index_BT` the block-local flat
+    packed position predicting each completion token (`jaxrl.learner.packed.PackedRows.index_BT`)."""
+
+    rows_per_block: int
+    src_RL: np.ndarray
+    segment_RL: np.ndarray
+    index_BT: np.ndarray
+
+
+def rl_layout(start_B, count_B, prompt_width: int, length: int, blocks: int) -> RLLayout | None:
+    """The packed layout of B rows of width L = `length` (real tokens [start, start + count) of each row,
+    contiguous) in `blocks` equal blocks of consecutive rows: each block's rows first-fit decreasing into
+    rows of width L, every block given the same number of packed rows (the smallest `ladder` size that holds
+    the fullest block), or None when that is not fewer rows than the block's own. A row whose first real
+    token is a completion token (no prompt to predict it from) makes the batch unpackable (None)."""
+    start_B, count_B = np.asarray(start_B, np.int64), np.asarray(count_B, np.int64)
+    b, w = len(start_B), prompt_width
+    t = length - w
+    if b % blocks:
+        raise ValueError(f"{b} rows do not split into {blocks} blocks")
+    if np.any((count_B > 0) & (start_B >= w)):
+        return None
+    per = b // blocks
+    bins_k = [first_fit(count_B[k * per:(k + 1) * per].tolist(), length) for k in range(blocks)]
+    need = max(len(bins) for bins in bins_k)
+    rows = next(c for c in ladder(per) if c >= need)
+    if rows >= per:
+        return None
+    src_RL = np.full((blocks * rows, length), -1, np.int32)
+    segment_RL = np.zeros((blocks * rows, length), np.int32)
+    index_BT = np.zeros((b, t), np.int32)
+    for k, bins in enumerate(bins_k):
+        for j, items in enumerate(bins):
+            row, at = k * rows + j, 0
+            for seg, i in enumerate(items, start=1):
+                g, n, s0 = k * per + i, int(count_B[k * per + i]), int(start_B[k * per + i])
+                src_RL[row, at:at + n] = i * length + s0 + np.arange(n)
+                segment_RL[row, at:at + n] = seg
+                p = np.arange(max(w, s0 + 1), s0 + n)  # the real completion positions of row g
+                index_BT[g, p - w] = j * length + at + (p - 1 - s0)
+                at += n
+    return RLLayout(rows, src_RL, segment_RL, index_BT)
+
+
+def padded_work(rows: int, prompt_width: int, length: int, group: int) -> int:
+    """Token positions the unpacked forward computes: B·L, or P·W + B·T with shared prompts (G > 1)."""
+    if group > 1:
+        return rows // group * prompt_width + rows * (length - prompt_width)
+    return rows * length
+
+
+@functools.lru_cache(maxsize=None)
+def _gather_tokens(out: Sharding, rows_per_block: int):
+    def gather(tokens_BL, src_RL):
+        blocks = src_RL.shape[0] // rows_per_block
+        x_KN = tokens_BL.reshape(blocks, -1)
+        src_KM = src_RL.reshape(blocks, -1)
+        got_KM = jnp.take_along_axis(x_KN, jnp.maximum(src_KM, 0), axis=1)
+        return jnp.where(src_KM >= 0, got_KM, 0).reshape(src_RL.shape)
+
+    return jax.jit(gather, out_shardings=out)
+
+
+@dataclasses.dataclass(frozen=True)
+class RLPacker:
+    """`train.packing: auto`: (mini-batch) -> (the mini-batch, packed where that computes fewer token
+    positions than its unpacked forward, and {"train/packed": 0 | 1, "train/packed_rows": R / B}).
+
+    Blocks: `blocks` = lcm(batch shards, micro-batches), so a block's packed rows sit on the device of its
+    rows and in its micro-batch (`jaxrl.learner.train_step.accumulate` splits rows and packed rows alike). The
+    layout is computed on every host from the whole batch's row spans (B integers), so every host packs
+    alike; a packed batch runs the unshared program (`group` 1)."""
+
+    mesh: Any
+    rules: Any
+    blocks: int
+
+    def __call__(self, batch: TrainBatch) -> tuple[TrainBatch, dict[str, float]]:
+        rows, length = batch.tokens_BL.shape
+        w = length - batch.completion_mask_BT.shape[1]
+        start_B, count_B, contiguous_B = row_spans(hosts.to_host(batch.mask_BL))
+        layout = rl_layout(start_B, count_B, w, length, self.blocks) if contiguous_B.all() else None
+        if layout is None or layout.src_RL.shape[0] * length >= padded_work(rows, w, length, batch.group):
+            return batch, {"train/packed": 0.0, "train/packed_rows": 1.0}
+        place = lambda x: hosts.host_to_global(x, self._rows(x))
+        src_RL = place(layout.src_RL)
+        tokens_RL = _gather_tokens(self._rows(layout.src_RL), layout.rows_per_block)(batch.tokens_BL, src_RL)
+        packed = PackedRows(tokens_RL, place(layout.segment_RL > 0), place(layout.segment_RL),
+                            place(layout.index_BT), rows_per_block=layout.rows_per_block)
+        info = {"train/packed": 1.0, "train/packed_rows": layout.src_RL.shape[0] / rows}
+        return batch.replace(packed=packed, group=1), info
+
+    def _rows(self, x: np.ndarray) -> Sharding:
+        return batch_shardings(jax.ShapeDtypeStruct(x.shape, x.dtype), self.mesh, self.rules)
+
+
+def packer_for(mode: str, mesh, rules, grad_accum: int) -> RLPacker | None:
+    """`train.packing`'s packer ("auto"; None for "off"): its blocks one per batch shard and micro-batch."""
+    if mode == "off":
+        return None
+    return RLPacker(mesh, rules, blocks=math.lcm(rows_multiple_of(mesh, rules, 1, 1), grad_accum))

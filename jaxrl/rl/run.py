@@ -85,6 +85,9 @@ class Run:
     # teacher (`jaxrl.rl.distill.Teacher`)
     batch_stages: list = dataclasses.field(default_factory=list)
     segment_estimators: tuple = ()  # per role segment: its own advantage estimator, None = the algorithm's
+    # train.packing auto: (mini-batch) -> (mini-batch, packed where that saves work; metrics)
+    # (`jaxrl.rl.packing.RLPacker`); None: padded rows
+    packer: Any = None
     share_prompts: str = "auto"  # train.share_prompts: "auto" | "always" | "never" (`prompt_groups`)
     flops_per_token: Any = None  # context -> the update's model FLOPs per token (`step_time`); None: no MFU
     # where each step's rollout comes from: now (k = 0) or collected ahead, k versions behind (`jaxrl.rl.ahead`)

@@ -154,7 +154,7 @@ def _fake_run(share="auto", group_size=G, mini_batches=1, grad_accum=1):
     return types.SimpleNamespace(
         share_prompts=share, settings=types.SimpleNamespace(group_size=group_size), mesh=mesh,
         rules=RULES["fsdp"], update=rl_run.UpdateSpec(ppo_epochs=2, mini_batches=mini_batches, seed=0),
-        loss=LossSpec(grad_accum=grad_accum))
+        loss=LossSpec(grad_accum=grad_accum), packer=None)
 
 
 def _with(ns, **changes):
