@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxrl.config import MeshConfig
+from jaxrl.config import MeshConfig, load_config
+from jaxrl.errors import ConfigError
 from jaxrl.learner.packed import gather_blocks
 from jaxrl.learner.train_step import LossSpec, TrainBatch, loss_and_grad
 from jaxrl.losses import AggMode
@@ -142,3 +143,9 @@ def test_packer_leaves_a_batch_that_packing_would_not_shrink():
     # the forward the packed rows are weighed against: B·L positions, or P·W + B·T with shared prompts
     assert packing.padded_work(B, W, W + T, 1) == B * (W + T)
     assert packing.padded_work(B, W, W + T, 4) == B // 4 * W + B * T
+
+
+def test_bad_packing_value_is_one_line():
+    with pytest.raises(ConfigError, match="train.packing='always': allowed values are 'auto', 'off'"):
+        load_config(None, ["train.packing=always"])
+    assert load_config(None, []).train.packing == "off"
