@@ -264,7 +264,8 @@ NAMES = {"jaxrl": "jaxrl (scan_layers=true, default)", "packed": "jaxrl (train.p
          "qlora-nf4": "jaxrl QLoRA nf4 r={rank}"}
 
 
-def main(argv=None) -> int:
+def parse(argv=None) -> argparse.Namespace:
+    """The command line's settings (`main`; `benchmarks/update_grid.py` builds them per grid point)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--prompt", type=int, default=32)
@@ -281,6 +282,12 @@ def main(argv=None) -> int:
     sides = args.sides.split(",")
     if not sides or any(side not in SIDES for side in sides):
         ap.error(f"--sides {args.sides}: choose among {', '.join(SIDES)}")
+    return args
+
+
+def measure(args: argparse.Namespace) -> dict:
+    """The JSON report of one shape: every side's best round (`_best`), tokens/s, and the ratios to TRL."""
+    sides = args.sides.split(",")
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -317,6 +324,16 @@ def main(argv=None) -> int:
     if tr:
         report.update({"speedup" + ("" if side == "jaxrl" else "_" + side): vs_trl(r)
                        for side, r in best.items() if side != "trl"})
+    return report
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    report = measure(args)
+    best = {side: report[KEYS.get(side, side)] for side in args.sides.split(",")}
+    tr = best.get("trl")
+    vs_trl = lambda r: r["tokens_per_s"] / tr["tokens_per_s"] if tr and tr["tokens_per_s"] else None
+    real, tokens = report["real_tokens"], report["tokens_per_update"]
     print(json.dumps(report, indent=2))
     print(f"GRPO update, {args.shape} shape, B={args.batch} G={args.group} prompt={args.prompt} "
           f"completion={args.completion} ({args.lengths}, {real} of {tokens} tokens real), "

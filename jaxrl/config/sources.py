@@ -55,7 +55,10 @@ class EngineConfig:
     of the batch until the longest ends. `continuous`: `slots` decode slots; a row that stops (EOS or length)
     hands its slot to the next pending row (`jaxrl.sampling.continuous`). The same tokens and log-probs for
     a seed; continuous pays when completion lengths are long-tailed (benchmarks/RESULTS.md, "Continuous
-    batching"). `slots` null: one per row (no refill). Held-out evaluation decodes with the static engine."""
+    batching"). `slots` null: one per row (no refill). At least 2 slots per batch shard of the sampler: XLA:CPU
+    compiles a one-row decode step's fusions unlike a several-row one's (seen at -O1 on an Intel Xeon), so one
+    slot per device would round log-probs unlike the static batch. Held-out evaluation decodes with the static
+    engine."""
 
     kind: str = "static"
     slots: int | None = None
@@ -65,7 +68,8 @@ class EngineConfig:
         if self.slots is not None:
             _check(self.kind == "continuous", "rollout.engine.slots", self.slots,
                    "is the continuous engine's (set rollout.engine.kind: continuous, or slots: null)")
-            _check(self.slots >= 1, "rollout.engine.slots", self.slots, "must be >= 1 (or null: one per row)")
+            _check(self.slots >= 2, "rollout.engine.slots", self.slots,
+                   "must be >= 2 (or null: one per row); a single decode row rounds unlike the static batch's")
 
 
 @dataclasses.dataclass(frozen=True)

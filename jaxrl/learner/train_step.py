@@ -340,3 +340,13 @@ def jitted_logprob_pass(graphdef, spec: LossSpec, *, shared_prompts: bool):
 
     options = update_compiler_options(shared_prompts=True) if shared_prompts else None
     return jax.jit(logprobs, static_argnums=(3, 4), compiler_options=options)
+
+
+def jitted_packed_logprob_pass(graphdef, spec: LossSpec):
+    """The jitted old/reference log-prob pass over packed rows `(params, packed) -> logp_BT`
+    (`jaxrl.learner.packed`: the padded pass's [B, T] log-probs up to summation order)."""
+    def logprobs(params, packed):
+        model = nnx.merge(graphdef, dequantized(params))
+        return packed_token_logprobs(model, packed, chunk=spec.logprob_chunk, temperature=spec.temperature)[0]
+
+    return jax.jit(logprobs)

@@ -143,7 +143,8 @@ def assemble(run: Run, params, ro, adv, *, extra_rows: TrainBatch | None = None,
     a sequential multi-agent update starts from the policy the previous phase left).
     pad: pad the rows to the batch shards x mini-batches with rows that train on nothing (`pad_rows`; one
     role's rows in a sequential update need not divide them).
-    clock: gets the seconds of the old and reference log-prob passes (`old_logprobs`, `ref_logprobs`)."""
+    clock: gets the seconds of the old and reference log-prob passes (`old_logprobs`, `ref_logprobs`), which
+    run over packed rows where the update's packer packs (`train.packing: auto`, `train/packed_logprobs`)."""
     clock = clock or step_time.StageClock()
     n, t = ro.completion_mask_BT.shape
     zeros = np.zeros((n, t), np.float32)
@@ -158,18 +159,23 @@ def assemble(run: Run, params, ro, adv, *, extra_rows: TrainBatch | None = None,
         batch = pad_rows(batch, 0, row_multiple(run))
     batch = shard_batch(run, batch)
     metrics: dict[str, float] = {"train/shared_prompts": float(group > 1)}
-    if recompute_old or not run.logprobs_from_sampler or run.mismatch.mode != "off":
+    old_pass = recompute_old or not run.logprobs_from_sampler or run.mismatch.mode != "off"
+    packed = None
+    if run.packer is not None and (old_pass or run.loss.kl_beta > 0):  # log-prob passes over packed rows
+        packed = run.packer(batch)[0].packed  # (where that saves work; None: the padded pass)
+        metrics["train/packed_logprobs"] = float(packed is not None)
+    if old_pass:
         sampler_BT = batch.old_logp_BT
         with clock("old_logprobs"):
-            old_BT = step_time.synced(run.logprob_fn(params, batch.tokens_BL, batch.mask_BL, t, group)
-                                      * batch.completion_mask_BT)
+            old_BT = step_time.synced(run.logprob_fn(params, batch.tokens_BL, batch.mask_BL, t, group,
+                                                     packed=packed) * batch.completion_mask_BT)
         batch = batch.replace(old_logp_BT=old_BT)
         batch, mismatch_metrics = _mismatch(run, batch, sampler_BT, n)
         metrics.update(mismatch_metrics)
     if run.loss.kl_beta > 0:
         with clock("ref_logprobs"):
             ref_BT = step_time.synced(run.logprob_fn(run.policy.reference, batch.tokens_BL, batch.mask_BL, t,
-                                                     group))
+                                                     group, packed=packed))
         batch = batch.replace(ref_logp_BT=ref_BT)
     for stage in run.batch_stages:
         batch, stage_metrics = stage(batch, clock)

@@ -61,11 +61,13 @@ def rollout_mesh(cfg: MeshConfig, devices: Sequence[jax.Device]) -> Mesh:
 def check_slots(slots: int | None, mesh: Mesh) -> None:
     """`rollout.engine.slots` must split evenly over the sampler's batch shards (its mesh's data x fsdp): the
     slots are the decode rows, so a count they do not divide would replicate rows (duplicated work) and lay
-    them out unlike the static engine's (the same tokens, log-probs equal only to float rounding)."""
+    them out unlike the static engine's (the same tokens, log-probs equal only to float rounding); and at
+    least 2 per shard, since a device's one-row decode step can round unlike its several-row one."""
     shards = mesh.shape["data"] * mesh.shape["fsdp"]
-    if slots is not None and slots % shards:
+    if slots is not None and (slots % shards or slots < 2 * shards):
         raise ConfigError(f"rollout.engine.slots={slots}: must be a multiple of the sampler's {shards} batch "
-                          "shards (mesh.data x mesh.fsdp of the devices that sample)")
+                          f"shards (mesh.data x mesh.fsdp of the devices that sample), at least 2 per shard "
+                          f"(>= {2 * shards}: a one-row decode step rounds unlike the static batch's)")
 
 
 def _spec_on(x: jax.Array, mesh: Mesh) -> PartitionSpec:

@@ -76,7 +76,7 @@ class Run:
     mismatch: MismatchSpec
     state_sharding: Any
     step_fn: Any
-    logprob_fn: Any  # (params, tokens_BL, mask_BL, T, group=1) -> logp_BT
+    logprob_fn: Any  # (params, tokens_BL, mask_BL, T, group=1, packed=None) -> logp_BT
     collector: Collector  # single-turn, environment episodes or a multi-agent system (`jaxrl.rl.collect`)
     policy: Policy  # trained params -> sampling params, reference, a role's train view (`jaxrl.rl.policy`)
     schedule: UpdateSchedule  # joint, or phased by role segment (`jaxrl.rl.update`)

@@ -43,7 +43,8 @@ from jaxrl.rl.run import MismatchSpec, Run, UpdateSpec, placed_shardings
 from jaxrl.rl.update import Joint, Phased, Stages, UpdateSchedule
 from jaxrl.sampling import SamplingSpec
 from jaxrl.sharding import RULES, hosts, make_constrain, make_mesh, row_sharding, state_shardings
-from jaxrl.learner.train_step import LossSpec, TrainState, jitted_logprob_pass, jitted_train_step
+from jaxrl.learner.train_step import (LossSpec, TrainState, jitted_logprob_pass, jitted_packed_logprob_pass,
+                                      jitted_train_step)
 
 # Reward types that shape by length; DAPO's keep filter and CLIPO's correctness read the other columns.
 LENGTH_SHAPING_TYPES = ("length", "overlong")
@@ -151,7 +152,11 @@ def setup(cfg: ExperimentConfig, run_dir: Path) -> tuple[Run, TrainState, Any]:
     jitted_logprobs = {shared: jitted_logprob_pass(graphdef, spec, shared_prompts=shared)
                        for shared in (False, True)}
 
-    def logprob_fn(params, tokens_BL, mask_BL, width, group=1):
+    jitted_packed = jitted_packed_logprob_pass(graphdef, spec)
+
+    def logprob_fn(params, tokens_BL, mask_BL, width, group=1, packed=None):
+        if packed is not None:  # the same log-probs from packed rows (`train.packing: auto`)
+            return jitted_packed(params, packed)
         return jitted_logprobs[group > 1](params, tokens_BL, mask_BL, width, group)
     # beta = 0 keeps no reference model in memory; under LoRA the reference is the base itself.
     kl = cfg.algorithm.kl.beta > 0

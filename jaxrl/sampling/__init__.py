@@ -137,7 +137,9 @@ def generate_from_state(
     on_cpu = _on_cpu(state)
     per_layer = on_cpu if per_layer is None else bool(per_layer)
     rows = len(prompt_ids) * int(num_samples)
-    slots = check_engine(spec.engine, spec.slots, rows)
+    shards = 1 if batch_sharding is None else len({str(i) for i in batch_sharding.devices_indices_map(
+        (rows,)).values()})  # distinct row blocks
+    slots = check_engine(spec.engine, spec.slots, rows, shards)
     budget_B = check_budgets(max_new_per_row, rows, max_new_tokens)
     if spec.engine == "continuous":
         run = functools.partial(continuous_for(on_cpu=on_cpu, per_layer=per_layer), slots=slots)

@@ -138,16 +138,19 @@ def check_settings(
 ENGINES = ("static", "continuous")
 
 
-def check_engine(engine: str, slots: int | None, rows: int) -> int:
-    """The number of decode slots to compile for: validates `engine` and `slots` against the P·G rows."""
+def check_engine(engine: str, slots: int | None, rows: int, shards: int = 1) -> int:
+    """The number of decode slots to compile for: validates `engine` and `slots` against the P·G rows and the
+    `shards` the rows are split over (at least 2 slots per shard, a multiple of them)."""
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {list(ENGINES)}, got {engine!r}")
     if slots is None:
         return rows
     if engine == "static":
         raise ValueError(f"slots ({slots}) are the continuous engine's; the static engine decodes all {rows} rows")
-    if not 1 <= int(slots) <= rows:
-        raise ValueError(f"slots must be in [1, {rows}] (the rows of one call: prompts x samples), got {slots}")
+    if not 2 <= int(slots) <= rows:  # one slot: a one-row decode step rounds unlike the static batch's
+        raise ValueError(f"slots must be in [2, {rows}] (the rows of one call: prompts x samples), got {slots}")
+    if int(slots) % shards or int(slots) < 2 * shards:
+        raise ValueError(f"slots ({slots}) must be a multiple of the {shards} row shards, at least 2 per shard")
     return int(slots)
 
 

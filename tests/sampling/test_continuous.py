@@ -46,7 +46,7 @@ def _assert_same_rows(static, cont):
 
 @pytest.mark.parametrize("kw,slots,per_layer", [
     (dict(temperature=0.0), 5, True),
-    (dict(temperature=1.0), 1, True),
+    (dict(temperature=1.0), 2, True),
     (dict(temperature=0.8, top_k=10, top_p=0.9), 5, True),
     (dict(temperature=1.0), 7, False),  # the layer scan, the stacked cache's per-row writes
 ])
@@ -80,7 +80,7 @@ def test_same_rows_on_eight_devices(model):
     args = dict(max_new_tokens=20, num_samples=3, seed=9, eos_ids=(EOS,), temperature=1.0,
                 max_new_per_row=np.resize(BUDGETS, 24))
     single = sampling.generate(model, prompts, **args)
-    sharded = sampling.generate_from_state(graphdef, state, prompts, engine="continuous", slots=8,
+    sharded = sampling.generate_from_state(graphdef, state, prompts, engine="continuous", slots=16,
                                            batch_sharding=NamedSharding(mesh, PartitionSpec("data")), **args)
     assert len(sharded.tokens.sharding.device_set) == 8
     _assert_same_rows(single, sharded)
@@ -114,8 +114,8 @@ def test_per_row_cache_writes_each_row_at_its_own_slot():
 
 
 @pytest.mark.parametrize("kw,match", [
-    (dict(engine="continuous", slots=0), r"slots must be in \[1, 6\]"),
-    (dict(engine="continuous", slots=7), r"slots must be in \[1, 6\]"),
+    (dict(engine="continuous", slots=1), r"slots must be in \[2, 6\]"),
+    (dict(engine="continuous", slots=7), r"slots must be in \[2, 6\]"),
     (dict(slots=2), "slots \\(2\\) are the continuous engine's"),
     (dict(engine="paged"), "engine must be one of"),
     (dict(max_new_per_row=[4] * 5), r"max_new_per_row must hold 6 budgets in \[1, 4\]"),

@@ -55,7 +55,7 @@ BASE = [
 
 # One comparison asserts several things: ppo (a critic, GAE, 2 mini-batches) also checks the KL term, in the
 # reward per token (its reference and the critic are checkpointed, so the kill -9 test below resumes both),
-# process 0's tracker, and continuous batching (4 decode slots for the 8 rows of a step, refilled); gdpo starts from an SFT warm start on 4 hosts
+# process 0's tracker, and continuous batching (8 decode slots for the 16 rows of a step, refilled); gdpo starts from an SFT warm start on 4 hosts
 # and packs its updates (`train.packing: auto`: 32 rows of up to 96 completion tokens, long-tailed where the
 # random model stops, in blocks of 8 per batch shard); dapo is asynchronous
 # (`train.async.max_staleness=1`: step 2 trains on a rollout the step-0 policy sampled, its resampling rounds
@@ -63,7 +63,7 @@ BASE = [
 CASES = {
     "ppo": ["algorithm.name=ppo", "train.steps=3", "algorithm.kl.beta=0.05", "algorithm.kl.where=reward",
             "logging.trackers=[mlflow]", "algorithm.ppo.lam=0.95", "algorithm.mini_batches=2",
-            "rollout.engine.kind=continuous", "rollout.engine.slots=4"],
+            "rollout.engine.kind=continuous", "rollout.engine.slots=8", "data.prompts_per_step=8"],
     "dapo": ["algorithm.name=dapo", "algorithm.params.max_tries=2", "train.async.max_staleness=1"],
     "gdpo": ["algorithm.name=gdpo", "sft_warmup.steps=4", "sft_warmup.batch_size=8", "train.packing=auto",
              "train.share_prompts=never", "data.prompts_per_step=8", "rollout.group_size=4",
@@ -226,7 +226,7 @@ def test_several_hosts_match_one_host(name, tmp_root):
         assert any(r.get("kl", 0) > 0 for r in one), f"KL never positive: {[r.get('kl') for r in one]}"
         assert all(r["critic/vf_loss"] > 0 for r in one if "loss" in r), one  # the critic's loss, compared
         assert [r["rollout/decode_steps"] for r in two if "loss" in r] == [
-            r["rollout/decode_steps"] for r in one if "loss" in r]  # 4 slots, refilled: more steps than 8
+            r["rollout/decode_steps"] for r in one if "loss" in r]  # 8 slots, refilled: more steps than 8
         assert all(r["rollout/decode_steps"] > 8 for r in one if "loss" in r), one
 
 

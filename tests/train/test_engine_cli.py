@@ -62,7 +62,7 @@ def test_continuous_engine_trains_exactly_as_the_static_batch(tmp_path):
 @pytest.mark.parametrize("config,sets,match", [
     (None, ["rollout.engine.kind=paged"], "rollout.engine.kind='paged': allowed values are 'static', 'continuous'"),
     (None, ["rollout.engine.slots=4"], "rollout.engine.slots=4: is the continuous engine's"),
-    (None, ["rollout.engine.kind=continuous", "rollout.engine.slots=0"], "rollout.engine.slots=0: must be >= 1"),
+    (None, ["rollout.engine.kind=continuous", "rollout.engine.slots=1"], "rollout.engine.slots=1: must be >= 2"),
     (None, ["rollout.engine.kind=continuous", "rollout.engine.slots=65"],
      r"rollout.engine.slots=65: must be <= the rows of a step \(data.prompts_per_step x rollout.group_size = 64\)"),
     ("configs/search_tiny.yaml", ["rollout.engine.kind=continuous"],
@@ -79,3 +79,5 @@ def test_slots_split_over_the_sampler_batch_shards():
     placement.check_slots(None, mesh)
     with pytest.raises(ConfigError, match=r"rollout.engine.slots=6: must be a multiple of the sampler's 4 batch"):
         placement.check_slots(6, mesh)
+    with pytest.raises(ConfigError, match=r"rollout.engine.slots=4: .* at least 2 per shard \(>= 8"):
+        placement.check_slots(4, mesh)  # one slot per device

@@ -17,7 +17,8 @@ from flax import nnx
 from jaxrl.config import MeshConfig, load_config
 from jaxrl.errors import ConfigError
 from jaxrl.learner.packed import gather_blocks
-from jaxrl.learner.train_step import LossSpec, TrainBatch, loss_and_grad
+from jaxrl.learner.train_step import (LossSpec, TrainBatch, jitted_packed_logprob_pass, loss_and_grad,
+                                      sequence_logprobs)
 from jaxrl.losses import AggMode
 from jaxrl.models import Transformer, TransformerConfig
 from jaxrl.rl import packing
@@ -129,6 +130,24 @@ def test_packed_loss_and_gradient_equal_the_padded_ones(model_parts, name):
             np.testing.assert_allclose(metrics_p[key], metrics[key], rtol=1e-5, atol=1e-7, err_msg=key)
     for g, gp in zip(jax.tree.leaves(grads), jax.tree.leaves(grads_p), strict=True):
         np.testing.assert_allclose(gp, g, rtol=1e-4, atol=1e-6)
+
+
+def test_packed_logprob_pass_equals_the_padded_one(model_parts):
+    """The old / reference log-prob pass over packed rows (`jitted_packed_logprob_pass`, what `assemble` runs
+    under `train.packing: auto`) gives the padded pass's log-probs at every completion token."""
+    graphdef, params = model_parts
+    batch = _rollout_batch(5)
+    mesh = make_mesh(MeshConfig(data=4, fsdp=1), jax.devices()[:4])
+    packed, info = packing.packer_for("auto", mesh, RULES["fsdp"], 1)(batch)
+    assert info["train/packed"] == 1.0
+    spec = LossSpec(temperature=0.7)
+    got = np.asarray(jitted_packed_logprob_pass(graphdef, spec)(params, packed.packed))
+    want = np.asarray(jax.jit(functools.partial(sequence_logprobs, graphdef=graphdef, width=T, chunk=8192,
+                                                temperature=0.7))(params, tokens_BL=batch.tokens_BL,
+                                                                  mask_BL=batch.mask_BL))
+    m = np.asarray(batch.mask_BL[:, W:])
+    assert got.shape == want.shape == (B, T) and np.all(want[m] < 0)
+    np.testing.assert_allclose(got[m], want[m], rtol=1e-5, atol=1e-5)
 
 
 def test_packer_leaves_a_batch_that_packing_would_not_shrink():

@@ -1,0 +1,98 @@
+"""jaxrl's update against TRL's over a grid of shapes (issue 33 item 7), one table.
+
+    .venv/bin/python benchmarks/update_grid.py --shape tiny --out .cache/update_grid_tiny.jsonl
+    .venv/bin/python benchmarks/update_grid.py --shape smollm2 --prompts 64,256 --completions 128,512
+
+Every point (prompt x completion x G) is one `benchmarks/train_step.py` measurement (`train_step.measure`: each
+side in its own process, round-robin over `--rounds`, median of `--steps` updates after a compiling one, peak
+RSS). jaxrl's side is the update the trainer runs at that point with `train.packing: auto`: the batch packed
+when the packer would pack it (`jaxrl.rl.packing.rl_layout`, decided here on the same rows), else each prompt
+once per group for G > 1 (`train.share_prompts: auto`), else the padded rows; the table names the path. The
+packer is only run where it packs, so a point costs two sides (jaxrl, TRL), or three when it packs (the
+unpacked update too, for the record). Results are appended to `--out` (JSON lines) as each point finishes, and
+points already there are skipped: a long grid can be resumed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+import numpy as np  # noqa: E402
+import train_step  # noqa: E402  (benchmarks/train_step.py)
+
+
+def packs(batch: int, prompt: int, completion: int, group: int, lengths: str) -> bool:
+    """Whether `train.packing: auto` packs this point's batch on one device (`RLPacker`'s decision)."""
+    from jaxrl.rl import packing
+
+    x = train_step.make_inputs(batch, prompt, completion, group=group, lengths=lengths)
+    mask = np.concatenate([x["prompt_mask"], x["completion_mask"]], 1)
+    start, count, contiguous = packing.row_spans(mask)
+    layout = packing.rl_layout(start, count, prompt, prompt + completion, 1) if contiguous.all() else None
+    return layout is not None and (layout.src_RL.shape[0] * (prompt + completion)
+                                   < packing.padded_work(batch, prompt, prompt + completion, group))
+
+
+def row(report: dict) -> str:
+    """One Markdown table row of a point's report."""
+    trl = report["trl"]
+    side = report["jaxrl_packed"] if "jaxrl_packed" in report else report["jaxrl"]
+    path = "packed" if "jaxrl_packed" in report else ("shared prompt" if report["group"] > 1 else "padded")
+    ratio = side["tokens_per_s"] / trl["tokens_per_s"]
+    rss = side["peak_rss_mib"] / trl["peak_rss_mib"]
+    ok = "yes" if ratio >= 1.2 and rss <= 1.0 else "**no**"
+    return (f"| {report['prompt']} | {report['completion']} | {report['group']} | {path} | "
+            f"{side['tokens_per_s']:.0f} | {trl['tokens_per_s']:.0f} | {ratio:.2f}x | "
+            f"{side['peak_rss_mib']:.0f} / {trl['peak_rss_mib']:.0f} MiB ({rss:.2f}) | {ok} |")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", choices=sorted(train_step.SHAPES), default="tiny")
+    ap.add_argument("--prompts", default="64,256,512")
+    ap.add_argument("--completions", default="128,512,1024")
+    ap.add_argument("--groups", default="1,8")
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--lengths", choices=("uniform", "long-tailed"), default="uniform")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--out", default=None, help="JSON lines, appended per point; points already there are skipped")
+    args = ap.parse_args(argv)
+    out = args.out or os.path.join(".cache", f"update_grid_{args.shape}_{args.lengths}.jsonl")
+    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+    done = {}
+    if os.path.exists(out):
+        for line in open(out):
+            r = json.loads(line)
+            done[r["prompt"], r["completion"], r["group"]] = r
+    ints = lambda s: [int(v) for v in s.split(",")]
+    for p, c, g in itertools.product(ints(args.prompts), ints(args.completions), ints(args.groups)):
+        if (p, c, g) in done:
+            continue
+        sides = "jaxrl,packed,trl" if packs(args.batch, p, c, g, args.lengths) else "jaxrl,trl"
+        point = train_step.parse(["--shape", args.shape, "--batch", str(args.batch), "--prompt", str(p),
+                                  "--completion", str(c), "--group", str(g), "--lengths", args.lengths,
+                                  "--steps", str(args.steps), "--rounds", str(args.rounds), "--sides", sides])
+        report = train_step.measure(point)
+        with open(out, "a") as f:
+            f.write(json.dumps(report) + "\n")
+        done[p, c, g] = report
+        print(row(report), flush=True)
+    print(f"\nGRPO update, {args.shape} shape, B = {args.batch}, {args.lengths} completion lengths, "
+          f"best of {args.rounds} round(s), median of {args.steps} updates:\n")
+    print("| prompt | completion | G | jaxrl path | jaxrl tok/s | TRL tok/s | jaxrl / TRL | peak RSS jaxrl / TRL "
+          "| >= 1.2x at <= RSS |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for key in sorted(done):
+        print(row(done[key]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
