@@ -156,8 +156,9 @@ def run_jaxrl(model_dir: str, args, out) -> None:
         from jaxrl.sharding import RULES, make_mesh
 
         mesh = make_mesh(MeshConfig(data=1, fsdp=1), jax.devices()[:1])
-        batch, packed = packing.packer_for("auto", mesh, RULES["fsdp"], 1)(batch)
-        batch = jax.device_put(batch, jax.devices()[0])  # placed like the rest: one program for every call
+        packed_batch, packed = packing.packer_for("auto", mesh, RULES["fsdp"], 1)(batch)
+        if packed["train/packed"]:  # placed like the unpacked batch (uncommitted): one program for every call
+            batch = jax.device_put(jax.device_get(packed_batch))
     state, m, compile_s, times = time_update(step, state, batch, base, args.steps)
     out.put(dict(side=args.side, step_s=statistics.median(times), **packed,
                  first_call_s=compile_s,
