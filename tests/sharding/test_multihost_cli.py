@@ -56,8 +56,9 @@ BASE = [
 # One comparison asserts several things: ppo (a critic, GAE, 2 mini-batches) also checks the KL term, in the
 # reward per token (its reference and the critic are checkpointed, so the kill -9 test below resumes both),
 # process 0's tracker, and continuous batching (8 decode slots for the 16 rows of a step, refilled); gdpo starts from an SFT warm start on 4 hosts
-# and packs its updates (`train.packing: auto`: 32 rows of up to 96 completion tokens, long-tailed where the
-# random model stops, in blocks of 8 per batch shard); dapo is asynchronous
+# and packs its updates (`train.packing: auto`: prompts of about 17 tokens left-padded to 64, so the two rows
+# of each batch shard's block fit one packed row, fewer positions than even the shared-prompt forward's); dapo
+# is asynchronous
 # (`train.async.max_staleness=1`: step 2 trains on a rollout the step-0 policy sampled, its resampling rounds
 # included, collected before step 1's update; `jaxrl.rl.ahead`).
 CASES = {
@@ -66,8 +67,7 @@ CASES = {
             "rollout.engine.kind=continuous", "rollout.engine.slots=8", "data.prompts_per_step=8"],
     "dapo": ["algorithm.name=dapo", "algorithm.params.max_tries=2", "train.async.max_staleness=1"],
     "gdpo": ["algorithm.name=gdpo", "sft_warmup.steps=4", "sft_warmup.batch_size=8", "train.packing=auto",
-             "train.share_prompts=never", "data.prompts_per_step=8", "rollout.group_size=4",
-             "rollout.max_new_tokens=96", "rollout.gen_buckets=[96]"],
+             "rollout.prompt_buckets=[64]"],
     "clipo_lora": ["algorithm.name=clipo", "model.lora={rank: 4, alpha: 8}", "model.quantize=int8",
                    "algorithm.kl.beta=0.05", "optimizer.lr=5e-2"],
 }
@@ -218,8 +218,8 @@ def test_several_hosts_match_one_host(name, tmp_root):
     assert any(abs(x) > 1e-6 for x in losses), f"degenerate comparison: losses {losses}"
     if name == "dapo":
         assert any(r.get("dapo/resample_rounds", 0) > 0 for r in one), "DAPO never resampled"
-    if name == "gdpo":  # packed updates (`train.packing: auto`): a block of 8 rows per batch shard
-        assert any(r.get("train/packed", 0) > 0 for r in one), [r.get("train/packed_rows") for r in one]
+    if name == "gdpo":  # packed updates (`train.packing: auto`): every step, 2 rows per packed row
+        assert all(r["train/packed"] == 1 for r in one if "loss" in r), [r.get("train/packed_rows") for r in one]
     if name in TEACHER_OF:  # the teacher's log-probs reached the loss on both meshes
         assert all(r["distill/loss"] > 0 and r["distill/reverse_kl"] != 0 for r in one if "loss" in r), one
     if name == "ppo":  # the KL term is on and compared: the policy moved away from its reference
