@@ -415,7 +415,7 @@ def test_sigkill_after_checkpoint_then_relaunch_resumes_exactly(tmp_root):
 def test_lost_process_stops_the_survivor_within_the_heartbeat(tmp_root):
     heartbeat = 6
     run_dir = tmp_root / "lost"
-    procs = launch(run_dir, CASES["ppo"] + ["train.steps=200", "train.eval_every=0"], processes=2,
+    procs = launch(run_dir, ["train.steps=200", "train.eval_every=0"], processes=2,  # BASE's GRPO: no critic
                    devices=2, **{HEARTBEAT_ENV: str(heartbeat)})
     _wait_for(lambda: 1 in _metric_steps(run_dir), procs)
     procs[1].send_signal(signal.SIGKILL)
@@ -440,14 +440,16 @@ def test_sample_and_export_read_a_two_process_checkpoint(tmp_root, tmp_path):
 
     run_case("ppo", 1, tmp_root)
     run_case("ppo", 2, tmp_root)
+    exports = {n: subprocess.Popen([sys.executable, "-m", "jaxrl.cli", "export-hf", "--checkpoint",
+                                    str(tmp_root / f"ppo-{n}"), "--out", str(tmp_path / f"hf{n}")], env=_env(1),
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+               for n in (1, 2)}  # side by side: one device each
     exported = {}
-    for n in (1, 2):
-        out = tmp_path / f"hf{n}"
-        proc = subprocess.run([sys.executable, "-m", "jaxrl.cli", "export-hf", "--checkpoint",
-                               str(tmp_root / f"ppo-{n}"), "--out", str(out)], env=_env(1),
-                              capture_output=True, text=True, timeout=TIMEOUT_S)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        exported[n] = {k: v for f in sorted(out.glob("*.safetensors")) for k, v in load_file(f).items()}
+    for n, proc in exports.items():
+        log = proc.communicate(timeout=TIMEOUT_S)[0]
+        assert proc.returncode == 0, log[-3000:]
+        exported[n] = {k: v for f in sorted((tmp_path / f"hf{n}").glob("*.safetensors"))
+                       for k, v in load_file(f).items()}
     assert exported[1] and exported[1].keys() == exported[2].keys()
     for k in exported[1]:
         np.testing.assert_allclose(exported[2][k], exported[1][k], rtol=1e-5, atol=1e-6, err_msg=k)
