@@ -4,9 +4,8 @@ Two tiny 2-step GRPO runs side by side on 4 fake devices, completions of up to 2
 lengths: with 8 decode slots for the 16 rows of a step, refilled as rows stop, every metric of every step is
 the same as with the static batch, bit for bit (rollouts, rewards, loss, gradient norm, held-out accuracy),
 while the decode loop runs more steps of fewer rows (`rollout/decode_steps`, `rollout/slot_use`). (With 4
-slots, one per device, the sampler's log-probs differ from the static batch's in the last bit: a device's
-single-row dots round unlike its 4-row ones; tokens and the gradient stay the same, the loss's ratio moves by
-1e-8.)
+slots, one per device, the sampler's log-probs differed from the static batch's in the last bit: a device's
+one-row decode step rounds unlike its several-row one; so one slot per device is refused, below.)
 The multi-host form (2 processes x 2 devices = 1 x 4) is the ppo case of tests/sharding/test_multihost_cli.py.
 Also: the engine's configuration errors (one line, before anything is built).
 """
