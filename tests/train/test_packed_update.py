@@ -12,7 +12,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
 from jaxrl.config import MeshConfig, load_config
 from jaxrl.errors import ConfigError
@@ -20,18 +19,10 @@ from jaxrl.learner.packed import gather_blocks
 from jaxrl.learner.train_step import (LossSpec, TrainBatch, jitted_packed_logprob_pass, loss_and_grad,
                                       sequence_logprobs)
 from jaxrl.losses import AggMode
-from jaxrl.models import Transformer, TransformerConfig
 from jaxrl.rl import packing
 from jaxrl.sharding import RULES, make_mesh
 
 B, W, T = 16, 8, 24
-
-
-@pytest.fixture(scope="module")
-def model_parts():
-    model = Transformer(TransformerConfig.tiny(), rngs=nnx.Rngs(0))
-    graphdef, state = nnx.split(model)
-    return graphdef, state.to_pure_dict()
 
 
 def _rollout_batch(seed: int, *, group: int = 1, long_rows: int = 2) -> TrainBatch:

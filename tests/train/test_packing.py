@@ -15,17 +15,9 @@ from flax import nnx
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 from jaxrl.rl import packing
-from jaxrl.models import Transformer, TransformerConfig
 from jaxrl.learner.train_step import LossSpec, TrainBatch, loss_and_grad
 
 B, W, T = 8, 10, 14
-
-
-@pytest.fixture(scope="module")
-def model_parts():
-    model = Transformer(TransformerConfig.tiny(), rngs=nnx.Rngs(0))
-    graphdef, state = nnx.split(model)
-    return graphdef, state.to_pure_dict()
 
 
 def _sft_batch(seed: int, rows: int = B, *, W: int = W, T: int = T, longest: int | None = None) -> TrainBatch:
