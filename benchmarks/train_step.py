@@ -323,17 +323,21 @@ def measure(args: argparse.Namespace) -> dict:
                   lengths=args.lengths, rounds=args.rounds,
                   **{KEYS.get(side, side): r for side, r in best.items()})
     if tr:
-        report.update({"speedup" + ("" if side == "jaxrl" else "_" + side): vs_trl(r)
+        report.update({_speedup_key(side): vs_trl(r)
                        for side, r in best.items() if side != "trl"})
     return report
+
+
+def _speedup_key(side: str) -> str:
+    """The report's key of a side's tokens/s over TRL's."""
+    return "speedup" + ("" if side == "jaxrl" else "_" + side)
 
 
 def main(argv=None) -> int:
     args = parse(argv)
     report = measure(args)
     best = {side: report[KEYS.get(side, side)] for side in args.sides.split(",")}
-    tr = best.get("trl")
-    vs_trl = lambda r: r["tokens_per_s"] / tr["tokens_per_s"] if tr and tr["tokens_per_s"] else None
+    vs_trl = lambda side: report.get(_speedup_key(side))
     real, tokens = report["real_tokens"], report["tokens_per_update"]
     print(json.dumps(report, indent=2))
     print(f"GRPO update, {args.shape} shape, B={args.batch} G={args.group} prompt={args.prompt} "
@@ -344,7 +348,7 @@ def main(argv=None) -> int:
         if "error" in r:
             print(f"  {name:34s} failed ({r['error']})")
             continue
-        ratio = f"  -> {vs_trl(r):.2f}x TRL" if side != "trl" and vs_trl(r) is not None else ""
+        ratio = f"  -> {vs_trl(side):.2f}x TRL" if vs_trl(side) is not None else ""
         how = f", packed rows {r['train/packed_rows']:.2f}" if r.get("train/packed") else ""
         print(f"  {name:34s} {r['tokens_per_s']:6.0f} tok/s ({r['step_s'] * 1e3:6.1f} ms/update, peak RSS "
               f"{r['peak_rss_mib']:.0f} MiB, loss {r['loss']:.6f}{how}){ratio}")

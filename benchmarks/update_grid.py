@@ -33,10 +33,7 @@ def packs(batch: int, prompt: int, completion: int, group: int, lengths: str) ->
 
     x = train_step.make_inputs(batch, prompt, completion, group=group, lengths=lengths)
     mask = np.concatenate([x["prompt_mask"], x["completion_mask"]], 1)
-    start, count, contiguous = packing.row_spans(mask)
-    layout = packing.rl_layout(start, count, prompt, prompt + completion, 1) if contiguous.all() else None
-    return layout is not None and (layout.src_RL.shape[0] * (prompt + completion)
-                                   < packing.padded_work(batch, prompt, prompt + completion, group))
+    return packing.rl_plan(mask, prompt, group, blocks=1) is not None
 
 
 def row(report: dict) -> str:

@@ -35,6 +35,11 @@ def _row_slices(sharding: Sharding, shape: tuple[int, ...]) -> list[tuple[int, r
     return out
 
 
+def row_blocks(sharding: Sharding, rows: int) -> int:
+    """How many distinct blocks of rows `sharding` cuts `rows` rows into (1 when they are replicated)."""
+    return len({(r.start, r.stop) for _, r in _row_slices(sharding, (rows,))})
+
+
 def row_owners(sharding: Sharding, shape: tuple[int, ...]) -> np.ndarray:
     """[N] int32: the owner of each row, the lowest process index among the processes that hold it."""
     owners = np.full((shape[0],), np.iinfo(np.int32).max, np.int32)

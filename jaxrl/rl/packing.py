@@ -43,7 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Sharding
 
-from jaxrl.learner.packed import PackedRows
+from jaxrl.learner.packed import PackedRows, gather_blocks
 from jaxrl.learner.train_step import TrainBatch
 from jaxrl.rl.batch import rows_multiple_of
 from jaxrl.sharding import batch_shardings, hosts
@@ -252,14 +252,25 @@ def padded_work(rows: int, prompt_width: int, length: int, group: int) -> int:
     return rows * length
 
 
+def rl_plan(mask_BL, prompt_width: int, group: int, blocks: int) -> RLLayout | None:
+    """`train.packing: auto`'s decision for a batch of real-token mask `mask_BL` (host array): its packed
+    layout (`rl_layout`) when every row's real tokens are contiguous and the packed rows compute fewer
+    positions than the unpacked forward (`padded_work`, shared prompts for `group` > 1), else None."""
+    rows, length = np.shape(mask_BL)
+    start_B, count_B, contiguous_B = row_spans(mask_BL)
+    layout = rl_layout(start_B, count_B, prompt_width, length, blocks) if contiguous_B.all() else None
+    if layout is None or layout.src_RL.shape[0] * length >= padded_work(rows, prompt_width, length, group):
+        return None
+    return layout
+
+
 @functools.lru_cache(maxsize=None)
 def _gather_tokens(out: Sharding, rows_per_block: int):
+    """tokens_RL[r, c] = the block-local source token src_RL[r, c] of tokens_BL (0 where src is −1)."""
     def gather(tokens_BL, src_RL):
         blocks = src_RL.shape[0] // rows_per_block
-        x_KN = tokens_BL.reshape(blocks, -1)
-        src_KM = src_RL.reshape(blocks, -1)
-        got_KM = jnp.take_along_axis(x_KN, jnp.maximum(src_KM, 0), axis=1)
-        return jnp.where(src_KM >= 0, got_KM, 0).reshape(src_RL.shape)
+        got_RL = gather_blocks(tokens_BL, jnp.maximum(src_RL, 0), tokens_BL.shape[0] // blocks)
+        return jnp.where(src_RL >= 0, got_RL, 0)
 
     return jax.jit(gather, out_shardings=out)
 
@@ -272,26 +283,35 @@ class RLPacker:
     Blocks: `blocks` = lcm(batch shards, micro-batches), so a block's packed rows sit on the device of its
     rows and in its micro-batch (`jaxrl.learner.train_step.accumulate` splits rows and packed rows alike). The
     layout is computed on every host from the whole batch's row spans (B integers), so every host packs
-    alike; a packed batch runs the unshared program (`group` 1)."""
+    alike; a packed batch runs the unshared program (`group` 1).
+
+    The packed rows depend only on the batch's tokens and mask (and `group`), so the last ones are kept: the
+    log-prob passes of `assemble` and the update's mini-batch of a whole batch (every PPO epoch) pack once."""
 
     mesh: Any
     rules: Any
     blocks: int
+    _last: list = dataclasses.field(default_factory=list, compare=False, repr=False)  # [(tokens, mask, G, packed, info)]
 
     def __call__(self, batch: TrainBatch) -> tuple[TrainBatch, dict[str, float]]:
+        last = self._last[0] if self._last else None
+        if not (last and last[0] is batch.tokens_BL and last[1] is batch.mask_BL and last[2] == batch.group):
+            self._last[:] = [(batch.tokens_BL, batch.mask_BL, batch.group, *self._pack(batch))]
+        *_, packed, info = self._last[0]
+        return (batch if packed is None else batch.replace(packed=packed, group=1)), info
+
+    def _pack(self, batch: TrainBatch) -> tuple[PackedRows | None, dict[str, float]]:
         rows, length = batch.tokens_BL.shape
         w = length - batch.completion_mask_BT.shape[1]
-        start_B, count_B, contiguous_B = row_spans(hosts.to_host(batch.mask_BL))
-        layout = rl_layout(start_B, count_B, w, length, self.blocks) if contiguous_B.all() else None
-        if layout is None or layout.src_RL.shape[0] * length >= padded_work(rows, w, length, batch.group):
-            return batch, {"train/packed": 0.0, "train/packed_rows": 1.0}
+        layout = rl_plan(hosts.to_host(batch.mask_BL), w, batch.group, self.blocks)
+        if layout is None:
+            return None, {"train/packed": 0.0, "train/packed_rows": 1.0}
         place = lambda x: hosts.host_to_global(x, self._rows(x))
-        src_RL = place(layout.src_RL)
-        tokens_RL = _gather_tokens(self._rows(layout.src_RL), layout.rows_per_block)(batch.tokens_BL, src_RL)
+        tokens_RL = _gather_tokens(self._rows(layout.src_RL), layout.rows_per_block)(batch.tokens_BL,
+                                                                                    place(layout.src_RL))
         packed = PackedRows(tokens_RL, place(layout.segment_RL > 0), place(layout.segment_RL),
                             place(layout.index_BT), rows_per_block=layout.rows_per_block)
-        info = {"train/packed": 1.0, "train/packed_rows": layout.src_RL.shape[0] / rows}
-        return batch.replace(packed=packed, group=1), info
+        return packed, {"train/packed": 1.0, "train/packed_rows": layout.src_RL.shape[0] / rows}
 
     def _rows(self, x: np.ndarray) -> Sharding:
         return batch_shardings(jax.ShapeDtypeStruct(x.shape, x.dtype), self.mesh, self.rules)

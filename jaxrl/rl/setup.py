@@ -192,7 +192,7 @@ def setup(cfg: ExperimentConfig, run_dir: Path) -> tuple[Run, TrainState, Any]:
               collector=collector, policy=policy,
               schedule=_schedule(cfg, system, policy, model, tokenizer, mesh, rules),
               segment_estimators=_segment_estimators(cfg, system),
-              share_prompts=cfg.train.share_prompts, 
+              share_prompts=cfg.train.share_prompts,
               packer=packing.packer_for(cfg.train.packing, mesh, rules, spec.grad_accum),
               flops_per_token=functools.partial(step_time.train_flops_per_token, model.cfg,
                                                 lora=lora_cfg is not None), batch_stages=batch_stages,

@@ -33,6 +33,7 @@ from jaxrl.sampling.batching import (
 )
 from jaxrl.sampling.continuous import continuous_for
 from jaxrl.sampling.engine import compile_count, rollout_for
+from jaxrl.sharding import hosts
 
 __all__ = [
     "DEFAULT_GEN_BUCKETS",
@@ -137,8 +138,7 @@ def generate_from_state(
     on_cpu = _on_cpu(state)
     per_layer = on_cpu if per_layer is None else bool(per_layer)
     rows = len(prompt_ids) * int(num_samples)
-    shards = 1 if batch_sharding is None else len({str(i) for i in batch_sharding.devices_indices_map(
-        (rows,)).values()})  # distinct row blocks
+    shards = 1 if batch_sharding is None else hosts.row_blocks(batch_sharding, rows)
     slots = check_engine(spec.engine, spec.slots, rows, shards)
     budget_B = check_budgets(max_new_per_row, rows, max_new_tokens)
     if spec.engine == "continuous":

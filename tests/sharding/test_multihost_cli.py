@@ -58,14 +58,15 @@ BASE = [
 # process 0's tracker, and continuous batching (8 decode slots for the 16 rows of a step, refilled); gdpo starts from an SFT warm start on 4 hosts
 # and packs its updates (`train.packing: auto`: prompts of about 17 tokens left-padded to 64, so the two rows
 # of each batch shard's block fit one packed row, fewer positions than even the shared-prompt forward's); dapo
-# is asynchronous
+# is asynchronous and packs too (2 processes x 2 devices)
 # (`train.async.max_staleness=1`: step 2 trains on a rollout the step-0 policy sampled, its resampling rounds
 # included, collected before step 1's update; `jaxrl.rl.ahead`).
 CASES = {
     "ppo": ["algorithm.name=ppo", "train.steps=3", "algorithm.kl.beta=0.05", "algorithm.kl.where=reward",
             "logging.trackers=[mlflow]", "algorithm.ppo.lam=0.95", "algorithm.mini_batches=2",
             "rollout.engine.kind=continuous", "rollout.engine.slots=8", "data.prompts_per_step=8"],
-    "dapo": ["algorithm.name=dapo", "algorithm.params.max_tries=2", "train.async.max_staleness=1"],
+    "dapo": ["algorithm.name=dapo", "algorithm.params.max_tries=2", "train.async.max_staleness=1",
+             "train.packing=auto", "rollout.prompt_buckets=[64]"],
     "gdpo": ["algorithm.name=gdpo", "sft_warmup.steps=4", "sft_warmup.batch_size=8", "train.packing=auto",
              "rollout.prompt_buckets=[64]"],
     "clipo_lora": ["algorithm.name=clipo", "model.lora={rank: 4, alpha: 8}", "model.quantize=int8",
@@ -218,7 +219,7 @@ def test_several_hosts_match_one_host(name, tmp_root):
     assert any(abs(x) > 1e-6 for x in losses), f"degenerate comparison: losses {losses}"
     if name == "dapo":
         assert any(r.get("dapo/resample_rounds", 0) > 0 for r in one), "DAPO never resampled"
-    if name == "gdpo":  # packed updates (`train.packing: auto`): every step, 2 rows per packed row
+    if name in ("gdpo", "dapo"):  # packed updates (`train.packing: auto`): every step, 2 rows per packed row
         assert all(r["train/packed"] == 1 for r in one if "loss" in r), [r.get("train/packed_rows") for r in one]
     if name in TEACHER_OF:  # the teacher's log-probs reached the loss on both meshes
         assert all(r["distill/loss"] > 0 and r["distill/reverse_kl"] != 0 for r in one if "loss" in r), one

@@ -111,6 +111,7 @@ def test_packed_loss_and_gradient_equal_the_padded_ones(model_parts, name):
     assert packer.blocks == 4
     packed, info = packer(batch)
     assert info["train/packed"] == 1.0 and info["train/packed_rows"] < 1.0 and packed.group == 1
+    assert packer(batch)[0].packed is packed.packed  # the same arrays again: packed once (`RLPacker._last`)
     fn = jax.jit(functools.partial(loss_and_grad, graphdef=graphdef, spec=spec))
     loss, grads, metrics = jax.device_get(fn(params, batch=jax.tree.map(jnp.asarray, batch)))
     loss_p, grads_p, metrics_p = jax.device_get(fn(params, batch=packed))
