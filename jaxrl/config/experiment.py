@@ -70,10 +70,10 @@ class ExperimentConfig:
         # Every algorithm here but those with a critic (PPO: GAE, one sample per prompt is enough) normalises
         # rewards within a group of samples of the same prompt.
         slots, rows = self.rollout.engine.slots, self.data.prompts_per_step * self.rollout.group_size
-        _check(self.rollout.engine.kind == "static" or (self.env is None and self.multi_agent is None),
-               "rollout.engine.kind", self.rollout.engine.kind, "must be 'static' with env: or multi_agent: "
-               "(multi-turn episodes decode with the turn decoder, jaxrl.sampling.multiturn; continuous "
-               "batching is single-turn for now)")
+        _check(self.rollout.engine.kind == "static" or self.multi_agent is None,
+               "rollout.engine.kind", self.rollout.engine.kind, "must be 'static' with multi_agent: (a "
+               "system's role turns decode with the turn decoder, jaxrl.sampling.multiturn; env: episodes "
+               "may use the continuous engine)")
         _check(slots is None or slots <= rows, "rollout.engine.slots", slots,
                f"must be <= the rows of a step (data.prompts_per_step x rollout.group_size = {rows})")
         _check(self.rollout.group_size >= 2 or algo.critic, "rollout.group_size", self.rollout.group_size,

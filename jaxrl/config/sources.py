@@ -58,7 +58,9 @@ class EngineConfig:
     batching"). `slots` null: one per row (no refill). At least 2 slots per batch shard of the sampler: XLA:CPU
     compiles a one-row decode step's fusions unlike a several-row one's (seen at -O1 on an Intel Xeon), so one
     slot per device would round log-probs unlike the static batch. Held-out evaluation decodes with the static
-    engine."""
+    engine. With `env:` each slot holds one episode and its KV cache across its turns, a finished episode's slot
+    taken by the next (`jaxrl.envs.slot_episodes`): the tokens of the static engine with `cache: continue`,
+    log-probs equal to float rounding; one process only (exit 2 otherwise). Not with `multi_agent:`."""
 
     kind: str = "static"
     slots: int | None = None

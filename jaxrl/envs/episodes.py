@@ -34,7 +34,9 @@ import numpy as np
 from jaxrl.envs.base import Action, Env
 from jaxrl.envs.contract import ON_ERROR, checked_reset, checked_step
 from jaxrl.errors import EnvError, UserError
-from jaxrl.sampling.batching import DEFAULT_GEN_BUCKETS, SamplingSpec, bucket
+from jaxrl.envs.slot_episodes import SlotScheduler
+from jaxrl.sampling.batching import DEFAULT_GEN_BUCKETS, SamplingSpec, bucket, check_engine
+from jaxrl.sampling.episode_slots import SlotDecoder
 from jaxrl.sampling.multiturn import MODES, TurnDecoder, stop_token_sequences
 from jaxrl.sharding import hosts
 from jaxrl.types import Rows
@@ -189,7 +191,10 @@ def _start(env_factory: Callable[[Any], Env], records, tokenizer, budget: Episod
 def collect_episodes(graphdef, params, records: Sequence[dict[str, Any]], tokenizer,
                      env_factory: Callable[[Any], Env], budget: EpisodeBudget, sampling: SamplingSpec, seed, *,
                      row_offset: int = 0, row_sharding=None) -> Episodes:
-    """Runs G episodes per record, all live episodes decoding each turn together (`TurnDecoder`).
+    """Runs G episodes per record: with `sampling.engine` "static" all live episodes decode each turn together
+    (`TurnDecoder`, cache policy `budget.cache`); with "continuous", `sampling.slots` decode slots (None: one
+    per episode) each hold an episode and its KV cache across its turns, a finished episode's slot taken by the
+    next one (`jaxrl.envs.slot_episodes`; the tokens of the static engine with cache "continue"; one process).
 
     Args:
       graphdef, params: `nnx.split(model)` of a `jaxrl.models.Transformer`.
@@ -210,19 +215,51 @@ def collect_episodes(graphdef, params, records: Sequence[dict[str, Any]], tokeni
     for name in ("num_samples", "max_new_tokens"):
         if int(getattr(sampling, name)) < 1:
             raise ValueError(f"{name} must be >= 1, got {getattr(sampling, name)}")
+    continuous = sampling.engine == "continuous"
+    if continuous and row_sharding is not None and jax.process_count() > 1:
+        raise UserError(f"rollout.engine.kind: continuous with env: runs on one process for now (this run has "
+                        f"{jax.process_count()}); use kind: static")
+    num = len(records) * int(sampling.num_samples)
+    shards = 1 if row_sharding is None else hosts.row_blocks(row_sharding, num)
+    slots = check_engine("continuous", sampling.slots, num, shards) if continuous else 0
     rep, eps = _start(env_factory, records, tokenizer, budget, sampling.num_samples, row_sharding)
     eos = int(tokenizer.eos_token_id)
     pad = int(tokenizer.pad_token_id)
     probe = next((e.env for e in eps if e is not None), None) or env_factory(tokenizer)
     stops = stop_token_sequences(tokenizer, probe.stop_strings)
+    sampler = dict(max_new_tokens=sampling.max_new_tokens, temperature=sampling.temperature, top_k=sampling.top_k,
+                   top_p=sampling.top_p, eos_ids=(eos,), stop_sequences=stops, pad_id=pad, seed=seed,
+                   gen_buckets=sampling.gen_buckets)
+    rows = range(row_offset, row_offset + len(eps))
+
+    def act(e: _Episode, ids: list[int], logp: list[float]) -> None:
+        action = Action(tuple(ids), tokenizer.decode(ids, skip_special_tokens=True), ids[-1] == eos)
+        e.act(ids, logp, action, budget, len(tokenizer))
+
+    if continuous:  # S slots, each episode's KV cache kept across its turns (`jaxrl.envs.slot_episodes`)
+        decoder = SlotDecoder(graphdef, params, slots, max_context=budget.max_total_tokens, **sampler)
+        scheduler = SlotScheduler(decoder, eps, rows, max_new_tokens=sampling.max_new_tokens,
+                                  max_total_tokens=budget.max_total_tokens)
+        scheduler.run(lambda i, ids, logp: act(eps[i], ids, logp))
+        steps = decoder.stats["decode_steps"]
+        stats = {"time/generate_s": scheduler.timing["generate_s"], "time/env_s": scheduler.timing["env_s"],
+                 "rollout/prefill_tokens": float(decoder.stats["prefill_tokens"]),
+                 "rollout/cache_compactions": 0.0, "rollout/decode_steps": float(steps),
+                 "rollout/slot_use": sum(sum(e.sampled) for e in eps) / max(decoder.stats["slot_steps"], 1)}
+    else:
+        stats = _lockstep(graphdef, params, eps, budget, sampling, sampler, rows, row_sharding, act)
+    out = _assemble(eps, rep, tokenizer, budget, row_sharding)
+    out.metrics.update(stats)
+    return out
+
+
+def _lockstep(graphdef, params, eps: list, budget: EpisodeBudget, sampling: SamplingSpec, sampler: dict, rows,
+              row_sharding, act) -> dict[str, float]:
+    """All live episodes decode each turn together (`TurnDecoder`); returns the rollout's timing metrics."""
     gen_width = bucket(sampling.max_new_tokens, sampling.gen_buckets, "completion")
     slots = budget.cache_slots or -(-(budget.max_total_tokens + budget.max_turns * gen_width) // 128) * 128
-    decoder = TurnDecoder(graphdef, params, len(eps), max_new_tokens=sampling.max_new_tokens,
-                          temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p, eos_ids=(eos,),
-                          stop_sequences=stops, pad_id=pad, seed=seed, mode=budget.cache,
-                          rows=range(row_offset, row_offset + len(eps)),
-                          cache_slots=slots, row_sharding=row_sharding,
-                          chunk_buckets=sampling.prompt_buckets, gen_buckets=sampling.gen_buckets)
+    decoder = TurnDecoder(graphdef, params, len(eps), mode=budget.cache, rows=rows, cache_slots=slots,
+                          row_sharding=row_sharding, chunk_buckets=sampling.prompt_buckets, **sampler)
     gen_s = env_s = 0.0
     mine = [e for e in eps if e is not None]
     for k in range(budget.max_turns):
@@ -242,16 +279,11 @@ def collect_episodes(graphdef, params, records: Sequence[dict[str, Any]], tokeni
             n = int(turn.lengths[i])
             if e is None or e.done or n == 0:
                 continue
-            ids = [int(x) for x in turn.tokens[i, :n]]
-            action = Action(tuple(ids), tokenizer.decode(ids, skip_special_tokens=True), ids[-1] == eos)
-            logp = [float(x) for x in turn.logprobs[i, :n]]
-            e.act(ids, logp, action, budget, len(tokenizer))
+            act(e, [int(x) for x in turn.tokens[i, :n]], [float(x) for x in turn.logprobs[i, :n]])
         env_s += time.perf_counter() - t1
-    out = _assemble(eps, rep, tokenizer, budget, row_sharding)
-    out.metrics.update({"time/generate_s": gen_s, "time/env_s": env_s,
-                        "rollout/prefill_tokens": float(decoder.prefill_tokens()),
-                        "rollout/cache_compactions": float(decoder.stats["compactions"])})
-    return out
+    return {"time/generate_s": gen_s, "time/env_s": env_s,
+            "rollout/prefill_tokens": float(decoder.prefill_tokens()),
+            "rollout/cache_compactions": float(decoder.stats["compactions"])}
 
 
 def scripted_episodes(records: Sequence[dict[str, Any]], tokenizer, env_factory: Callable[[Any], Env],

@@ -4,6 +4,7 @@ Public API:
   generate(model, prompts, spec | **fields)                      -> Generation   (nnx.split, then the next)
   generate_from_state(graphdef, state, prompts, spec | **fields) -> Generation   (the trainer's form)
   SamplingSpec, Generation, pad_prompts, compile_count(), DEFAULT_PROMPT_BUCKETS, DEFAULT_GEN_BUCKETS
+Multi-turn episodes: `multiturn.TurnDecoder` (lockstep turns), `episode_slots.SlotDecoder` (continuous slots).
 
 Dimension letters: P prompts, G samples per prompt, B = P·G rows, L padded prompt width, T completion tokens,
 V vocabulary, E stop tokens.

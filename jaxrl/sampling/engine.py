@@ -220,12 +220,13 @@ CPU_PER_LAYER_OPTIONS = {**CPU_DECODE_OPTIONS, "xla_cpu_copy_insertion_use_regio
 class Programs:
     """A rollout function jitted for each platform form; `programs(on_cpu=, per_layer=)` is the one to call
     (CPU programs have their own compiler options, above). Both engines have one (`rollout_for` here,
-    `jaxrl.sampling.continuous.continuous_for`)."""
+    `jaxrl.sampling.continuous.continuous_for`); `donate_argnames`: inputs whose buffers the program reuses."""
 
-    def __init__(self, fn, static_argnames):
-        self.accelerator = jax.jit(fn, static_argnames=static_argnames)
-        self.cpu = jax.jit(fn, static_argnames=static_argnames, compiler_options=CPU_DECODE_OPTIONS)
-        self.cpu_per_layer = jax.jit(fn, static_argnames=static_argnames, compiler_options=CPU_PER_LAYER_OPTIONS)
+    def __init__(self, fn, static_argnames, donate_argnames=()):
+        jit = lambda **kw: jax.jit(fn, static_argnames=static_argnames, donate_argnames=donate_argnames, **kw)
+        self.accelerator = jit()
+        self.cpu = jit(compiler_options=CPU_DECODE_OPTIONS)
+        self.cpu_per_layer = jit(compiler_options=CPU_PER_LAYER_OPTIONS)
 
     def __call__(self, *, on_cpu: bool, per_layer: bool):
         if not on_cpu:

@@ -64,8 +64,8 @@ def test_continuous_engine_trains_exactly_as_the_static_batch(tmp_path):
     (None, ["rollout.engine.kind=continuous", "rollout.engine.slots=1"], "rollout.engine.slots=1: must be >= 2"),
     (None, ["rollout.engine.kind=continuous", "rollout.engine.slots=65"],
      r"rollout.engine.slots=65: must be <= the rows of a step \(data.prompts_per_step x rollout.group_size = 64\)"),
-    ("configs/search_tiny.yaml", ["rollout.engine.kind=continuous"],
-     "rollout.engine.kind='continuous': must be 'static' with env: or multi_agent:"),
+    ("configs/ssp_tiny.yaml", ["rollout.engine.kind=continuous"],
+     "rollout.engine.kind='continuous': must be 'static' with multi_agent:"),
 ])
 def test_bad_engine_config_is_one_line(config, sets, match):
     with pytest.raises(ConfigError, match=match):
