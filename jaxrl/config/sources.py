@@ -60,7 +60,8 @@ class EngineConfig:
     slot per device would round log-probs unlike the static batch. Held-out evaluation decodes with the static
     engine. With `env:` each slot holds one episode and its KV cache across its turns, a finished episode's slot
     taken by the next (`jaxrl.envs.slot_episodes`): the tokens of the static engine with `cache: continue`,
-    log-probs equal to float rounding; one process only (exit 2 otherwise). Not with `multi_agent:`."""
+    log-probs equal to float rounding; on several processes each host admits its own episodes into the slots its
+    devices own. Not with `multi_agent:`."""
 
     kind: str = "static"
     slots: int | None = None

@@ -194,7 +194,9 @@ def collect_episodes(graphdef, params, records: Sequence[dict[str, Any]], tokeni
     """Runs G episodes per record: with `sampling.engine` "static" all live episodes decode each turn together
     (`TurnDecoder`, cache policy `budget.cache`); with "continuous", `sampling.slots` decode slots (None: one
     per episode) each hold an episode and its KV cache across its turns, a finished episode's slot taken by the
-    next one (`jaxrl.envs.slot_episodes`; the tokens of the static engine with cache "continue"; one process).
+    next one (`jaxrl.envs.slot_episodes`; the tokens of the static engine with cache "continue"). With
+    `row_sharding` each host drives its own episodes in either engine: in the continuous one it admits them into
+    the slots it owns.
 
     Args:
       graphdef, params: `nnx.split(model)` of a `jaxrl.models.Transformer`.
@@ -216,9 +218,6 @@ def collect_episodes(graphdef, params, records: Sequence[dict[str, Any]], tokeni
         if int(getattr(sampling, name)) < 1:
             raise ValueError(f"{name} must be >= 1, got {getattr(sampling, name)}")
     continuous = sampling.engine == "continuous"
-    if continuous and row_sharding is not None and jax.process_count() > 1:
-        raise UserError(f"rollout.engine.kind: continuous with env: runs on one process for now (this run has "
-                        f"{jax.process_count()}); use kind: static")
     num = len(records) * int(sampling.num_samples)
     shards = 1 if row_sharding is None else hosts.row_blocks(row_sharding, num)
     slots = check_engine("continuous", sampling.slots, num, shards) if continuous else 0
@@ -237,15 +236,18 @@ def collect_episodes(graphdef, params, records: Sequence[dict[str, Any]], tokeni
         e.act(ids, logp, action, budget, len(tokenizer))
 
     if continuous:  # S slots, each episode's KV cache kept across its turns (`jaxrl.envs.slot_episodes`)
-        decoder = SlotDecoder(graphdef, params, slots, max_context=budget.max_total_tokens, **sampler)
+        by_host = row_sharding is not None  # each host: its own episodes in its own slots
+        decoder = SlotDecoder(graphdef, params, slots, max_context=budget.max_total_tokens, by_host=by_host,
+                              **sampler)
         scheduler = SlotScheduler(decoder, eps, rows, max_new_tokens=sampling.max_new_tokens,
                                   max_total_tokens=budget.max_total_tokens)
         scheduler.run(lambda i, ids, logp: act(eps[i], ids, logp))
-        steps = decoder.stats["decode_steps"]
+        sampled = sum(sum(e.sampled) for e in eps if e is not None)
+        sampled = int(hosts.sum_across_hosts(np.asarray(sampled, np.int64))) if by_host else sampled
         stats = {"time/generate_s": scheduler.timing["generate_s"], "time/env_s": scheduler.timing["env_s"],
-                 "rollout/prefill_tokens": float(decoder.stats["prefill_tokens"]),
-                 "rollout/cache_compactions": 0.0, "rollout/decode_steps": float(steps),
-                 "rollout/slot_use": sum(sum(e.sampled) for e in eps) / max(decoder.stats["slot_steps"], 1)}
+                 "rollout/prefill_tokens": float(decoder.prefill_tokens()), "rollout/cache_compactions": 0.0,
+                 "rollout/decode_steps": float(decoder.stats["decode_steps"]),
+                 "rollout/slot_use": sampled / max(decoder.stats["slot_steps"], 1)}
     else:
         stats = _lockstep(graphdef, params, eps, budget, sampling, sampler, rows, row_sharding, act)
     out = _assemble(eps, rep, tokenizer, budget, row_sharding)

@@ -70,14 +70,6 @@ def check_slots(slots: int | None, mesh: Mesh) -> None:
                           f"(>= {2 * shards}: a one-row decode step rounds unlike the static batch's)")
 
 
-def check_episode_engine(kind: str, env: bool, processes: int) -> None:
-    """The continuous engine's multi-turn episodes (`jaxrl.envs.slot_episodes`) run on one process for now: on
-    several, each host would have to admit its own episodes into the slots its devices hold."""
-    if kind == "continuous" and env and processes > 1:
-        raise ConfigError(f"rollout.engine.kind='continuous' with env: runs on one process for now (this run has "
-                          f"{processes}); use kind: static")
-
-
 def _spec_on(x: jax.Array, mesh: Mesh) -> PartitionSpec:
     """`x`'s partition spec for `mesh`: a dimension the new axis sizes do not divide is replicated."""
     spec = tuple(x.sharding.spec) if isinstance(x.sharding, NamedSharding) else ()

@@ -119,7 +119,6 @@ def setup(cfg: ExperimentConfig, run_dir: Path) -> tuple[Run, TrainState, Any]:
     settings = algo_settings(cfg)
     mesh, sampler_mesh = _meshes(cfg.mesh)  # sampler_mesh: None when the sampler shares the training devices
     placement.check_slots(cfg.rollout.engine.slots, sampler_mesh or mesh)
-    placement.check_episode_engine(cfg.rollout.engine.kind, cfg.env is not None, jax.process_count())
     rules = RULES[cfg.mesh.rules]
     tokenizer = build.build_tokenizer(cfg.model, cfg.tokenizer)
     system = _multi_agent_system(cfg, tokenizer, algorithm)  # invalid params fail before the model is built

@@ -32,6 +32,16 @@ group terms by slot, so some decode steps round differently in the last bit (on 
 of the action log-probs, by <= 4.8e-7; the first token of every turn, from the prefill, is equal). Slots split
 over devices (the model pins them as batch rows) give the one-device values bit for bit.
 
+Hosts (multi-controller JAX): the slots are batch rows, laid out as the model pins them (`model.constrain`:
+the slots' layout is read off the state `init` returns), and each slot has one owner
+(`jaxrl.sharding.hosts.row_owners`). With `by_host`, each host feeds only the slots it owns: the inputs of
+`feed` are built from its own slots (length 0 elsewhere) and assembled as global arrays (gathered from their
+owners first when a slot sits on several hosts' devices, as `TurnDecoder` does), and `advance` reads back the
+turn's tokens of the slots it holds and every slot's lengths and flags. Both are collectives: every host
+calls them the same number of times (a host with nothing to feed feeds nothing), and `advance`'s exit is a
+device value, so all hosts decode the same steps. Episode r's tokens do not depend on the slot nor the host,
+so 2 hosts x 2 devices give the episodes of 1 host x 4 (tests/sharding/test_multihost_cli.py).
+
 Costs: the cache is S x (max context + P); each feed runs every slot's row through ceil(longest chunk / P)
 forwards of P columns (slots not fed are masked, as `TurnDecoder` masks its idle rows); each `advance` step
 runs all S slots (waiting and free ones masked). Compiles: `init`, `feed` (one chunk width: the context
@@ -48,6 +58,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from jaxrl.models import KVCache
 from jaxrl.sampling import filters
@@ -206,7 +218,8 @@ def _advance(graphdef, state, slots: SlotState, key, temperature, top_p, stop_SK
                                      tokens_ST=tokens_ST, logp_ST=logp_ST)
 
     steps, slots = jax.lax.while_loop(cond, body, (jnp.int32(0), slots))
-    return slots, steps
+    pin = lambda x: model.constrain(x, ("batch", None))  # noqa: E731 -- the hosts read their own slots' rows
+    return slots._replace(tokens_ST=pin(slots.tokens_ST), logp_ST=pin(slots.logp_ST)), steps
 
 
 _init_for = Programs(_init, ("graphdef", "slots", "capacity", "gen_width", "stop_width", "per_layer"))
@@ -219,8 +232,10 @@ class SlotTurns(NamedTuple):
     """What one `advance` returns (host arrays over the S slots).
 
     Attributes:
-      ended: [S] bool, the slot's turn ended in this call (it now waits to be fed or freed).
-      tokens, logprobs: [S, T] the current turn's tokens and log-probs (valid up to `lengths`).
+      ended: [S] bool, the slot's turn ended in this call (it now waits to be fed or freed); with `by_host`,
+        this host's slots only.
+      tokens, logprobs: [S, T] the current turn's tokens and log-probs (valid up to `lengths`; with `by_host`
+        at the slots this host holds, pad and 0 elsewhere).
       lengths: [S] int32 tokens of the current turn; stopped: [S] bool, ended on EOS or a stop sequence.
       steps: decode steps of the call.
     """
@@ -247,13 +262,16 @@ class SlotDecoder:
         min_waiting / 2 turns' worth of steps each) and host round trips (one feed program per return).
       piece: P, chunk columns per prefill forward; the cache holds max_context + P slots per row.
       gen_buckets: allowed decode buffer widths; per_layer: as `TurnDecoder` (default: on CPU).
+      by_host: each host feeds and reads back only the slots it owns (`owned_S`; module notes). False: every
+        host feeds every slot the same values and reads every slot back.
     """
 
     def __init__(self, graphdef, state, num_slots: int, *, max_context: int, max_new_tokens: int,
                  temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
                  eos_ids: Sequence[int] = (), stop_sequences: Sequence[Sequence[int]] = (), pad_id: int = 0,
                  seed: int | jax.Array = 0, min_waiting: int | None = None, piece: int = 32,
-                 gen_buckets: Sequence[int] | None = DEFAULT_GEN_BUCKETS, per_layer: bool | None = None):
+                 gen_buckets: Sequence[int] | None = DEFAULT_GEN_BUCKETS, per_layer: bool | None = None,
+                 by_host: bool = False):
         if int(num_slots) < 1 or int(max_context) < 1 or int(piece) < 1 or int(max_new_tokens) < 1:
             raise ValueError(f"need num_slots, max_context, piece and max_new_tokens >= 1, got {num_slots}, "
                              f"{max_context}, {piece}, {max_new_tokens}")
@@ -285,7 +303,19 @@ class SlotDecoder:
                                             stop_width=k, per_layer=self.per_layer)
         self._fed: list[list[int]] = [[] for _ in range(self.num_slots)]  # the tokens in each slot's cache
         self._decoding = np.zeros((self.num_slots,), bool)
+        self.by_host = bool(by_host)
+        self._layout_ST = self._state.tokens_ST.sharding  # the slots' layout, as the model pins them
+        spec = getattr(self._layout_ST, "spec", None)
+        self._layout_S = self._layout_ST if spec is None else NamedSharding(self._layout_ST.mesh, P(*spec[:1]))
+        self._owners_S = hosts.row_owners(self._layout_S, (self.num_slots,))
+        self.owned_S = self._owners_S == jax.process_index() if self.by_host else np.ones((self.num_slots,), bool)
+        self._shared = self.by_host and hosts.shared_rows(self._layout_S, (self.num_slots,))
         self.stats = {"prefill_tokens": 0, "decode_steps": 0, "slot_steps": 0, "advances": 0}
+
+    def prefill_tokens(self) -> int:
+        """Context tokens fed so far, over all hosts' slots."""
+        n = self.stats["prefill_tokens"]
+        return int(hosts.sum_across_hosts(np.asarray(n, np.int64))) if self.by_host else n
 
     @property
     def decoding(self) -> np.ndarray:
@@ -297,13 +327,16 @@ class SlotDecoder:
         """Starts a turn in each of `slots`: slot s continues `contexts[i]` (its whole context) for at most
         `budgets[i]` tokens, drawing as row `rows[i]` at turn `turns[i]`; `fresh[i]`: a new episode (the slot's
         cache is emptied). A continued context must extend the slot's earlier context plus the tokens it
-        sampled (ValueError otherwise); a slot still decoding cannot be fed."""
+        sampled (ValueError otherwise); a slot still decoding cannot be fed. With `by_host`, only slots this host
+        owns (possibly none: every host calls `feed` together)."""
         chunk_SW = np.full((self.num_slots, self.width), self.pad_id, np.int32)
         len_S, fresh_S = np.zeros((self.num_slots,), np.int32), np.zeros((self.num_slots,), bool)
         row_S, turn_S, budget_S = (np.zeros((self.num_slots,), np.int32) for _ in range(3))
         for s, ctx, r, k, b, new in zip(slots, contexts, rows, turns, budgets, fresh, strict=True):
             ctx = [int(x) for x in ctx]
             fed = [] if new else self._fed[s]
+            if not self.owned_S[s]:
+                raise ValueError(f"slot {s} belongs to process {self._owners_S[s]}; feed only this host's slots")
             if self._decoding[s] or len_S[s]:
                 raise ValueError(f"slot {s} is still decoding (or fed twice); feed it after its turn ended")
             if not 1 <= int(b) <= self.max_new_tokens or len(ctx) > self.max_context:
@@ -317,6 +350,12 @@ class SlotDecoder:
             row_S[s], turn_S[s], budget_S[s] = int(r), int(k), int(b)
             self._fed[s], self._decoding[s] = ctx, True
             self.stats["prefill_tokens"] += len(chunk)
+        if self.by_host:  # every host's slots as global arrays (a slot on several hosts: its owner's values)
+            parts = (chunk_SW, len_S, fresh_S, row_S, turn_S, budget_S)
+            if self._shared:
+                parts = tuple(hosts.gather_owned(x, self._owners_S) for x in parts)
+            chunk_SW = hosts.host_to_global(parts[0], self._layout_ST)
+            len_S, fresh_S, row_S, turn_S, budget_S = (hosts.host_to_global(x, self._layout_S) for x in parts[1:])
         self._state = self._feed(self.graphdef, self.params, self._state, chunk_SW, len_S, fresh_S, row_S, turn_S,
                                  budget_S, jnp.int32(self.pad_id), piece=self.piece, per_layer=self.per_layer)
 
@@ -329,14 +368,18 @@ class SlotDecoder:
             top_k=None if self.top_k is None else int(self.top_k), use_top_p=self.top_p is not None,
             per_layer=self.per_layer)
         s = self._state
-        decoding, tokens, logp, lengths, stopped = (hosts.to_host(x) for x in (s.decoding_S, s.tokens_ST,
-                                                                              s.logp_ST, s.t_S, s.stopped_S))
-        ended = self._decoding & ~decoding
+        decoding, lengths, stopped = (hosts.to_host(x) for x in (s.decoding_S, s.t_S, s.stopped_S))
+        if self.by_host:  # the turn's tokens of the slots held here
+            tokens, logp = hosts.fetch_held(s.tokens_ST, self.pad_id), hosts.fetch_held(s.logp_ST)
+        else:
+            tokens, logp = hosts.to_host(s.tokens_ST), hosts.to_host(s.logp_ST)
+        decoding = decoding.astype(bool)
+        ended = self._decoding & ~decoding & self.owned_S
         for i in np.flatnonzero(ended):  # the cache holds all but the token that ended the turn
             self._fed[i] = self._fed[i] + [int(x) for x in tokens[i, : max(int(lengths[i]) - 1, 0)]]
-        steps = int(steps)
+        steps = int(hosts.to_host(steps))
         self.stats["decode_steps"] += steps
         self.stats["slot_steps"] += steps * self.num_slots
         self.stats["advances"] += 1
-        self._decoding = decoding.astype(bool)
+        self._decoding = decoding
         return SlotTurns(ended, tokens, logp, lengths, stopped & ended, steps)

@@ -24,13 +24,12 @@ from flax import nnx
 from jaxrl.config import load_config
 from jaxrl.envs import EpisodeBudget, collect_episodes
 from jaxrl.envs.slot_episodes import SlotScheduler
-from jaxrl.errors import ConfigError, UserError
 from jaxrl.io.tokenizer import builtin_tokenizer
 from jaxrl.models import Transformer, TransformerConfig
-from jaxrl.rl import agentic, placement
+from jaxrl.rl import agentic
 from jaxrl.rl.setup import sampling_spec
 from jaxrl.sampling import SamplingSpec, episode_slots
-from jaxrl.sharding import RULES, MeshConfig, make_constrain, make_mesh, row_sharding, state_shardings
+from jaxrl.sharding import RULES, hosts, MeshConfig, make_constrain, make_mesh, row_sharding, state_shardings
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "agent"))
 from agent_helpers import EchoEnv, tiny_model  # noqa: E402
@@ -195,18 +194,46 @@ def test_returning_mid_turn_keeps_the_tokens(split):
     np.testing.assert_array_equal(scan.advance().tokens, ref.tokens)
 
 
-def test_bad_slots_and_several_processes_are_one_line(split, monkeypatch):
+def test_bad_slots_are_one_line(split):
     graphdef, state = split
     factory = functools.partial(EchoEnv, stops=STOPS)
     for slots in (1, 7):
         with pytest.raises(ValueError, match=r"slots must be in \[2, 6\]"):
             collect_episodes(graphdef, state, RECORDS, TOK, factory, BUDGET, _spec(engine="continuous",
                                                                                    slots=slots), seed=0)
-    with pytest.raises(ConfigError, match="rollout.engine.kind='continuous' with env: runs on one process"):
-        placement.check_episode_engine("continuous", True, 2)  # at setup, before anything is built
-    placement.check_episode_engine("continuous", False, 2)
-    placement.check_episode_engine("static", True, 2)
-    monkeypatch.setattr(jax, "process_count", lambda: 2)
-    with pytest.raises(UserError, match="continuous with env: runs on one process for now"):
-        collect_episodes(graphdef, state, RECORDS, TOK, factory, BUDGET, _spec(engine="continuous", slots=2),
-                         seed=0, row_sharding=object())
+
+
+def test_a_host_drives_its_own_episodes_in_its_own_slots(split, monkeypatch):
+    """Process 0 of a two-host layout on one process (the owners of the 6 episodes and of the 4 slots faked:
+    the first half of each is process 0's): it starts only its 3 episodes, admits them into only its 2 slots,
+    and they get the tokens and log-probs they have when one host drives all 6 (the other host's rows pad)."""
+    cfg = TransformerConfig.tiny(vocab_size=128, max_position_embeddings=512)
+    mesh = make_mesh(MeshConfig(data=2), jax.devices()[:2])
+    rules = RULES["fsdp"]
+    graphdef, state = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0), constrain=make_constrain(mesh, rules)))
+    state = jax.device_put(state, state_shardings(state, mesh, rules))
+    factory = functools.partial(EchoEnv, stops=STOPS)
+    spec = _spec(engine="continuous", slots=4, temperature=1.0)
+    run = lambda: collect_episodes(graphdef, state, RECORDS, TOK, factory, BUDGET, spec, seed=3,  # noqa: E731
+                                   row_sharding=row_sharding(mesh, rules, 6))
+    one = run()
+    admitted, make = [], SlotScheduler.__init__
+
+    def recording_init(self, decoder, episodes, *a, **kw):
+        make(self, decoder, episodes, *a, **kw)
+        admitted.append((self, decoder))
+
+    real_owners = hosts.row_owners
+    monkeypatch.setattr(hosts, "row_owners", lambda sh, shape: (np.arange(shape[0]) >= shape[0] // 2).astype(
+        np.int32) if shape[0] in (4, 6) else real_owners(sh, shape))
+    monkeypatch.setattr(SlotScheduler, "__init__", recording_init)
+    mine = run()
+    (sched, dec), = admitted
+    assert list(dec.owned_S) == [True, True, False, False]
+    assert sorted(i for i, _ in sched.admitted) == [0, 1, 2] and {s for _, s in sched.admitted} == {0, 1}
+    assert list(mine.driven_B) == [True] * 3 + [False] * 3
+    np.testing.assert_array_equal(mine.tokens_BL[:3], one.tokens_BL[:3])
+    np.testing.assert_array_equal(mine.old_logp_BL[:3], one.old_logp_BL[:3])
+    assert mine.completions[:3] == one.completions[:3] and mine.completions[3:] == [""] * 3
+    with pytest.raises(ValueError, match="slot 2 belongs to process 1"):
+        dec.feed([2], [[5, 6]], [0], [0], [4], [True])

@@ -325,8 +325,15 @@ SMALL = ["model.overrides={hidden_size: 32, num_layers: 1, num_heads: 2, num_kv_
 # Rollouts built on the hosts from environments and roles. MARCH runs with one LoRA adapter set per role: its
 # collect stage is the one-policy run's with each role's adapters swapped in, and one policy sampling several
 # roles is SSP's case. (A one-policy MARCH pair was a case of its own until 2026-11-28, 114 s of this file.)
+# search decodes on the continuous engine: 4 slots for the 6 episodes of a step (2 prompts x 3), the batch split
+# over fsdp = 2 (one shard per host of 2 x 2; tensor = 2 within a host), so each host admits its 3 episodes into
+# its 2 slots and reuses one; the logged environment keeps every episode going for a second turn at least
+# (`min_turns`), so slots wait for their environment and are fed observations. ssp keeps the static turn
+# decoder (multi-turn search episodes, several hosts).
 HOST_DRIVEN = {
-    "search": ("configs/search_tiny.yaml", ["rollout.max_new_tokens=8", "rollout.gen_buckets=[8]"]),
+    "search": ("configs/search_tiny.yaml", ["rollout.max_new_tokens=8", "rollout.gen_buckets=[8]",
+                                            "rollout.engine.kind=continuous", "rollout.engine.slots=4",
+                                            "rollout.group_size=3", "mesh.tensor=2", "mesh.rules=fsdp_tp"]),
     "ssp": ("configs/ssp_tiny.yaml", ["rollout.max_new_tokens=16", "rollout.gen_buckets=[16]"]),
     "march_role_adapters": ("configs/march_tiny.yaml", [  # one LoRA adapter set per role
         "rollout.max_new_tokens=16", "rollout.gen_buckets=[16]", "model.lora={rank: 4, alpha: 8}",
@@ -351,7 +358,8 @@ def test_multi_turn_and_multi_agent_two_hosts_match_one_host(name, tmp_root):
         logged = []
         if name == "search":  # the same SearchEnv, logging each episode and action to its process's file
             env_file = Path(__file__).resolve().parent / "mh_env.py"
-            logged = [f"env.name={env_file}:LoggedSearchEnv", f"env.params.log_dir={run_dir}"]
+            logged = [f"env.name={env_file}:LoggedSearchEnv", f"env.params.log_dir={run_dir}",
+                      "env.params.min_turns=2"]
         procs[processes] = launch(run_dir, SMALL + extra + logged, processes=processes, devices=4 // processes,
                                   config=config)
     for processes, group in procs.items():
@@ -362,7 +370,9 @@ def test_multi_turn_and_multi_agent_two_hosts_match_one_host(name, tmp_root):
     # the policy's entropy over the sampled (trained) tokens: equal only if both runs sampled the same tokens
     assert_same_metrics(runs[2], runs[1], keys=COMPARED + ("entropy",))
     assert sum(r.get("entropy", 0) > 0 for r in runs[1]) == 2, runs[1]
-    if name == "search":
+    if name == "search":  # continuous engine, episodes of 2 turns and more (slots fed their observations)
+        steps = [r for r in runs[2] if "loss" in r]
+        assert all(r["rollout/slot_use"] > 0 and r["episode/turns"] >= 2 for r in steps), steps
         assert len(logs[1]) == 1 and len(logs[2]) == 2, "one log file per process"
         # every host first checks its environment once (`dry_run`: reset + one step on the first record) before
         # any heavy work; the episodes themselves follow
