@@ -71,6 +71,9 @@ class Rollout(Rows):
     segment_B: np.ndarray | None = None
     segment_sizes: tuple[int, ...] = ()
     pad_id: int | None = None  # the token written where `mask_BL` is off (None: not recorded)
+    # int32 [B, T]: the policy version that sampled each completion token (partial rollouts, `jaxrl.rl.partial`);
+    # None: one version sampled the whole rollout
+    version_BT: np.ndarray | None = None
 
     @classmethod
     def of(cls, rows: Rows, **fields) -> "Rollout":
@@ -82,7 +85,8 @@ class Rollout(Rows):
         rows = np.asarray(rows, np.int64)
         return dataclasses.replace(
             super().take(rows, take_array), records=[self.records[i] for i in rows], rewards_BR=self.rewards_BR[rows],
-            segment_B=None if self.segment_B is None else self.segment_B[rows])
+            segment_B=None if self.segment_B is None else self.segment_B[rows],
+            version_BT=None if self.version_BT is None else self.version_BT[rows])
 
     def add_reward_column(self, values_B: np.ndarray, name: str) -> "Rollout":
         """A copy with one more reward column of weight 1 (a shaping stage's output)."""

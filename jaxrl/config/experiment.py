@@ -63,6 +63,8 @@ class ExperimentConfig:
                True, "a LoRA critic sits on the LoRA policy's frozen base: set model.lora, or critic_lora: false")
         if self.multi_agent is not None and self.multi_agent.estimators:
             self._check_role_estimators(algo)
+        if self.train.async_.partial_rollouts:
+            self._check_partial_rollouts(algo)
         if algo.per_reward and self.algorithm.kl.beta > 0:
             _check(self.algorithm.kl.where is KLWhere.LOSS, "algorithm.kl.where", self.algorithm.kl.where.value,
                    f"{algo.name} normalises each reward column within its group, which would erase β of a KL "
@@ -97,6 +99,21 @@ class ExperimentConfig:
             _check(mine == data, f"{env[0]}.(corpus_seed, corpus_size)", mine,
                    f"differs from data.params' {data}: the environment would search another world than its "
                    "questions'; give both the same corpus_seed and corpus_size")
+
+    def _check_partial_rollouts(self, algo) -> None:
+        """`train.async.partial_rollouts`: single-turn completions (`jaxrl.rl.partial` continues a sampler's
+        rows, not episodes or role turns), under an algorithm that draws no groups after the step began."""
+        from jaxrl.algorithms import ALGORITHMS
+
+        key = "train.async.partial_rollouts"
+        where = "env" if self.env is not None else "multi_agent" if self.multi_agent is not None else None
+        _check(where is None, key, True, f"continues single-turn completions only; remove the {where} section or "
+               "set partial_rollouts: false")
+        ok = [a.name for a in ALGORITHMS.values() if a.resample is None]
+        _check(algo.resample is None, key, True,
+               f"algorithm.name={algo.name!r} resamples groups during the step (DAPO dynamic sampling), which "
+               f"needs whole groups sampled by one policy version; use an algorithm without resampling "
+               f"({', '.join(ok)}) or partial_rollouts: false")
 
     def _check_role_estimators(self, algo) -> None:
         """`multi_agent.estimators`: estimator-only algorithms, under a run algorithm without group-wide

@@ -170,13 +170,18 @@ class SFTWarmupConfig:
 class AsyncConfig:
     """Asynchronous RL (`jaxrl.rl.ahead`): the rollout of step t is sampled by the policy as it was
     `max_staleness` updates before the trainer's (fewer in the first steps), so the next rollout is collected
-    while the trainer updates on this one. 0 (default): synchronous, today's step exactly."""
+    while the trainer updates on this one. 0 (default): synchronous, today's step exactly. `partial_rollouts`
+    (k >= 1, single-turn): a completion still in flight halfway through its token budget continues under the
+    newest weights (`jaxrl.rl.partial`); each token records the version that sampled it."""
 
     max_staleness: int = 0
+    partial_rollouts: bool = False
 
     def __post_init__(self):
         _check(self.max_staleness >= 0, "train.async.max_staleness", self.max_staleness,
                "must be >= 0 (0 = synchronous; k >= 1: rollouts sampled up to k policy versions behind)")
+        _check(not self.partial_rollouts or self.max_staleness >= 1, "train.async.partial_rollouts", True,
+               "needs train.async.max_staleness >= 1 (a synchronous run has no newer weights to continue under)")
 
 
 @dataclasses.dataclass(frozen=True)

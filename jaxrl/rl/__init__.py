@@ -8,7 +8,8 @@
   produced, with the warm start's demonstrations and the state checkpoints carry: `SingleTurn`,
   `EnvEpisodes`, `SystemRows`) and `jaxrl.rl.update` (how one rollout's advantages become optimiser steps:
   `Joint`, `Phased`); and `jaxrl.rl.ahead`, where each step's rollout comes from (`Synchronous`, or
-  `Ahead`: collected ahead by a policy up to `train.async.max_staleness` versions older);
+  `Ahead`: collected ahead by a policy up to `train.async.max_staleness` versions older; `jaxrl.rl.partial`:
+  `Partial`, its rows in flight continued under the newest weights, and `make_feed`, the choice);
 * `jaxrl.rl.step`: one RL step, a straight line of stages; `jaxrl.rl.batch`: the train batch of a rollout
   and the optimiser steps over it; `jaxrl.rl.distill`: on-policy distillation's teacher, a batch stage;
 * `jaxrl.rl.agentic`: environment episodes as rollouts and demonstrations (the `EnvEpisodes` collector's

@@ -27,6 +27,10 @@ PPO ratio is π_θ / π_behaviour. With `algorithm.mismatch.mode: tis | mis` the
 the trainer's current policy (the proximal policy) and the behaviour correction π_prox / π_behaviour weights
 (TIS) or masks (MIS) each token: the decoupled PPO objective of AReaL (Fu et al. 2025, arXiv:2505.24298).
 
+Partial rollouts (`train.async.partial_rollouts`, `jaxrl.rl.partial.Partial`, a subclass): a launch decodes
+only the first half of each row's budget; `take` continues the rows in flight under the newest version
+(hooks `_collect_ahead` / `_finish`). `jaxrl.rl.partial.make_feed` picks the run's feed.
+
 Exact resume: a checkpoint after step s holds the sampler's versions b(s + 1) .. s − 1 (the item `behind`), and
 for the rollout already launched, its records and the collector's state before it; the resumed run collects
 that rollout again (collections are deterministic in (params, records, step)), so it continues as an
@@ -154,17 +158,28 @@ class Ahead:
             self._start(run, step, records, version, collect, inline=True)
         launch = self._launched.pop(step)
         t0 = time.perf_counter()
-        ro, own = launch.result.result()
-        exposed = time.perf_counter() - t0 + launch.inline_s
+        got, own = launch.result.result()
         for stage, seconds in own.seconds.items():
             clock.add(stage, seconds)
+        ro, metrics = self._finish(run, got, launch.version, policy, records, step, collect, clock)
+        exposed = time.perf_counter() - t0 + launch.inline_s
         stale = float(step - 1 - launch.version)
         behaviour = run.policy.sampling_params(self._versions[launch.version])
         for old in [v for v in self._versions if v < self.version(step + 1)]:
             del self._versions[old]  # no later step samples with it
-        metrics = {"async/staleness_mean": stale, "async/staleness_max": stale,
-                   "async/behaviour_version": float(launch.version), "time/exposed_generation": exposed}
+        metrics.update({"async/staleness_mean": stale, "async/staleness_max": stale,
+                        "async/behaviour_version": float(launch.version), "time/exposed_generation": exposed})
         return Taken(ro, behaviour, policy, metrics)
+
+    def _collect_ahead(self, run, params, records, step: int, collect: CollectFn, own: step_time.StageClock):
+        """What a launch computes with the sampling parameters `params` of its version: the whole rollout."""
+        return collect(params, records, step, own)
+
+    def _finish(self, run, got, version: int, policy, records, step: int, collect: CollectFn,
+                clock: step_time.StageClock) -> tuple[Rollout, dict[str, float]]:
+        """(the step's rollout, its metrics) from what its launch computed (`_collect_ahead`): as it is."""
+        del run, version, policy, records, step, collect, clock
+        return got, {}
 
     def launch(self, run, step: int, draw: Callable[[], Any] | None, collect: CollectFn) -> None:
         """Starts collecting step `step`'s rollout (call before the update of step − 1); `draw` gives its
@@ -179,7 +194,7 @@ class Ahead:
 
         def work():
             own = step_time.StageClock()
-            return collect(run.policy.sampling_params(params), records, step, own), own
+            return self._collect_ahead(run, run.policy.sampling_params(params), records, step, collect, own), own
 
         before = run.collector.state_json()
         t0 = time.perf_counter()
@@ -238,10 +253,3 @@ class Ahead:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
 
-
-def make_feed(max_staleness: int, *, processes: int, devices: int, own_sampler_devices: bool = False):
-    """`Synchronous` for k = 0; `Ahead` otherwise, overlapping with one process when the sampler and the
-    trainer share no device (one device, or `mesh.rollout_devices`: `jaxrl.rl.placement`)."""
-    if max_staleness == 0:
-        return Synchronous()
-    return Ahead(max_staleness, overlap=processes == 1 and (devices == 1 or own_sampler_devices))

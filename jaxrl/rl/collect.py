@@ -1,6 +1,7 @@
 """The `Collector` plug-in: how the rows of a step are produced.
 
     SingleTurn    G completions per prompt, scored                          (`sample_and_score`)
+                  (partial rollouts: `first_segment`, then its `Continuation`: `jaxrl.rl.partial`)
     EnvEpisodes   G multi-turn episodes per record in an environment         (`jaxrl.rl.agentic.collect_env`)
     SystemRows    a multi-agent system's trained roles' rows, role segments  (`jaxrl.multi_agent`)
 
@@ -16,6 +17,7 @@ asking which one they got. Besides the rows, a collector owns
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
@@ -26,7 +28,7 @@ from jaxrl import rewards as rewards_lib
 from jaxrl.rl import agentic
 from jaxrl.envs import EpisodeBudget
 from jaxrl.rewards.rows import score_rows
-from jaxrl.sampling import SamplingSpec, generate_from_state
+from jaxrl.sampling import Generation, SamplingSpec, generate_from_state
 from jaxrl.sampling.rollout_rows import decode, device_sequences
 from jaxrl.sharding import hosts
 from jaxrl.types import Rollout, Rows
@@ -121,29 +123,103 @@ class SingleTurn(_Stateless):
         del train  # training and evaluation rows are collected alike
         return sample_and_score(self.graphdef, params, records, self.tokenizer, self.rewards, spec, seed=key)
 
+    def first_segment(self, params, records: Records, spec: SamplingSpec, key, split: int) -> Sampled:
+        """Partial rollouts' first segment (`jaxrl.rl.partial`): the rows of `__call__` under the same key,
+        each stopped after at most `split` tokens (the same first tokens as the whole rows)."""
+        budget_B = np.full(len(records) * spec.num_samples, min(split, spec.max_new_tokens), np.int32)
+        return sample(self.graphdef, params, records, self.tokenizer, spec, key, max_new_per_row=budget_B)
 
-def sample_and_score(graphdef, params, records: Records, tokenizer, rewards, spec: SamplingSpec, seed) -> Rollout:
-    """Samples, decodes and scores G completions for each record (`prompt_ids` from the data encoder).
+    def continuation(self, first: Sampled, split: int) -> "Continuation":
+        """The collector that finishes `first` (cut at `split` tokens) under the parameters it is given."""
+        return Continuation(self, first, split)
 
-    Multi-host (tpu/README.md, "How a step is split across hosts"): every host calls it with the same global
-    batch of prompts; the sampler runs once over all devices. Each row has one owner host
-    (`jaxrl.sharding.hosts.row_owners`: the lowest process holding it), which alone decodes and scores it from
-    its own devices; the reward matrix, lengths and error counts are then gathered, so every host takes the
-    same decisions. Tokens and log-probs stay on the devices (`rollout_rows.device_sequences`);
-    `completions` holds the text of this host's own rows ("" elsewhere).
 
-    Args:
-      rewards: the resolved rewards (`jaxrl.rewards.resolve`), built once per run.
-    """
+class Continuation:
+    """A collector call that continues a first segment (`SingleTurn.first_segment`) under the parameters it
+    is given and scores the whole rows: partial rollouts' second segment (`jaxrl.rl.partial`). Its draws use
+    fold_in(key, 1), so they never repeat the first segment's."""
+
+    def __init__(self, owner: SingleTurn, first: Sampled, split: int):
+        self.owner, self.first, self.split = owner, first, split
+
+    def __call__(self, params, records: Records, spec: SamplingSpec, key, *, train: bool) -> Rollout:
+        del train
+        o = self.owner
+        whole = resume(o.graphdef, params, self.first, o.tokenizer, spec, jax.random.fold_in(key, 1), self.split)
+        return score(whole, records, o.tokenizer, o.rewards, spec)
+
+
+@dataclasses.dataclass
+class Sampled:
+    """The sampler's rows of a step before they are decoded and scored: the records' prompts, the generation
+    (device arrays), its lengths and finished flags read back (gathered on every host) and the seconds it
+    took. Partial rollouts (`jaxrl.rl.partial`) continue one under newer weights before scoring it."""
+
+    prompt_ids: list
+    gen: Generation
+    lengths_B: np.ndarray
+    finished_B: np.ndarray
+    seconds: float
+
+
+def sample(graphdef, params, records: Records, tokenizer, spec: SamplingSpec, seed,
+           max_new_per_row=None) -> Sampled:
+    """Stage 1 of `sample_and_score`: G completions per record on the jitted sampler (rows r = p·G + g),
+    each row stopping at its EOS or its budget (`max_new_per_row`, default `spec.max_new_tokens`)."""
     prompt_ids = [r["prompt_ids"] for r in records]
+    t0 = time.perf_counter()
+    gen = generate_from_state(graphdef, params, prompt_ids, spec, eos_ids=(int(tokenizer.eos_token_id),),
+                              seed=seed, pad_id=int(tokenizer.pad_token_id), max_new_per_row=max_new_per_row)
+    lengths = hosts.to_host(gen.lengths)  # per-row scalars: gathered
+    finished = hosts.to_host(gen.finished)
+    return Sampled(prompt_ids, gen, lengths, finished, time.perf_counter() - t0)
+
+
+def resume(graphdef, params, first: Sampled, tokenizer, spec: SamplingSpec, seed, split: int) -> Sampled:
+    """`first` with its rows that stopped at `split` tokens without an EOS decoded on under `params`, up to
+    `spec.max_new_tokens` in all (partial rollouts, `jaxrl.rl.partial`).
+
+    Re-prefill (as slime's SGLang-based partial rollouts do): each row's prompt + first segment is the prompt
+    of one row (G = 1; row r keeps its index, so its draws are fold_in(fold_in(seed, t), r) and do not depend
+    on the layout). Rows already done ride along with a budget of 1 token that is dropped, so the program's
+    shape does not depend on how many continue. The merged tokens and log-probs (each token's log-prob under
+    the version that sampled it) are placed like the first segment's arrays.
+    """
+    total = spec.max_new_tokens
+    going_B = ~first.finished_B & (first.lengths_B >= split) & (split < total)
+    if not going_B.any():
+        return first
+    g, pad_id = spec.num_samples, int(tokenizer.pad_token_id)
+    tokens_BT, logp_BT = np.array(hosts.to_host(first.gen.tokens)), np.array(hosts.to_host(first.gen.logprobs))
+    prompts = [list(first.prompt_ids[r // g]) + tokens_BT[r, :n].tolist() for r, n in enumerate(first.lengths_B)]
+    rest = total - split
+    shifted = None if spec.prompt_buckets is None else tuple(b + split for b in spec.prompt_buckets)
+    spec_rest = dataclasses.replace(spec, max_new_tokens=rest, num_samples=1, prompt_buckets=shifted)
+    t0 = time.perf_counter()
+    gen = generate_from_state(graphdef, params, prompts, spec_rest, eos_ids=(int(tokenizer.eos_token_id),),
+                              seed=seed, pad_id=pad_id, max_new_per_row=np.where(going_B, rest, 1))
+    rows = np.flatnonzero(going_B)
+    tokens_BT[rows, split:] = hosts.to_host(gen.tokens)[rows]
+    logp_BT[rows, split:] = hosts.to_host(gen.logprobs)[rows]
+    lengths_B = np.where(going_B, split + hosts.to_host(gen.lengths), first.lengths_B).astype(np.int32)
+    finished_B = np.where(going_B, hosts.to_host(gen.finished), first.finished_B)
+    seconds = time.perf_counter() - t0
+    place = lambda x, like: hosts.host_to_global(x, like.sharding)
+    merged = Generation(tokens=place(tokens_BT, first.gen.tokens), lengths=place(lengths_B, first.gen.lengths),
+                        logprobs=place(logp_BT, first.gen.logprobs), finished=place(finished_B, first.gen.finished),
+                        prompt_index=first.gen.prompt_index,
+                        decode_steps=np.int32(int(first.gen.decode_steps) + int(gen.decode_steps)))
+    return Sampled(first.prompt_ids, merged, lengths_B, finished_B, seconds)
+
+
+def score(sampled: Sampled, records: Records, tokenizer, rewards, spec: SamplingSpec) -> Rollout:
+    """Stage 2 of `sample_and_score`: the rows of `sampled` as a rollout, decoded and scored."""
+    gen, lengths, finished = sampled.gen, sampled.lengths_B, sampled.finished_B
     pad_id = int(tokenizer.pad_token_id)
     g = spec.num_samples
     t0 = time.perf_counter()
-    gen = generate_from_state(graphdef, params, prompt_ids, spec, eos_ids=(int(tokenizer.eos_token_id),),
-                              seed=seed, pad_id=pad_id)
-    lengths = hosts.to_host(gen.lengths)  # per-row scalars: gathered
-    finished = hosts.to_host(gen.finished)
-    tokens, mask, cmask, old_logp = device_sequences(prompt_ids, gen, g, pad_id, spec.prompt_buckets, lengths)
+    tokens, mask, cmask, old_logp = device_sequences(sampled.prompt_ids, gen, g, pad_id, spec.prompt_buckets,
+                                                     lengths)
     rep = [r for r in records for _ in range(g)]
     owners = hosts.row_owners(gen.tokens.sharding, tuple(gen.tokens.shape))
     mine = np.flatnonzero(owners == jax.process_index())  # the rows this host decodes and scores
@@ -151,11 +227,11 @@ def sample_and_score(graphdef, params, records: Records, tokenizer, rewards, spe
     own_BT = hosts.fetch_held(gen.tokens)[mine]  # this host's devices only
     for i, text in zip(mine, decode(tokenizer, own_BT, lengths[mine])):
         completions[i] = text
-    t1 = time.perf_counter()  # the sampler has finished: its lengths and tokens were read back
+    t1 = time.perf_counter()  # the sampler's tokens were read back and decoded
     rewards_BR, info = score_rows(rewards, [r["prompt"] for r in rep], completions, rep, lengths, owners)
     metrics = dict(info.metrics)
     # stage times of the step's breakdown (`jaxrl.rl.step` moves them out of the rollout's metrics)
-    metrics.update({"time/generation": t1 - t0, "time/reward": time.perf_counter() - t1})
+    metrics.update({"time/generation": sampled.seconds + t1 - t0, "time/reward": time.perf_counter() - t1})
     metrics["response_length/mean"] = float(lengths.mean())
     metrics["response_length/max"] = float(lengths.max())
     metrics["response/finished_frac"] = float(finished.mean())
@@ -167,6 +243,24 @@ def sample_and_score(graphdef, params, records: Records, tokenizer, rewards, spe
     return Rollout.of(Rows(tokens, mask, cmask, old_logp, lengths, finished, completions), records=rep,
                       rewards_BR=rewards_BR, weights_R=info.weights_R, reward_names=info.names, metrics=metrics,
                       score_infos=(info,), pad_id=pad_id)
+
+
+def sample_and_score(graphdef, params, records: Records, tokenizer, rewards, spec: SamplingSpec, seed) -> Rollout:
+    """Samples, decodes and scores G completions for each record (`prompt_ids` from the data encoder):
+    `score(sample(...))`.
+
+    Multi-host (tpu/README.md, "How a step is split across hosts"): every host calls it with the same global
+    batch of prompts; the sampler runs once over all devices. Each row has one owner host
+    (`jaxrl.sharding.hosts.row_owners`: the lowest process holding it), which alone decodes and scores it from
+    its own devices; the reward matrix, lengths and error counts are then gathered, so every host takes the
+    same decisions. Tokens and log-probs stay on the devices (`rollout_rows.device_sequences`);
+    `completions` holds the text of this host's own rows ("" elsewhere).
+
+    Args:
+      rewards: the resolved rewards (`jaxrl.rewards.resolve`), built once per run.
+    """
+    sampled = sample(graphdef, params, records, tokenizer, spec, seed)
+    return score(sampled, records, tokenizer, rewards, spec)
 
 
 class EnvEpisodes(_Stateless):

@@ -120,5 +120,14 @@ class SamplerDevices:
         rollout.metrics["time/weight_sync"] = rollout.metrics.get("time/weight_sync", 0.0) + sync_s
         return rollout
 
+    def first_segment(self, params, records, spec, key, split: int):
+        """Partial rollouts (`jaxrl.rl.partial`): the inner collector's first segment on the sampler's mesh."""
+        return self.inner.first_segment(jax.block_until_ready(put_on(params, self.sampler_mesh)), records, spec,
+                                        key, split)
+
+    def continuation(self, first, split: int) -> "SamplerDevices":
+        """The inner collector's continuation of `first`, placed like this collector."""
+        return SamplerDevices(self.inner.continuation(first, split), self.sampler_mesh, self.train_mesh)
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)

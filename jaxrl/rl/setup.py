@@ -35,7 +35,7 @@ from jaxrl.models import lora
 from jaxrl.learner.objectives import OBJECTIVES, PARAMS_KEY, objective_kwargs
 from jaxrl.learner.optim import build_optimizer
 from jaxrl.rl import packing, placement
-from jaxrl.rl.ahead import make_feed
+from jaxrl.rl.partial import make_feed
 from jaxrl.rl.batch import row_multiple, assemble, update
 from jaxrl.rl.collect import Collector, EnvEpisodes, SingleTurn, System, SystemRows
 from jaxrl.rl.policy import Dense, LoRA, PerRoleAdapters, Policy
@@ -196,8 +196,8 @@ def setup(cfg: ExperimentConfig, run_dir: Path) -> tuple[Run, TrainState, Any]:
               packer=packing.packer_for(cfg.train.packing, mesh, rules, spec.grad_accum),
               flops_per_token=functools.partial(step_time.train_flops_per_token, model.cfg,
                                                 lora=lora_cfg is not None), batch_stages=batch_stages,
-              feed=make_feed(cfg.train.async_.max_staleness, processes=jax.process_count(),
-                             devices=mesh.devices.size, own_sampler_devices=sampler_mesh is not None))
+              feed=make_feed(cfg.train.async_.max_staleness, processes=jax.process_count(), devices=mesh.devices.size,
+                             own_sampler_devices=sampler_mesh is not None, partial=cfg.train.async_.partial_rollouts))
     if cfg.train.share_prompts == "always":
         _check_always_shared(cfg, run, algorithm)
     if algorithm.shaper is not None:

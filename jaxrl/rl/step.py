@@ -39,11 +39,12 @@ def total_reward(ro: Rollout) -> np.ndarray:
     return combined_reward(np.nan_to_num(ro.rewards_BR), ro.weights_R)
 
 
-def collect(run: Run, params, records, step: int, round_: int = 0) -> Rollout:
+def collect(run: Run, params, records, step: int, round_: int = 0, collector=None) -> Rollout:
     """Stage 1: the run's collector (`jaxrl.rl.collect`): G completions, episodes or role rows per prompt,
-    decoded and scored (round > 0: a resampling round's fresh seed)."""
+    decoded and scored (round > 0: a resampling round's fresh seed). `collector`: one the feed gives instead
+    of the run's (partial rollouts: the continuation of rows launched ahead, `jaxrl.rl.partial`)."""
     stream = 0 if round_ == 0 else 100 + round_
-    return run.collector(params, records, run.sampling, step_key(run.seed, step, stream), train=True)
+    return (collector or run.collector)(params, records, run.sampling, step_key(run.seed, step, stream), train=True)
 
 
 def _collect_timed(clock: step_time.StageClock, collect_fn, round_: int) -> Rollout:
@@ -89,9 +90,9 @@ def _throughput(run: Run, ro: Rollout, clock: step_time.StageClock, group: int,
     return out
 
 
-def _collect_now(run: Run, params, records, step: int, clock: step_time.StageClock) -> Rollout:
+def _collect_now(run: Run, params, records, step: int, clock: step_time.StageClock, collector=None) -> Rollout:
     """The step's first collection round, timed into `clock` (the feed's `CollectFn`)."""
-    return _collect_timed(clock, functools.partial(collect, run, params, records, step), 0)
+    return _collect_timed(clock, functools.partial(collect, run, params, records, step, collector=collector), 0)
 
 
 def rl_step(run: Run, state: TrainState, records, step: int, next_records=None):

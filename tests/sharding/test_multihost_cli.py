@@ -57,7 +57,9 @@ BASE = [
 # reward per token (its reference and the critic are checkpointed, so the kill -9 test below resumes both),
 # process 0's tracker, and continuous batching (8 decode slots for the 16 rows of a step, refilled); gdpo starts from an SFT warm start on 4 hosts
 # and packs its updates (`train.packing: auto`: prompts of about 17 tokens left-padded to 64, so the two rows
-# of each batch shard's block fit one packed row, fewer positions than even the shared-prompt forward's); dapo
+# of each batch shard's block fit one packed row, fewer positions than even the shared-prompt forward's) and
+# runs async with partial rollouts (k = 1: step 2's rows begun by the step-0 policy continue under step 1's,
+# re-prefilled from tokens gathered over the four hosts; `jaxrl.rl.partial`); dapo
 # is asynchronous and packs too (2 processes x 2 devices)
 # (`train.async.max_staleness=1`: step 2 trains on a rollout the step-0 policy sampled, its resampling rounds
 # included, collected before step 1's update; `jaxrl.rl.ahead`).
@@ -68,13 +70,14 @@ CASES = {
     "dapo": ["algorithm.name=dapo", "algorithm.params.max_tries=2", "train.async.max_staleness=1",
              "train.packing=auto", "rollout.prompt_buckets=[64]"],
     "gdpo": ["algorithm.name=gdpo", "sft_warmup.steps=4", "sft_warmup.batch_size=8", "train.packing=auto",
-             "rollout.prompt_buckets=[64]"],
+             "rollout.prompt_buckets=[64]", "train.async.max_staleness=1", "train.async.partial_rollouts=true"],
     "clipo_lora": ["algorithm.name=clipo", "model.lora={rank: 4, alpha: 8}", "model.quantize=int8",
                    "algorithm.kl.beta=0.05", "optimizer.lr=5e-2"],
 }
 # the gradient norm too: a loss can be 0 by symmetry (token-mean advantages of equal-length rows) while the
 # gradient is not
-COMPARED = ("loss", "reward/mean", "eval/accuracy", "train/grad_norm", "async/staleness_max", "train/packed_rows")
+COMPARED = ("loss", "reward/mean", "eval/accuracy", "train/grad_norm", "async/staleness_max", "train/packed_rows",
+            "async/token_staleness_mean")
 # clipo_lora starts from the dapo case's 1 x 4 checkpoint (`model.checkpoint`: restored on every process and
 # placed on either mesh), quantises it to int8 under LoRA adapters (the KL reference: the adapters off), and
 # distils (loss mode) from the ppo case's checkpoint: the teacher is loaded the same way, its log-probs are a
@@ -219,6 +222,9 @@ def test_several_hosts_match_one_host(name, tmp_root):
     assert any(abs(x) > 1e-6 for x in losses), f"degenerate comparison: losses {losses}"
     if name == "dapo":
         assert any(r.get("dapo/resample_rounds", 0) > 0 for r in one), "DAPO never resampled"
+    if name == "gdpo":  # partial rollouts: rows continued under the newer policy, at the same tokens' staleness
+        assert all(r["async/continued_frac"] > 0 for r in one if "loss" in r), one
+        assert [r["async/token_staleness_max"] for r in one if "loss" in r] == [0.0, 1.0], one
     if name in ("gdpo", "dapo"):  # packed updates (`train.packing: auto`): every step, 2 rows per packed row
         assert all(r["train/packed"] == 1 for r in one if "loss" in r), [r.get("train/packed_rows") for r in one]
     if name in TEACHER_OF:  # the teacher's log-probs reached the loss on both meshes

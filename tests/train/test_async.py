@@ -25,7 +25,8 @@ from _common import ROOT, env, metrics, train_cmd
 from jaxrl.io.checkpoint import Restored
 from jaxrl.config import load_config
 from jaxrl.errors import ConfigError
-from jaxrl.rl.ahead import Ahead, Synchronous, make_feed
+from jaxrl.rl.ahead import Ahead, Synchronous
+from jaxrl.rl.partial import make_feed
 from jaxrl.runtime.step_time import StageClock
 from jaxrl.learner.train_step import TrainState
 
