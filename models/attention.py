@@ -12,8 +12,8 @@ forward keeps q, k, v, the visibility mask and, per query, the row maximum m and
     dQ = dS K / √H,       dK = dSᵀ Q / √H          (dS zero where a key is not visible).
 
 Both passes run over blocks of `block_q` queries, so that only one block's [B, K, G, block_q, S] scores
-exist at a time (32 queries by default: at B·L = 16 × 1088 the blocks' scores then stay in this CPU's caches, and
-forward + backward ran 1.9x faster than with 128; the loops read the queries as [B, K, G, L, H], heads ahead of
+exist at a time (`block_rows`: 128 queries, fewer where a block's scores would pass 24 MB: at B·L = 16 × 1088
+blocks of 32 keep them in this CPU's caches, and forward + backward ran 1.9x faster than with 128; the loops read the queries as [B, K, G, L, H], heads ahead of
 rows, so each product is a batched matrix product without transposes, and dK, dV accumulate as [B, K, H, S]:
 their products transpose the small block of q or dO instead of the block's scores); past MAX_GROUPS blocks, consecutive blocks run as one `lax.scan` (`_groups`), so the
 program, and its compile time, stop growing with L (on a 2-core CPU, forward + backward at L = 8192: 70 s
@@ -44,10 +44,26 @@ import numpy as np
 from flax import struct
 
 MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
-QUERY_BLOCK = 32  # 2-core Intel Xeon, B·L = 17 408: 32 ran forward + backward 1.9x faster than 128 (RESULTS.md)
+# Queries per block (`block_rows`): the most of QUERY_BLOCKS whose float32 scores [B, K, G, rows, S] stay under
+# SCORE_BLOCK_BYTES, at least the smallest. On the 2-core Intel Xeon of 2026-11-30, B x L = 16 x 1088 (8 query
+# heads): forward + backward 0.66 s with 32-query blocks (17.8 MB of scores), 0.83 with 64, 1.32 with 128
+# (71 MB); small batches keep 128 rows, fewer loops to compile (benchmarks/RESULTS.md).
+QUERY_BLOCKS = (128, 64, 32)
+SCORE_BLOCK_BYTES = 24 << 20
 # Loops per pass at most (+1 for a partial block): the program's size, and its compile time, stop growing
-# with L (64 unrolled blocks took 70 s to compile on this CPU at L = 8192, and longer on a GPU).
-MAX_GROUPS = 16
+# with L (64 unrolled blocks took 70 s to compile on this CPU at L = 8192, and longer on a GPU). 8 rather than 16:
+# at 16 x 1088 in 32-query blocks, 4, 8 and 16 loops ran alike and compiled in 5.2, 7.5 and 12.5 s.
+MAX_GROUPS = 8
+
+
+def block_rows(batch: int, heads: int, num_keys: int) -> int:
+    """Queries per block of the blocked core: the largest of QUERY_BLOCKS whose [batch, heads, rows, num_keys]
+    float32 scores fit SCORE_BLOCK_BYTES (else the smallest). Static: read from the global shapes, the same on
+    every host and device count, so N processes compute what one does."""
+    for rows in QUERY_BLOCKS:
+        if batch * heads * rows * num_keys * 4 <= SCORE_BLOCK_BYTES:
+            return rows
+    return QUERY_BLOCKS[-1]
 
 
 @struct.dataclass
@@ -98,7 +114,7 @@ def masked_scores(q_BLKGH, k_BKSH, visible_BLS) -> jax.Array:
 
 
 def attend(q_BLKGH: jax.Array, k_BKSH: jax.Array, v_BKSH: jax.Array, visible_BLS: jax.Array, *,
-           causal: bool = False, block_q: int = QUERY_BLOCK) -> jax.Array:
+           causal: bool = False, block_q: int | None = None) -> jax.Array:
     """softmax(q kᵀ / √H + mask) v over all S keys, memory-light in the backward (see the module docstring).
 
     Args:
@@ -109,7 +125,7 @@ def attend(q_BLKGH: jax.Array, k_BKSH: jax.Array, v_BKSH: jax.Array, visible_BLS
       causal: the caller guarantees S >= L and that no query sees a later key: query l sits at key slot
         S − L + l (`visible[:, l, s]` False for s > S − L + l; S == L for self-attention); blocks then skip
         the keys after their last query. Not checked (it would cost a pass).
-      block_q: queries per block (static); L need not be a multiple.
+      block_q: queries per block (static; None: `block_rows` of the shapes); L need not be a multiple.
 
     Returns:
       [B, L, K, G, H] output in v's dtype.
@@ -136,6 +152,8 @@ def attend(q_BLKGH: jax.Array, k_BKSH: jax.Array, v_BKSH: jax.Array, visible_BLS
         chex.assert_rank(visible_BLS, 3)
         chex.assert_shape(visible_BLS, (b, length, k_BKSH.shape[2]))
         chex.assert_type(visible_BLS, bool)
+    if block_q is None:
+        block_q = block_rows(b, q_BLKGH.shape[2] * q_BLKGH.shape[3], k_BKSH.shape[2])
     if block_q < 1:
         raise ValueError(f"block_q must be positive, got {block_q}")
     return _attend(q_BLKGH, k_BKSH, v_BKSH, visible_BLS, causal, block_q)

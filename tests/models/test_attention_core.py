@@ -159,7 +159,7 @@ def test_blocks_in_loops_equal_the_dense_path(max_groups, visibility, causal, mo
 
 
 def test_the_program_stops_growing_with_length():
-    """Forward + backward of 8 blocks has one block body per block; 32 and 128 blocks have `MAX_GROUPS` loop
+    """Forward + backward of 4 blocks has one block body per block; 32 and 128 blocks have `MAX_GROUPS` loop
     bodies each, so the same number of dots: the compile time no longer grows with L (64 unrolled blocks took
     70 s to compile on a 2-core CPU at L = 8192)."""
     def dots(length):
@@ -170,4 +170,16 @@ def test_the_program_stops_growing_with_length():
         text = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(q, k, k, mask).as_text()
         return text.count("dot_general")
 
-    assert dots(16) < dots(64) == dots(256)
+    assert dots(8) < dots(64) == dots(256)
+
+
+def test_block_rows_keep_a_blocks_scores_under_the_budget():
+    """128 queries per block while [B, heads, 128, S] float32 scores fit 24 MB (test-sized batches: fewer loops
+    to compile), fewer for big ones (the update's 16 x 1088 with 8 heads: 32, 17.8 MB), never under 32."""
+    assert attention.block_rows(8, 4, 320) == 128
+    assert attention.block_rows(16, 8, 1088) == 32
+    assert attention.block_rows(16, 8, 600) == 64
+    assert attention.block_rows(64, 32, 8192) == 32
+    for b, h, s in [(8, 4, 320), (16, 8, 1088), (16, 8, 600)]:
+        rows = attention.block_rows(b, h, s)
+        assert b * h * rows * s * 4 <= attention.SCORE_BLOCK_BYTES < b * h * 2 * rows * s * 4 or rows == 128
