@@ -65,6 +65,7 @@ from jaxrl.models import KVCache
 from jaxrl.sampling import filters
 from jaxrl.sampling.batching import DEFAULT_GEN_BUCKETS, bucket
 from jaxrl.sampling.engine import Programs, _last_logits, is_eos, pin_cache
+from jaxrl.sampling.multiturn import stop_table
 from jaxrl.sharding import hosts
 
 _trace_count = 0
@@ -284,13 +285,7 @@ class SlotDecoder:
         self.temperature, self.top_k, self.top_p, self.pad_id = float(temperature), top_k, top_p, int(pad_id)
         self.min_waiting = max(1, self.num_slots // 4) if min_waiting is None else int(min_waiting)
         self.eos_E = np.asarray(tuple(eos_ids) or (-1,), np.int32)
-        stops = [list(map(int, s)) for s in stop_sequences if len(s)]
-        k = max([len(s) for s in stops] or [1])
-        self.stop_SK = np.full((max(len(stops), 1), k), -1, np.int32)
-        if not stops:
-            self.stop_SK[:] = -3  # matches nothing (history starts at -2, tokens are >= 0)
-        for i, s in enumerate(stops):
-            self.stop_SK[i, k - len(s):] = s
+        self.stop_SK = stop_table(stop_sequences)
         self.key = jax.random.key(int(seed)) if isinstance(seed, (int, np.integer)) else seed
         leaf = jax.tree.leaves(state)[0]
         devices = leaf.devices() if isinstance(leaf, jax.Array) else jax.devices()
@@ -300,7 +295,7 @@ class SlotDecoder:
         self._feed, self._advance = _feed_for(**programs), _advance_for(**programs)
         self._state = _init_for(**programs)(graphdef, state, jnp.int32(self.pad_id), slots=self.num_slots,
                                             capacity=self.max_context + self.piece, gen_width=self.gen_width,
-                                            stop_width=k, per_layer=self.per_layer)
+                                            stop_width=self.stop_SK.shape[1], per_layer=self.per_layer)
         self._fed: list[list[int]] = [[] for _ in range(self.num_slots)]  # the tokens in each slot's cache
         self._decoding = np.zeros((self.num_slots,), bool)
         self.by_host = bool(by_host)

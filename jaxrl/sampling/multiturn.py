@@ -102,6 +102,17 @@ def stop_token_sequences(tokenizer, stops: Sequence[str]) -> list[list[int]]:
     return out
 
 
+def stop_table(stop_sequences: Sequence[Sequence[int]]) -> np.ndarray:
+    """[S, K] int32 stop sequences for the decode loops' match: right-aligned, left-filled with -1 (any token);
+    one row of -3 (matches nothing: the token history starts at -2, tokens are >= 0) when there are none."""
+    stops = [list(map(int, s)) for s in stop_sequences if len(s)]
+    k = max([len(s) for s in stops] or [1])
+    table_SK = np.full((max(len(stops), 1), k), -1 if stops else -3, np.int32)
+    for i, s in enumerate(stops):
+        table_SK[i, k - len(s):] = s
+    return table_SK
+
+
 def _turn(graphdef, state, cache, chunk_BW, chunk_mask_BW, key, rows_B, temperature, top_p, max_new_B,
           stop_SK, eos_E, pad_id, *, gen_width, greedy, top_k, use_top_p, per_layer, capacity, keep_cache):
     """Prefills the chunk into `cache` (a fresh one of `capacity` slots when None), then decodes one turn.
@@ -208,13 +219,7 @@ class TurnDecoder:
         self.temperature, self.top_k, self.top_p = float(temperature), top_k, top_p
         self.pad_id, self.chunk_buckets, self.cache_slots = int(pad_id), chunk_buckets, int(cache_slots)
         self.eos_E = np.asarray(tuple(eos_ids) or (-1,), np.int32)
-        stops = [list(map(int, s)) for s in stop_sequences if len(s)]
-        k = max([len(s) for s in stops] or [1])
-        self.stop_SK = np.full((max(len(stops), 1), k), -1, np.int32)
-        if not stops:
-            self.stop_SK[:] = -3  # matches nothing (history starts at -2, tokens are >= 0)
-        for i, s in enumerate(stops):
-            self.stop_SK[i, k - len(s):] = s
+        self.stop_SK = stop_table(stop_sequences)
         self.key = jax.random.key(int(seed)) if isinstance(seed, (int, np.integer)) else seed
         self.rows_B = np.asarray(np.arange(self.num_rows) if rows is None else rows, np.int32)
         if self.rows_B.shape != (self.num_rows,):

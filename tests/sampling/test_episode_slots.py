@@ -101,14 +101,19 @@ def test_the_config_edge_picks_the_engine_and_no_recompile(split):
     assert episode_slots.compile_count() == before
 
 
-def test_slots_sharded_over_devices(split):
-    """One process, the slots split over a 2-device mesh (the model pins them as batch rows, as in a training
-    run): the single-device engine's episodes, bit for bit."""
+def _two_device_model():
+    """(graphdef, sharded state, mesh, rules) of the tiny model whose rows (the slots) split over 2 devices."""
     cfg = TransformerConfig.tiny(vocab_size=128, max_position_embeddings=512)
     mesh = make_mesh(MeshConfig(data=2), jax.devices()[:2])
     rules = RULES["fsdp"]
     graphdef, state = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0), constrain=make_constrain(mesh, rules)))
-    state = jax.device_put(state, state_shardings(state, mesh, rules))
+    return graphdef, jax.device_put(state, state_shardings(state, mesh, rules)), mesh, rules
+
+
+def test_slots_sharded_over_devices(split):
+    """One process, the slots split over a 2-device mesh (the model pins them as batch rows, as in a training
+    run): the single-device engine's episodes, bit for bit."""
+    graphdef, state, mesh, rules = _two_device_model()
     factory = functools.partial(EchoEnv, stops=STOPS)
     spec = _spec(engine="continuous", slots=4, temperature=1.0)
     one = collect_episodes(*split, RECORDS, TOK, factory, BUDGET, spec, seed=3)
@@ -207,11 +212,7 @@ def test_a_host_drives_its_own_episodes_in_its_own_slots(split, monkeypatch):
     """Process 0 of a two-host layout on one process (the owners of the 6 episodes and of the 4 slots faked:
     the first half of each is process 0's): it starts only its 3 episodes, admits them into only its 2 slots,
     and they get the tokens and log-probs they have when one host drives all 6 (the other host's rows pad)."""
-    cfg = TransformerConfig.tiny(vocab_size=128, max_position_embeddings=512)
-    mesh = make_mesh(MeshConfig(data=2), jax.devices()[:2])
-    rules = RULES["fsdp"]
-    graphdef, state = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0), constrain=make_constrain(mesh, rules)))
-    state = jax.device_put(state, state_shardings(state, mesh, rules))
+    graphdef, state, mesh, rules = _two_device_model()
     factory = functools.partial(EchoEnv, stops=STOPS)
     spec = _spec(engine="continuous", slots=4, temperature=1.0)
     run = lambda: collect_episodes(graphdef, state, RECORDS, TOK, factory, BUDGET, spec, seed=3,  # noqa: E731

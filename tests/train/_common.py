@@ -68,3 +68,10 @@ def metrics(run_dir: Path, *, drop_timing: bool = True) -> list[dict]:
         rows = [{k: v for k, v in r.items() if not k.startswith(TIMING_PREFIX) and k not in TIMING_KEYS}
                 for r in rows]
     return rows
+
+
+def trained_metrics(run_dir: Path, *overrides: str) -> list[dict]:
+    """`jaxrl train` with these overrides, which must exit 0; its metrics (timing dropped)."""
+    proc = run_train(run_dir, *overrides)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return metrics(run_dir)

@@ -20,7 +20,7 @@ import threading
 import jax.numpy as jnp
 import pytest
 
-from _common import ROOT, env, metrics, train_cmd
+from _common import trained_metrics
 
 from jaxrl.io.checkpoint import Restored
 from jaxrl.config import load_config
@@ -145,14 +145,7 @@ ASYNC = ("algorithm.name=grpo", "train.steps=4", "checkpoint.every=2", "train.as
 
 @pytest.mark.slow
 def test_cli_k1_trains_stale_by_one_and_resumes_exactly(tmp_path):
-    import subprocess
-
-    def train(run_dir, *extra):
-        proc = subprocess.run(train_cmd(run_dir, *extra), cwd=ROOT, env=env(), capture_output=True, text=True,
-                              timeout=600)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        return metrics(run_dir)
-
+    train = trained_metrics
     stale = train(tmp_path / "k1", *ASYNC)
     # the synchronous run: its first 2 steps are all the comparison reads (and its final checkpoint only)
     sync = train(tmp_path / "k0", *ASYNC[:-1], "train.steps=2", "checkpoint.every=100")

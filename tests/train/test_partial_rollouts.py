@@ -20,14 +20,13 @@ as it was after its step-2 checkpoint resumes to the uninterrupted run's metrics
 import dataclasses
 import json
 import shutil
-import subprocess
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from _common import ROOT, env, metrics, train_cmd
+from _common import trained_metrics
 
 from jaxrl.config import load_config
 from jaxrl.errors import ConfigError
@@ -266,12 +265,7 @@ PARTIAL = ("algorithm.name=grpo", "train.steps=4", "checkpoint.every=2", "train.
 
 @pytest.mark.slow
 def test_cli_partial_rollouts_train_and_resume_exactly(tmp_path):
-    def train(run_dir, *extra):
-        proc = subprocess.run(train_cmd(run_dir, *extra), cwd=ROOT, env=env(), capture_output=True, text=True,
-                              timeout=600)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        return metrics(run_dir)
-
+    train = trained_metrics
     run = train(tmp_path / "partial", *PARTIAL)
     assert [r["async/staleness_max"] for r in run] == [0.0, 1.0, 1.0, 1.0]
     assert [r["async/token_staleness_max"] for r in run] == [0.0, 1.0, 1.0, 1.0]
