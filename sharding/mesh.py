@@ -43,8 +43,8 @@ class MeshConfig:
       dcn_fsdp: how many of the `fsdp` ways go across slices (multi-slice only; must divide `fsdp`).
       rules: logical-axis rule table, `"fsdp"` or `"fsdp_tp"` (see `jaxrl.sharding.rules`).
       rollout_devices: devices set apart for the sampler (`jaxrl.rl.placement`): the first N sample on a mesh
-        of their own (FSDP over them, `tensor` kept), the others form the training mesh that data x fsdp x
-        tensor describes. 0 (default): both share every device.
+        of their own (FSDP over them, `tensor` kept; with P processes the first N / P of each), the others form
+        the training mesh that data x fsdp x tensor describes. 0 (default): both share every device.
     """
 
     data: int = 1

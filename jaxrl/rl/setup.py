@@ -212,12 +212,11 @@ def setup(cfg: ExperimentConfig, run_dir: Path) -> tuple[Run, TrainState, Any]:
 
 
 def _meshes(mesh_cfg):
-    """(the training mesh, the sampler's mesh or None): `mesh.rollout_devices` sets the first devices apart
-    for the sampler (`jaxrl.rl.placement`)."""
+    """(the training mesh, the sampler's mesh or None): `mesh.rollout_devices` sets the first devices of each
+    host apart for the sampler (`jaxrl.rl.placement`)."""
     if not mesh_cfg.rollout_devices:
         return make_mesh(mesh_cfg), None
-    sampler, trainer = placement.split_devices(jax.devices(), mesh_cfg.rollout_devices,
-                                               processes=jax.process_count())
+    sampler, trainer = placement.split_devices(jax.devices(), mesh_cfg.rollout_devices)  # N / P on each host
     log.info("mesh.rollout_devices=%d: the sampler on devices %s, the trainer on devices %s",
              mesh_cfg.rollout_devices, [d.id for d in sampler], [d.id for d in trainer])
     return make_mesh(mesh_cfg, trainer), placement.rollout_mesh(mesh_cfg, sampler)

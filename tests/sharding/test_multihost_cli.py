@@ -9,7 +9,8 @@ process killed mid-step stops its peer within the heartbeat with one line naming
 (data x fsdp = 2 x 2, the SFT warm start included) against one host of four;
 `jaxrl sample` / `export-hf` on a two-process checkpoint; `jaxrl train-rm` as two processes against one; a
 trained reward model and a pairwise judge as rewards on two processes against one; AFRL's expert rows
-padded to the mesh.
+padded to the mesh; the sampler on devices of its own (`mesh.rollout_devices`) on 2 processes x 4 devices
+against 1 x 8.
 
 The model is the quickstart's at hidden 32 and one layer; rewards are chosen to vary on a random policy
 (a digit anywhere, and a length penalty), so equal losses are not equal zeros.
@@ -73,6 +74,8 @@ CASES = {
              "rollout.prompt_buckets=[64]", "train.async.max_staleness=1", "train.async.partial_rollouts=true"],
     "clipo_lora": ["algorithm.name=clipo", "model.lora={rank: 4, alpha: 8}", "model.quantize=int8",
                    "algorithm.kl.beta=0.05", "optimizer.lr=5e-2"],
+    "rollout_devices": ["algorithm.name=grpo", "mesh.rollout_devices=4", "train.async.max_staleness=1",
+                        "algorithm.kl.beta=0.05", "algorithm.kl.where=reward", "algorithm.mismatch.mode=tis"],
 }
 # the gradient norm too: a loss can be 0 by symmetry (token-mean advantages of equal-length rows) while the
 # gradient is not
@@ -91,6 +94,12 @@ INIT_OF = {"clipo_lora": "dapo"}
 # run that only checked finite losses was this file's four-host case until 2026-11-29.)
 HOSTS = {"gdpo": 4}
 MESH_OF = {"gdpo": ["mesh.data=2", "mesh.fsdp=2"]}
+# The devices of a case's runs, all processes together (4 unless named here). rollout_devices: 8, 4 of them
+# sampling (`jaxrl.rl.placement`), so 2 processes give 2 of their 4 devices each to the sampler and 2 to the
+# trainer (rows and parameter shards move between the meshes within each host), against 1 x 8 (the sampler on
+# devices 0-3); k = 1, collected in place on 2 processes and in the background on 1: the same numbers. The KL
+# in the reward and TIS's recomputed old log-probs: the trainer computes from the sampling parameters too.
+DEVICES = {"rollout_devices": 8}
 
 
 def _free_port() -> int:
@@ -173,10 +182,10 @@ _runs: dict[tuple[str, int], list[dict]] = {}
 
 
 def run_case(name: str, processes: int, tmp_root: Path) -> list[dict]:
-    """Metrics of CASES[name] on `processes` x (4 / processes) devices (cached for the module). The first
-    call of a case starts its 1 x 4 and HOSTS[name] x (4 / HOSTS[name]) runs together: alone, a run keeps
-    about 1.6 of the 2 cores busy (start-up, compiles and gloo waits are partly serial), so the pair finishes
-    sooner side by side."""
+    """Metrics of CASES[name] on `processes` x (D / processes) devices, D = DEVICES[name] or 4 (cached for the
+    module). The first call of a case starts its 1 x D and HOSTS[name] x (D / HOSTS[name]) runs together:
+    alone, a run keeps about 1.6 of the 2 cores busy (start-up, compiles and gloo waits are partly serial), so
+    the pair finishes sooner side by side."""
     if (name, processes) not in _runs:
         overrides = list(CASES[name]) + MESH_OF.get(name, [])
         if name in TEACHER_OF:
@@ -188,7 +197,7 @@ def run_case(name: str, processes: int, tmp_root: Path) -> list[dict]:
             overrides += ["model.preset=null", f"model.checkpoint={tmp_root / f'{INIT_OF[name]}-1'}",
                           "model.overrides={}"]
         dirs = {n: tmp_root / f"{name}-{n}" for n in (1, HOSTS.get(name, 2)) if (name, n) not in _runs}
-        procs = {n: launch(d, overrides, processes=n, devices=4 // n) for n, d in dirs.items()}
+        procs = {n: launch(d, overrides, processes=n, devices=DEVICES.get(name, 4) // n) for n, d in dirs.items()}
         for n, group in procs.items():
             wait_all(group)
             _runs[name, n] = metrics(dirs[n])
@@ -227,6 +236,9 @@ def test_several_hosts_match_one_host(name, tmp_root):
         assert [r["async/token_staleness_max"] for r in one if "loss" in r] == [0.0, 1.0], one
     if name in ("gdpo", "dapo"):  # packed updates (`train.packing: auto`): every step, 2 rows per packed row
         assert all(r["train/packed"] == 1 for r in one if "loss" in r), [r.get("train/packed_rows") for r in one]
+    if name == "rollout_devices":  # k = 1 from the sampler's own devices, its weights moved there each step
+        assert [r["async/staleness_max"] for r in two if "loss" in r] == [0.0, 1.0], two
+        assert all(r["time/weight_sync"] > 0 for r in two if "loss" in r), two
     if name in TEACHER_OF:  # the teacher's log-probs reached the loss on both meshes
         assert all(r["distill/loss"] > 0 and r["distill/reverse_kl"] != 0 for r in one if "loss" in r), one
     if name == "ppo":  # the KL term is on and compared: the policy moved away from its reference

@@ -11,6 +11,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import jax
 import numpy as np
@@ -61,8 +62,34 @@ def test_split_devices_and_the_sampler_mesh():
     for n in (0, 8, 9):
         with pytest.raises(ConfigError, match=re.escape(f"mesh.rollout_devices={n}: must leave devices to both")):
             placement.split_devices(devices, n)
-    with pytest.raises(ConfigError, match="runs on one process for now"):
-        placement.split_devices(devices, 4, processes=2)
+    hosts = [SimpleNamespace(id=i, process_index=i // 4) for i in range(8)]  # 2 processes x 4 devices
+    sampler, trainer = placement.split_devices(hosts, 4)  # 2 of each host's, host by host
+    assert [d.id for d in sampler] == [0, 1, 4, 5] and [d.id for d in trainer] == [2, 3, 6, 7]
+    for n in (0, 3, 8):
+        with pytest.raises(ConfigError, match=re.escape(f"mesh.rollout_devices={n}: must be a multiple of the 2 "
+                                                        "processes that leaves devices to both sides on each, "
+                                                        "between 2 and 6")):
+            placement.split_devices(hosts, n)
+
+
+def test_shards_move_between_meshes_from_their_own_process():
+    """The path of several processes (`placement._move_local`), here on one: each target block cut from a
+    source block that holds it (a sub-block where the target splits finer), or assembled from the source
+    blocks that tile it (coarser)."""
+    devices = jax.devices()
+    two = make_mesh(MeshConfig(), devices[6:])  # fsdp 2
+    four = make_mesh(MeshConfig(), devices[:4])  # fsdp 4
+    values = np.arange(32.0).reshape(8, 4)
+    split, whole, cols = PartitionSpec("fsdp"), PartitionSpec(), PartitionSpec(None, "fsdp")
+    for (src_mesh, src), (dst_mesh, dst) in (((two, split), (four, split)), ((two, whole), (four, split)),
+                                             ((two, whole), (four, whole)), ((four, split), (two, split)),
+                                             ((four, split), (two, whole)), ((four, split), (two, cols))):
+        x = jax.device_put(values, NamedSharding(src_mesh, src))
+        target = NamedSharding(dst_mesh, dst)
+        moved = placement._move_local(x, target, placement._local_plan(x.sharding, target, x.shape))
+        assert moved.sharding == target
+        for shard in moved.addressable_shards:
+            np.testing.assert_array_equal(shard.data, np.asarray(x)[shard.index])
 
 
 def test_put_on_moves_device_arrays_keeping_their_spec():
