@@ -175,6 +175,11 @@ def sample(graphdef, params, records: Records, tokenizer, spec: SamplingSpec, se
     return Sampled(prompt_ids, gen, lengths, finished, time.perf_counter() - t0)
 
 
+def continuing_rows(first: Sampled, split: int, total: int) -> np.ndarray:
+    """[B] bool: the rows of a first segment cut at `split` of `total` tokens that decode on (no EOS yet)."""
+    return ~first.finished_B & (first.lengths_B >= split) & (split < total)
+
+
 def resume(graphdef, params, first: Sampled, tokenizer, spec: SamplingSpec, seed, split: int) -> Sampled:
     """`first` with its rows that stopped at `split` tokens without an EOS decoded on under `params`, up to
     `spec.max_new_tokens` in all (partial rollouts, `jaxrl.rl.partial`).
@@ -186,7 +191,7 @@ def resume(graphdef, params, first: Sampled, tokenizer, spec: SamplingSpec, seed
     the version that sampled it) are placed like the first segment's arrays.
     """
     total = spec.max_new_tokens
-    going_B = ~first.finished_B & (first.lengths_B >= split) & (split < total)
+    going_B = continuing_rows(first, split, total)
     if not going_B.any():
         return first
     g, pad_id = spec.num_samples, int(tokenizer.pad_token_id)

@@ -40,6 +40,7 @@ import dataclasses
 import numpy as np
 
 from jaxrl.rl.ahead import Ahead, CollectFn, Synchronous
+from jaxrl.rl.collect import continuing_rows
 from jaxrl.rl.step import step_key
 from jaxrl.runtime import step_time
 from jaxrl.types import Rollout
@@ -82,7 +83,7 @@ class Partial(Ahead):
         split = split_point(run.sampling.max_new_tokens)
         ro = collect(policy, records, step, clock, collector=run.collector.continuation(got, split))
         width = ro.completion_mask_BT.shape[1]
-        going_B = ~got.finished_B & (got.lengths_B >= split) & (split < run.sampling.max_new_tokens)
+        going_B = continuing_rows(got, split, run.sampling.max_new_tokens)
         version_BT = versions_BT(np.where(going_B, got.lengths_B, width), width, version, step - 1)
         metrics = token_staleness(version_BT, ro.completion_mask_BT, step - 1)
         metrics["async/continued_frac"] = float(going_B.mean())  # the rows segment 1 decoded on
