@@ -8,7 +8,8 @@ The rewards, prompt format (system prompt, chat template) and sampling settings 
 overrides them as in `jaxrl train`. The dataset is the config's held-out split unless `--data` names another
 source (a .jsonl/.parquet file, a built-in generator, or `reasoning_gym:<task>`), of which the first `--limit`
 records are scored. Evaluation runs the run's own collector (single-turn completions, its environment's
-episodes, its multi-agent system's held-out rows) in batches of `data.prompts_per_step`, so a run's checkpoint
+episodes, its multi-agent system's held-out rows) in the training evaluation's batches (`train.eval_batch_size`,
+by default `data.prompts_per_step`), so a run's checkpoint
 reproduces the training-time `eval/*` numbers of its step. Prints one JSON object (also written to `--out`
 when given). A LoRA run's adapters are merged into their base on the fly (`jaxrl.io.lora_io.merged_model`).
 """
@@ -29,7 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, default=None, help="score the first N records of --data")
     parser.add_argument("--k", type=int, default=1, help="samples per prompt for avg@k / pass@k (1: greedy only)")
     parser.add_argument("--batch-size", type=int, default=None,
-                        help="prompts per generation call (default: data.prompts_per_step, as in training)")
+                        help="prompts per generation call (default: train.eval_batch_size, else "
+                             "data.prompts_per_step, as in training)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
     parser.add_argument("--out", default=None, help="also write the JSON result to this file")
 
@@ -90,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     sampled = sampling_spec(cfg, eval_samples=args.k) if args.k > 1 else None
     encoder = Encoder(tokenizer, d.system_prompt, d.target_format, tuple(d.target_formats))
     collect = lambda params, batch, spec, seed: collector(params, batch, spec, seed, train=False)
-    batch_size = args.batch_size or d.prompts_per_step  # the training evaluation's batches by default
+    batch_size = args.batch_size or cfg.train.eval_batch_size or d.prompts_per_step  # as in training
     out = evaluate(collect, params, records, encoder, greedy, batch_size=batch_size, sampled=sampled,
                    seed=cfg.train.seed)
     out = {"checkpoint": str(checkpoint), "num_prompts": len(records), "k": args.k, **out}

@@ -189,6 +189,8 @@ class TrainConfig:
     """`max_failed_reward_steps`: consecutive steps on which a reward may fail (raise or give NaN) on every
     sample before the run stops with that reward's first error. `eval_samples` k > 1: the held-out evaluation
     also samples k completions per prompt (rollout temperature) and reports avg@k and unbiased pass@j.
+    `eval_batch_size`: held-out prompts per generation call (None: `data.prompts_per_step`, the rollout's own
+    batch); a larger one evaluates in fewer, wider calls (one more sampler compile).
     `share_prompts`: run each prompt once for the G completions of its group in the update and the old /
     reference log-prob passes (`jaxrl.models.shared_prompt`; same numbers up to float summation order).
     "auto": wherever the batch keeps whole groups (`jaxrl.rl.batch.prompt_groups` lists the cases that fall
@@ -204,6 +206,7 @@ class TrainConfig:
     eval_every: int = 20
     max_failed_reward_steps: int = 3
     eval_samples: int = 1
+    eval_batch_size: int | None = None
     share_prompts: str = "auto"
     packing: str = "off"
     async_: AsyncConfig = AsyncConfig()  # the key `train.async` (`jaxrl.config.io.config_key`)
@@ -211,6 +214,8 @@ class TrainConfig:
     def __post_init__(self):
         _check(self.eval_samples >= 1, "train.eval_samples", self.eval_samples,
                "must be >= 1 (k > 1 adds eval/avg@k and eval/pass@j from k sampled completions per prompt)")
+        _check(self.eval_batch_size is None or self.eval_batch_size >= 1, "train.eval_batch_size",
+               self.eval_batch_size, "must be >= 1 (null: data.prompts_per_step)")
         _check(self.max_failed_reward_steps >= 1, "train.max_failed_reward_steps", self.max_failed_reward_steps,
                "must be >= 1")
         _check(self.steps >= 0, "train.steps", self.steps, "must be >= 0")

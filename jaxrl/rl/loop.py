@@ -95,9 +95,9 @@ def _train(cfg: ExperimentConfig, run_dir: str | Path, checkpoint_dir: str | Non
     # held-out rows (a multi-agent system: the rows it evaluates, e.g. MARCH's Solver answers)
     collect = lambda params, records, spec, seed: run.collector(params, records, spec, seed, train=False)
     # The trained parameters (LoRA: the adapters) -> the policy the sampler runs (LoRA: base + adapters).
+    eval_batch = cfg.train.eval_batch_size or d.prompts_per_step
     evaluate_fn = lambda params: evaluate(collect, run.policy.sampling_params(params), eval_records, encoder,
-                                          run.eval_sampling, batch_size=d.prompts_per_step, sampled=sampled,
-                                          seed=run.seed)
+                                          run.eval_sampling, batch_size=eval_batch, sampled=sampled, seed=run.seed)
 
     def evaluate_now(params, step: int) -> tuple[dict[str, float], float]:
         """(the eval metrics, seconds), with one log line."""

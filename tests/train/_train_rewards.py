@@ -15,3 +15,9 @@ def short(prompts, completions, completion_length, **fields):
     """1 - completion_length / 8: prefers completions that stop early."""
     del prompts, completions, fields
     return [1.0 - n / 8 for n in completion_length]
+
+
+def has_digit(prompts, completions, **fields):
+    """1 where the completion contains a digit, else 0: full marks or none (a binary task reward)."""
+    del prompts, fields
+    return [float(any(c.isdigit() for c in s)) for s in completions]
