@@ -13,6 +13,10 @@ is a size, not link traffic: a ring all-reduce of B bytes over n devices sends 2
 all-gather of a B-byte result B·(n-1)/n. Asynchronous pairs (`all-gather-start` / `-done`) count once, at the
 start, by their last tuple element (the output). Instructions inside a loop body (a `while` over layers) are
 counted once, as written: the caller multiplies by the trip count where it knows it.
+
+`upcast_bytes` reads another CPU-only cost from the same text: XLA:CPU has no bfloat16 dot, so it widens bf16
+operands to float32 first, each in a fusion that is a lone `convert` (a bf16 sampler's whole KV cache gets an
+f32 copy, twice its bytes, which an accelerator with bf16 dots never makes).
 """
 
 from __future__ import annotations
@@ -55,3 +59,25 @@ def collectives(hlo_text: str) -> dict[str, dict[str, int]]:
         out[kind]["count"] += 1
         out[kind]["bytes"] += sizes[-1] if start else sum(sizes)
     return out
+
+
+_COMPUTATION = re.compile(r"^%(\S+) \([^:]+: bf16\[[0-9,]*\]\) -> f32\[[0-9,]*\] \{$")
+_CALL = re.compile(r"=\s*(f32\[[0-9,]*\])(?:\{[^}]*\})?\s+fusion\(.*calls=%([^,\s]+)")
+
+
+def upcast_bytes(hlo_text: str) -> int:
+    """Summed result bytes (per device) of the fusions that only widen one bf16 array to float32: a computation
+    `(p: bf16[...]) -> f32[...]` whose body is the parameter and `ROOT convert(p)`. Each instruction once."""
+    lines = hlo_text.splitlines()
+    widening = set()
+    for i, line in enumerate(lines):
+        m = _COMPUTATION.match(line)
+        if m and i + 3 < len(lines) and "parameter(0)" in lines[i + 1] and " convert(" in lines[i + 2] \
+                and lines[i + 2].lstrip().startswith("ROOT") and lines[i + 3].strip() == "}":
+            widening.add(m.group(1))
+    total = 0
+    for line in lines:
+        m = _CALL.search(line)
+        if m and m.group(2) in widening:
+            total += array_bytes(m.group(1))[0]
+    return total

@@ -10,14 +10,21 @@ on the config's mesh over N devices, the same functions the trainer jits (`jaxrl
     collectives         `jaxrl.plan.collectives` of the compiled module: count and result bytes per kind,
                         each collective op counted once: one inside the sampler's decode loop runs once per
                         generated token (an FSDP sampler all-gathers the weights at every step)
+    bf16->f32           the temporaries that are XLA:CPU's float32 copies of bfloat16 arrays (it has no bf16
+                        dot: `collectives.upcast_bytes`); "accel" = total less them, what an accelerator with
+                        bf16 dots holds, and what is checked against its HBM. Qwen3-1.7B's bf16 sampler on
+                        v6e-8: 16.3 GiB of temporaries = the 5.25 GiB bf16 KV cache + its 10.5 GiB f32 copy
+                        + 0.6 (in float32: 11.1 = the 10.5 GiB cache + 0.6).
 
 On fake CPU devices (`--xla_force_host_platform_device_count`) the program is XLA:CPU's: the SPMD
 partitioning, hence the collectives and the sharded argument/output sizes, are the ones a TPU or GPU compile
 of the same mesh gets; temporaries, fusion and layouts are the CPU compiler's (a TPU fuses more and pads to
 its tiles), so the temporaries are an indication, not a measurement. Programs covered: the train step (mini-
 batch, remat, sharding, shared-prompt groups as the run uses them), the log-prob pass, and the sampler (one
-program: the prefill of a step's prompts and the decode loop with its KV cache, `jaxrl.sampling.engine`); LoRA
-runs are refused.
+program: the prefill of a step's prompts and the decode loop with its KV cache, `jaxrl.sampling.engine`). A
+LoRA / QLoRA run compiles its own train step (the adapters and their moments as the state, the frozen base,
+int8 / nf4 under QLoRA, as an argument: `jaxrl.rl.policy.LoRA`) and the merge W + s·A B that gives the sampler
+and the log-prob pass their dense weights once per step; those two run the dense programs.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxrl.plan.collectives import KINDS, collectives
+from jaxrl.plan.collectives import KINDS, collectives, upcast_bytes
 
 GIB = 1024 ** 3
 
@@ -49,10 +56,16 @@ class ProgramReport:
     flops: float
     collectives: dict[str, dict[str, int]]
     compile_s: float
+    upcasts: int = 0  # temporaries that are XLA:CPU's f32 copies of bf16 arrays
 
     @property
     def total(self) -> int:
         return self.arguments + self.outputs + self.temporaries - self.aliased
+
+    @property
+    def accelerator_total(self) -> int:
+        """`total` without XLA:CPU's f32 copies of bf16 arrays (an accelerator with bf16 dots makes none)."""
+        return self.total - self.upcasts
 
 
 def report(name: str, compiled, compile_s: float) -> ProgramReport:
@@ -60,10 +73,11 @@ def report(name: str, compiled, compile_s: float) -> ProgramReport:
     mem = compiled.memory_analysis()
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost  # one dict per device program in older jax
+    text = compiled.as_text()
     return ProgramReport(name, int(mem.argument_size_in_bytes), int(mem.output_size_in_bytes),
                          int(mem.temp_size_in_bytes), int(mem.alias_size_in_bytes),
-                         float((cost or {}).get("flops", float("nan"))), collectives(compiled.as_text()),
-                         compile_s)
+                         float((cost or {}).get("flops", float("nan"))), collectives(text), compile_s,
+                         min(upcast_bytes(text), int(mem.temp_size_in_bytes)))
 
 
 @contextlib.contextmanager
@@ -91,9 +105,18 @@ def _abstract(tree, shardings):
     return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
 
 
+def _propagated(fn, *args):
+    """`fn(*args)` as abstract arrays with the shardings XLA gives its outputs (compiled from abstract `args`:
+    how the trainer's placed arrays come out of the same computation)."""
+    compiled = jax.jit(fn).lower(*args).compile()
+    return _abstract(jax.eval_shape(fn, *args), compiled.output_shardings)
+
+
 def abstract_inputs(cfg, model_cfg, mesh, rules):
-    """(graphdef, abstract TrainState with shardings, state shardings, LossSpec, optimizer) of `cfg`."""
+    """(graphdef, abstract TrainState with shardings, state shardings, LossSpec, optimizer, frozen) of `cfg`;
+    `frozen`: the abstract base a LoRA train step takes next to its adapters (None for a dense run)."""
     from jaxrl.rl import setup as rl_setup
+    from jaxrl.rl.run import placed_shardings
     from jaxrl.algorithms import ALGORITHMS
     from jaxrl.models import Transformer
     from jaxrl.learner.optim import build_optimizer
@@ -105,14 +128,36 @@ def abstract_inputs(cfg, model_cfg, mesh, rules):
     param_sharding = state_shardings(params_state, mesh, rules).to_pure_dict()
     params = _abstract(params_state.to_pure_dict(), param_sharding)
     tx = build_optimizer(cfg.optimizer, cfg.train.steps)
-    opt_state = jax.eval_shape(tx.init, params)
-    opt_sharding = state_shardings(opt_state, mesh, rules, params=params_state)
-    rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    state_sharding = TrainState(params=param_sharding, opt_state=opt_sharding, step=rep)
-    state = TrainState(params=params, opt_state=_abstract(opt_state, opt_sharding),
-                       step=jax.ShapeDtypeStruct((), jnp.int32, sharding=rep))
     spec = rl_setup.loss_spec(cfg, ALGORITHMS[cfg.algorithm.name], rl_setup.algo_settings(cfg))
-    return graphdef, state, state_sharding, spec, tx
+    rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    frozen = None
+    if cfg.model.lora is None:
+        opt_state = jax.eval_shape(tx.init, params)
+        opt_sharding = state_shardings(opt_state, mesh, rules, params=params_state)
+        opt_state = _abstract(opt_state, opt_sharding)
+    else:  # as `jaxrl.rl.setup._lora_setup`: adapters trained, the (maybe quantised) base frozen
+        params, param_sharding, frozen = lora_inputs(cfg, params, mesh, rules)
+        spec = dataclasses.replace(spec, lora=cfg.model.lora)
+        opt_state = _propagated(tx.init, params)  # the moments take their adapter's sharding
+        opt_sharding = placed_shardings(opt_state, mesh)  # and the counts replicated, as the trainer places them
+        opt_state = _abstract(opt_state, opt_sharding)
+    state_sharding = TrainState(params=param_sharding, opt_state=opt_sharding, step=rep)
+    state = TrainState(params=params, opt_state=opt_state, step=jax.ShapeDtypeStruct((), jnp.int32, sharding=rep))
+    return graphdef, state, state_sharding, spec, tx, frozen
+
+
+def lora_inputs(cfg, params, mesh, rules):
+    """(abstract adapters, their shardings, abstract frozen base) of a LoRA run from the abstract dense params."""
+    from jaxrl.models import lora, quant
+    from jaxrl.sharding.lora import adapter_shardings
+
+    lora_cfg = cfg.model.lora
+    adapters = jax.eval_shape(lambda p: lora.init_adapters(p, lora_cfg, jax.random.key(0)), params)
+    shardings = adapter_shardings(adapters, mesh, rules)
+    base = params
+    if cfg.model.quantize != "none":
+        base = _propagated(lambda p: quant.quantize_params(p, cfg.model.quantize), params)
+    return _abstract(adapters, shardings), shardings, base
 
 
 def abstract_batch(cfg, mesh, rules, *, group: int):
@@ -150,19 +195,28 @@ def compile_programs(cfg, model_cfg, mesh, rules) -> list[ProgramReport]:
 
     from jaxrl.learner.train_step import jitted_logprob_pass, jitted_train_step
 
-    graphdef, state, state_sharding, spec, tx = abstract_inputs(cfg, model_cfg, mesh, rules)
+    graphdef, state, state_sharding, spec, tx, frozen = abstract_inputs(cfg, model_cfg, mesh, rules)
     group = shared_group(cfg, mesh, rules, spec.grad_accum)
     batch, w, t = abstract_batch(cfg, mesh, rules, group=group)
     out = []
     t0 = time.perf_counter()
     step = jitted_train_step(graphdef, spec, tx, state_sharding, shared_prompts=group > 1)
-    compiled = step.lower(state, batch, None).compile()
+    compiled = step.lower(state, batch, frozen).compile()
     shared = f", prompt shared by {group}" if group > 1 else ""
-    out.append(report(f"train step ({batch.tokens_BL.shape[0]} x {w + t} tokens{shared})", compiled,
+    lora_note = f", LoRA r={cfg.model.lora.rank}" if frozen is not None else ""
+    out.append(report(f"train step ({batch.tokens_BL.shape[0]} x {w + t} tokens{shared}{lora_note})", compiled,
                       time.perf_counter() - t0))
+    dense = state.params
+    if frozen is not None:  # the sampling weights: base + adapters merged once per step (`policy.LoRA`)
+        from jaxrl.models import lora
+
+        t0 = time.perf_counter()
+        merge = jax.jit(lambda b, a: lora.merge(b, a, cfg.model.lora))
+        out.append(report("LoRA merge", merge.lower(frozen, state.params).compile(), time.perf_counter() - t0))
+        dense = _propagated(merge, frozen, state.params)
     t0 = time.perf_counter()
     logprobs = jitted_logprob_pass(graphdef, spec, shared_prompts=group > 1)
-    compiled = logprobs.lower(state.params, batch.tokens_BL, batch.mask_BL, t, group).compile()
+    compiled = logprobs.lower(dense, batch.tokens_BL, batch.mask_BL, t, group).compile()
     out.append(report("log-prob pass", compiled, time.perf_counter() - t0))
     t0 = time.perf_counter()
     compiled, prompts = _lower_sampler(cfg, model_cfg, mesh, rules).compile(), cfg.data.prompts_per_step
@@ -209,15 +263,17 @@ def table(reports: list[ProgramReport], analytic_peak: int) -> str:
     """The per-program table (GiB per device, GFLOP, collective MiB) and the analytic plan's peak beside."""
     width = max(34, *(len(r.name) + 2 for r in reports))
     head = (f"{'program':<{width}}" + "".join(f"{c:>8}" for c in ("args", "out", "temp", "alias", "total"))
-            + f"{'GFLOP':>10}  collectives")
+            + f"{'bf16>f32':>9}{'accel':>8}{'GFLOP':>10}  collectives")
     lines = ["compiled programs, per device (GiB; collectives: count x MiB of results)", head]
     for r in reports:
         coll = ", ".join(f"{k} {r.collectives[k]['count']} x {r.collectives[k]['bytes'] / 2 ** 20:.1f}"
                          for k in KINDS if r.collectives[k]["count"])
         lines.append(f"{r.name:<{width}}" + "".join(f"{v / GIB:>8.3f}" for v in (
-            r.arguments, r.outputs, r.temporaries, r.aliased, r.total)) + f"{r.flops / 1e9:>10.1f}  "
+            r.arguments, r.outputs, r.temporaries, r.aliased, r.total)) + f"{r.upcasts / GIB:>9.3f}"
+            + f"{r.accelerator_total / GIB:>8.3f}{r.flops / 1e9:>10.1f}  "
             + (coll or "none") + f"  [compiled in {r.compile_s:.1f} s]")
-    peak = max(r.total for r in reports)
-    lines.append(f"compiled peak {peak / GIB:.3f} GiB vs analytic plan {analytic_peak / GIB:.3f} GiB "
-                 f"(ratio {peak / max(analytic_peak, 1):.2f})")
+    peak, accel = max(r.total for r in reports), max(r.accelerator_total for r in reports)
+    lines.append(f"compiled peak {peak / GIB:.3f} GiB ({accel / GIB:.3f} without XLA:CPU's f32 copies of bf16 "
+                 f"arrays) vs analytic plan {analytic_peak / GIB:.3f} GiB (ratio {peak / max(analytic_peak, 1):.2f}, "
+                 f"{accel / max(analytic_peak, 1):.2f})")
     return "\n".join(lines)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, PartitionSpec as P
 
-from jaxrl.plan.collectives import KINDS, array_bytes, collectives
+from jaxrl.plan.collectives import KINDS, array_bytes, collectives, upcast_bytes
 
 N = 8  # devices
 
@@ -55,3 +55,29 @@ def test_array_bytes_and_async_pairs():
     assert found["all-reduce"] == {"count": 1, "bytes": 16 + 4}  # a variadic all-reduce: both results
     with pytest.raises(ValueError, match="unknown HLO element type 'q7'"):
         array_bytes("q7[2]")
+
+
+_WIDEN = """%wrapped_convert_computation.1 (param_0.1: bf16[2,8,16]) -> f32[2,8,16] {
+  %param_0.1 = bf16[2,8,16]{2,1,0} parameter(0)
+  ROOT %convert.1 = f32[2,8,16]{2,1,0} convert(%param_0.1)
+}
+
+%fused_scale (param_0.2: bf16[4,4]) -> f32[4,4] {
+  %param_0.2 = bf16[4,4]{1,0} parameter(0)
+  %convert.2 = f32[4,4]{1,0} convert(%param_0.2)
+  ROOT %multiply.1 = f32[4,4]{1,0} multiply(%convert.2, %convert.2)
+}
+
+ENTRY %main (p: bf16[2,8,16], q: bf16[4,4]) -> f32[] {
+  %wrapped_convert.1 = f32[2,8,16]{2,1,0} fusion(%p), kind=kLoop, calls=%wrapped_convert_computation.1
+  %wrapped_convert.2 = f32[2,8,16]{2,1,0} fusion(%p), kind=kLoop, calls=%wrapped_convert_computation.1, x=1
+  %fusion.3 = f32[4,4]{1,0} fusion(%q), kind=kLoop, calls=%fused_scale
+}
+"""
+
+
+def test_upcasts_are_the_lone_bf16_to_f32_converts():
+    """Only fusions that do nothing but widen a bf16 array count (each call once); a convert inside other work
+    (the multiply) is not a copy."""
+    assert upcast_bytes(_WIDEN) == 2 * (2 * 8 * 16 * 4)
+    assert upcast_bytes(_WIDEN.replace("bf16[2,8,16]) ->", "f16[2,8,16]) ->")) == 0

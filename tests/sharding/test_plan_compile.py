@@ -48,9 +48,10 @@ def _compile_now(mesh_sets):
 
     cfg = load_config(None, SMALL + mesh_sets)
     mesh, rules = make_mesh(cfg.mesh), RULES[cfg.mesh.rules]
-    _, state, _, _, _ = plan_compile.abstract_inputs(cfg, model_config(cfg.model), mesh, rules)
+    _, state, _, _, _, frozen = plan_compile.abstract_inputs(cfg, model_config(cfg.model), mesh, rules)
     batch, _, _ = plan_compile.abstract_batch(cfg, mesh, rules, group=cfg.rollout.group_size)
-    return plan_compile.compile_programs(cfg, model_config(cfg.model), mesh, rules), state, batch
+    reports = plan_compile.compile_programs(cfg, model_config(cfg.model), mesh, rules)
+    return (reports, state, batch) if frozen is None else (reports, state, batch, frozen)
 
 
 @pytest.mark.parametrize("mesh_sets, gathers", [(["mesh.data=2", "mesh.fsdp=4"], True),
@@ -72,6 +73,58 @@ def test_programs_compile_with_the_sizes_their_shardings_give(mesh_sets, gathers
     assert reduced > 0  # gradients are reduced over the data (and fsdp) axes
     assert (step.collectives["all-gather"]["count"] > 0) == gathers, step.collectives
     assert (logprobs.collectives["all-gather"]["count"] > 0) == gathers, logprobs.collectives
+
+
+LORA = ["mesh.data=2", "mesh.fsdp=4", "model.lora={rank: 4, alpha: 8}"]
+
+
+@pytest.mark.parametrize("quantize", ["none", "int8"])
+def test_a_lora_run_compiles_its_adapter_step_and_the_merge(quantize):
+    """LoRA / QLoRA: the train step's state is the adapters and their moments (donated), the frozen base an
+    argument beside them (int8 codes + scales under QLoRA); the merge writes the dense weights the log-prob pass
+    and the sampler then read."""
+    (step, merge, logprobs, sampler), state, batch, base = _compile(LORA + [f"model.quantize={quantize}"])
+    dense = _compile(["mesh.data=2", "mesh.fsdp=4"])[1].params
+    assert step.name == "train step (32 x 56 tokens, prompt shared by 4, LoRA r=4)" and merge.name == "LoRA merge"
+    size = lambda tree: sum(math.prod(x.shape) for x in jax.tree.leaves(tree))  # noqa: E731
+    assert set(state.params) == {"layers"} and size(state.params) < size(dense) / 4  # r = 4 adapters only
+    unread = _shard_bytes(batch.ref_logp_BT)
+    assert step.arguments == _shard_bytes(state) + _shard_bytes(base) + _shard_bytes(batch) - unread
+    assert step.aliased == _shard_bytes(state)  # the adapters and moments in place; the base is not donated
+    if quantize == "int8":  # one byte a kernel weight, a float scale a column
+        assert _shard_bytes(base) < 0.5 * _shard_bytes(dense)
+        assert any(np.dtype(x.dtype) == np.int8 for x in jax.tree.leaves(base))
+    else:
+        assert _shard_bytes(base) == _shard_bytes(dense)
+    # base + s·A B: the dense weights, sharded as a dense run's (XLA adds the output tuple's 8-byte pointers)
+    assert merge.outputs == _shard_bytes(dense) + 8 * len(jax.tree.leaves(dense))
+    assert merge.arguments == _shard_bytes(base) + _shard_bytes(state.params)
+    # the programs on the merged weights are the dense run's
+    assert (logprobs.arguments, sampler.arguments) == tuple(
+        r.arguments for r in _compile(["mesh.data=2", "mesh.fsdp=4"])[0][1:])
+
+
+def test_a_bf16_samplers_f32_copy_of_its_kv_cache_is_named():
+    """XLA:CPU widens a bf16 KV cache to float32 before its dots: the report names those bytes (the cache's
+    f32 size, k and v, on each device) and leaves them out of what an accelerator holds; float32 has none."""
+    from jaxrl.plan import compiled as plan_compile
+    from jaxrl.commands.plan import model_config
+    from jaxrl.sharding import RULES, make_mesh
+
+    kv_f32 = 2 * 2 * (32 // 8) * (32 + 24) * 2 * 16 * 4  # k, v x layers x rows a device x S x kv heads x H x 4 B
+    for dtype in ("bfloat16", "float32"):
+        cfg = load_config(None, SMALL + ["mesh.data=2", "mesh.fsdp=4", f"model.dtype={dtype}"])
+        # XLA's default fusion emitters (the suite turns them off, tests/_xla.py; without them XLA:CPU carries
+        # the bf16 cache as f32 through the decode loop instead of copying it, which the report does not name)
+        compiled = plan_compile._lower_sampler(cfg, model_config(cfg.model), make_mesh(cfg.mesh),
+                                               RULES[cfg.mesh.rules]).compile(
+            compiler_options={"xla_cpu_use_fusion_emitters": True})
+        r = plan_compile.report("sampler", compiled, 0.0)
+        if dtype == "float32":
+            assert r.upcasts == 0 and r.accelerator_total == r.total
+        else:
+            assert kv_f32 <= r.upcasts <= kv_f32 + 1024, (r.upcasts, kv_f32)  # + a few small rows
+            assert r.accelerator_total == r.total - r.upcasts
 
 
 def test_the_step_shares_prompts_only_where_the_trainer_does():
