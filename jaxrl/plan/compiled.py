@@ -211,9 +211,10 @@ def compile_programs(cfg, model_cfg, mesh, rules) -> list[ProgramReport]:
         from jaxrl.models import lora
 
         t0 = time.perf_counter()
-        merge = jax.jit(lambda b, a: lora.merge(b, a, cfg.model.lora))
-        out.append(report("LoRA merge", merge.lower(frozen, state.params).compile(), time.perf_counter() - t0))
-        dense = _propagated(merge, frozen, state.params)
+        merge = lambda b, a: lora.merge(b, a, cfg.model.lora)  # noqa: E731
+        compiled = jax.jit(merge).lower(frozen, state.params).compile()
+        out.append(report("LoRA merge", compiled, time.perf_counter() - t0))
+        dense = _abstract(jax.eval_shape(merge, frozen, state.params), compiled.output_shardings)
     t0 = time.perf_counter()
     logprobs = jitted_logprob_pass(graphdef, spec, shared_prompts=group > 1)
     compiled = logprobs.lower(dense, batch.tokens_BL, batch.mask_BL, t, group).compile()
