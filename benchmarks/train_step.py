@@ -72,10 +72,11 @@ def make_inputs(b: int, lp: int, lc: int, seed: int = 0, group: int = 1, lengths
                 old_logp=np.where(cmask, -rng.uniform(6.0, 9.0, size=(b, lc)), 0.0).astype(np.float32))
 
 
-def jaxrl_update(graphdef, params, x: dict[str, np.ndarray], *, group: int = 1, spec=None):
+def jaxrl_update(graphdef, params, x: dict[str, np.ndarray], *, group: int = 1, spec=None, extra_options=None):
     """(jitted step, initial TrainState, TrainBatch on the default device) of jaxrl's update on the rows
-    `x` of `make_inputs`, jitted as the trainer does (donated state, `update_compiler_options`); AdamW with
-    clip norm 1. `group` > 1 marks shared-prompt groups (`TrainBatch.group`); `spec`: a `LossSpec`."""
+    `x` of `make_inputs`, jitted as the trainer does (donated state, `update_compiler_options`, plus
+    `extra_options`); AdamW with clip norm 1. `group` > 1 marks shared-prompt groups (`TrainBatch.group`);
+    `spec`: a `LossSpec`."""
     import functools
 
     import jax
@@ -96,8 +97,9 @@ def jaxrl_update(graphdef, params, x: dict[str, np.ndarray], *, group: int = 1, 
                        clip_B, clip_B, np.zeros((b,), np.float32), group=group)
     batch = jax.device_put(batch)
     tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-6))
+    options = dict(update_compiler_options(shared_prompts=group > 1) or {}, **(extra_options or {}))
     step = jax.jit(functools.partial(train_step, graphdef=graphdef, spec=spec, tx=tx), donate_argnums=0,
-                   compiler_options=update_compiler_options(shared_prompts=group > 1))  # as the trainer
+                   compiler_options=options or None)  # as the trainer
     return step, TrainState(params, tx.init(params), jnp.zeros((), jnp.int32)), batch
 
 
