@@ -65,14 +65,15 @@ def write_text(path: Path, text: str) -> Path:
 
 
 def plot_curves(path: Path, panels: Mapping[str, Mapping[str, np.ndarray]], *, xlabel: str,
-                x: np.ndarray | None = None, note: str | None = None) -> Path:
+                x: np.ndarray | Mapping[str, np.ndarray] | None = None, note: str | None = None) -> Path:
     """One subplot per panel; each series is an [S, T] array (seeds x points) drawn as its mean with a
     min..max band.
 
     Args:
       path: PNG to write.
       panels: title -> {series label -> [S, T] values}.
-      xlabel: x-axis label.  x: [T] x values (default 1..T).  note: text under the figure.
+      xlabel: x-axis label.  x: [T] x values (default 1..T), or title -> [T] per panel (a panel not in it:
+        1..T).  note: text under the figure.
     """
     import matplotlib
 
@@ -83,7 +84,8 @@ def plot_curves(path: Path, panels: Mapping[str, Mapping[str, np.ndarray]], *, x
     for ax, (title, series) in zip(axes[0], panels.items()):
         for label, v_ST in series.items():
             v_ST = np.atleast_2d(np.asarray(v_ST, np.float64))
-            xs = np.arange(1, v_ST.shape[1] + 1) if x is None else np.asarray(x)
+            x_T = x.get(title) if isinstance(x, Mapping) else x
+            xs = np.arange(1, v_ST.shape[1] + 1) if x_T is None else np.asarray(x_T)
             line, = ax.plot(xs, np.nanmean(v_ST, axis=0), label=f"{label} (n={v_ST.shape[0]})")
             ax.fill_between(xs, np.nanmin(v_ST, axis=0), np.nanmax(v_ST, axis=0), color=line.get_color(),
                             alpha=0.2)

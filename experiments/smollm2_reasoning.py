@@ -149,9 +149,12 @@ def report(runs: Path, methods, seeds, steps: int, unseen: int = 0) -> str:
         panels = {f"training {title} (5-step mean)": {m: window(v[key]) for m, v in curves.items()}
                   for title, key in (("answer reward", "reward/answer/mean"),
                                      ("completion tokens", "response_length/mean"))}
-        plot_curves(DOCS / "smollm2_reasoning.png", panels,
-                    xlabel="step (end of the 5-step window)", x=np.arange(5, steps + 1),
-                    note="SmolLM2-135M-Instruct, GRPO, reasoning-gym basic_arithmetic; band = min..max over seeds")
+        accuracy = "held-out accuracy (64 problems, greedy)"
+        panels[accuracy] = accs
+        xs = {title: np.arange(5, steps + 1) for title in panels}
+        xs[accuracy] = np.asarray(raw[next(iter(accs))]["eval_steps"])
+        plot_curves(DOCS / "smollm2_reasoning.png", panels, xlabel="step (training curves: end of the 5-step window)",
+                    x=xs, note="SmolLM2-135M-Instruct, GRPO, reasoning-gym basic_arithmetic; band = min..max over seeds")
     text = ("# SmolLM2-135M-Instruct on reasoning-gym basic_arithmetic (issue 32 item 4)\n\n"
             f"`python experiments/smollm2_reasoning.py` ({CONFIG}); held-out greedy accuracy on 64 problems, "
             "mean ± std [min, max] over seeds.\n\n"
@@ -160,7 +163,7 @@ def report(runs: Path, methods, seeds, steps: int, unseen: int = 0) -> str:
                "trained on (the 64 above, then training records past the ones the runs drew), greedy, "
                "`jaxrl eval`:\n\n" + markdown_table(["policy", "seeds", "accuracy", "gain over the base model"],
                                                      unseen_rows) if unseen_rows else "")
-            + "\nTraining curves (answer reward, completion length): smollm2_reasoning.png; every "
+            + "\nCurves (training answer reward, completion length, held-out accuracy): smollm2_reasoning.png; every "
             "number per seed: smollm2_reasoning.json. The README's \"A real model\" section reads them.\n")
     write_text(DOCS / "smollm2_reasoning.md", text)
     return text
