@@ -20,6 +20,7 @@ import argparse
 import collections
 import glob
 import json
+import math
 import os
 import subprocess
 import sys
@@ -142,7 +143,7 @@ def main(argv=None) -> int:
             child = [sys.executable, __file__, "--gemm-side", side, "--rows", str(args.rows), "--shape", args.shape]
             got = json.loads(subprocess.run(child, check=True, capture_output=True, text=True).stdout)
             runs[side] = {k: min(v, runs.get(side, {}).get(k, v)) for k, v in got.items()}
-        flops = {k: 2 * eval(k.replace("x", "*")) for k in runs["torch"]}  # noqa: S307 -- our own "MxKxN" keys
+        flops = {k: 2 * math.prod(map(int, k.split("x"))) for k in runs["torch"]}  # "MxKxN" keys
         print("| M x K x N | XLA GFLOP/s | torch GFLOP/s |\n|---|---|---|")
         for k in flops:
             print(f"| {k} | {flops[k] / runs['xla'][k] / 1e9:.0f} | {flops[k] / runs['torch'][k] / 1e9:.0f} |")

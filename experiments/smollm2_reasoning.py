@@ -18,6 +18,7 @@ measure an accuracy to about ±0.05 (one standard error at 0.2), 512 to about ±
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import subprocess
@@ -41,7 +42,7 @@ METHODS = {
 
 def run(method: str, seed: int, steps: int, eval_every: int, run_dir: Path) -> float:
     """One training run (skipped when its metrics already reach `steps`); returns its wall seconds."""
-    if _rows(run_dir) and max(r["step"] for r in _rows(run_dir)) >= steps:
+    if _finished(_rows(run_dir), steps):
         return float("nan")
     sets = [f"train.seed={seed}", f"train.steps={steps}", f"train.eval_every={eval_every}",
             "checkpoint.every=1000", "logging.tensorboard=false", *METHODS[method]]
@@ -61,17 +62,16 @@ def unseen_problems(path: Path, n: int, steps: int) -> Path:
     data seed and order are the config's), in that order, each prompt once. Written once, then reused."""
     if path.is_file():
         return path
-    import grain
-
-    from jaxrl.data.pipeline import make_splits
+    from jaxrl.data.pipeline import make_splits, train_iterator
 
     d = load_config(CONFIG, []).data
     train, held_out = make_splits(d.source, train_size=d.train_size, eval_size=d.eval_size, seed=d.seed,
                                   params=d.params)
-    order = grain.MapDataset.source(train).shuffle(seed=d.seed)  # `jaxrl.data.pipeline.train_iterator`'s
-    drawn = {order[i]["prompt"] for i in range(steps * d.prompts_per_step)}
+    batches = train_iterator(train, lambda r: r, batch_size=d.prompts_per_step, seed=d.seed)  # the runs' order
+    first_epoch = list(itertools.islice(itertools.chain.from_iterable(batches), len(train)))
+    drawn = {r["prompt"] for r in first_epoch[:steps * d.prompts_per_step]}
     out, kept = [], set()
-    for r in [*held_out, *(order[i] for i in range(len(train)))]:
+    for r in [*held_out, *first_epoch]:
         if r["prompt"] not in drawn and r["prompt"] not in kept:
             kept.add(r["prompt"])
             out.append(r)
@@ -97,6 +97,11 @@ def _rows(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
 
 
+def _finished(rows: list[dict], steps: int) -> bool:
+    """Whether a run's metrics rows reach `steps`."""
+    return bool(rows) and max(r["step"] for r in rows) >= steps
+
+
 def unseen_table(runs: Path, methods, seeds, n: int) -> tuple[list[list], dict]:
     """Rows (method, seeds, accuracy, gain over the base) of the last checkpoints on the `n` unseen problems,
     from the `evaluate` results present; and the numbers per seed."""
@@ -120,7 +125,7 @@ def report(runs: Path, methods, seeds, steps: int, unseen: int = 0) -> str:
     table, curves, accs, raw = [], {}, {}, {}
     for method in methods:
         per_seed = {s: _rows(runs / f"{method}_s{s}") for s in seeds}
-        done = {s: rows for s, rows in per_seed.items() if rows and max(r["step"] for r in rows) >= steps}
+        done = {s: rows for s, rows in per_seed.items() if _finished(rows, steps)}
         if not done:
             continue
         evals = sorted({r["step"] for rows in done.values() for r in rows if "eval/accuracy" in r})
@@ -194,7 +199,7 @@ def main(argv=None) -> int:
             for seed in args.seeds:
                 for method in args.methods:
                     run_dir = args.runs / f"{method}_s{seed}"
-                    if _rows(run_dir) and max(r["step"] for r in _rows(run_dir)) >= args.steps:
+                    if _finished(_rows(run_dir), args.steps):
                         evaluate(run_dir, data, args.runs / f"{method}_s{seed}.unseen{args.unseen}.json")
     print(report(args.runs, args.methods, args.seeds, args.steps, args.unseen))
     return 0
