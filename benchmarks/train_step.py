@@ -21,7 +21,8 @@ SmolLM2-135M shape (random weights) instead of the small benchmark model, to com
 scanned step training LoRA adapters (r = `--lora-rank`, α = 2r, all seven projections, as `model.lora`)
 over a dense float32 base or an int8 / nf4 quantised one (`model.quantize`); the optimiser then holds the
 adapters only. Each side's peak RSS includes loading the float32 model (a QLoRA base is quantised from it, as
-the trainer does).
+the trainer does). `shared-ynn`: the shared-prompt update compiled with YNNPACK's dot fusion, which the trainer
+leaves off for grouped batches (a jaxlib 0.10.2 segfault, `train_step._CPU_SHARED_PROMPT_OPTIONS`).
 """
 
 from __future__ import annotations
@@ -149,7 +150,11 @@ def run_jaxrl(model_dir: str, args, out) -> None:
         base = params if args.lora == "dense" else quant.quantize_params(params, args.lora)
         params, spec = adapters, LossSpec(lora=lora_cfg)
     x = make_inputs(args.batch, args.prompt, args.completion, group=args.group, lengths=args.lengths)
-    step, state, batch = jaxrl_update(graphdef, params, x, group=args.group if args.shared else 1, spec=spec)
+    # `ynn`: the shared-prompt update with YNNPACK's dot fusion, which the trainer leaves off for grouped
+    # batches (`train_step._CPU_SHARED_PROMPT_OPTIONS`: a jaxlib 0.10.2 segfault on the AMD EPYC machine)
+    ynn = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_DOT"} if args.ynn else None
+    step, state, batch = jaxrl_update(graphdef, params, x, group=args.group if args.shared else 1, spec=spec,
+                                      extra_options=ynn)
     del params
     packed = {}
     if args.packed:  # `train.packing: auto` on one device: packed rows where they compute fewer positions
@@ -247,20 +252,23 @@ def _best(results: list[dict]) -> dict:
 
 # side -> (child function, extra arguments); KEYS: the side's key in the JSON report; NAMES: its printed name.
 # Every jaxrl side shares prompts within groups (`--group` > 1) except `unshared`.
-_J = dict(lora="none", shared=True, packed=False)
+_J = dict(lora="none", shared=True, packed=False, ynn=False)
 SIDES = {"jaxrl": (run_jaxrl, dict(_J, scan_layers=True)),
          "packed": (run_jaxrl, dict(_J, scan_layers=True, packed=True)),
          "unshared": (run_jaxrl, dict(_J, scan_layers=True, shared=False)),
+         "shared-ynn": (run_jaxrl, dict(_J, scan_layers=True, ynn=True)),
          "unrolled": (run_jaxrl, dict(_J, scan_layers=False)),
          "trl": (run_trl, {}),
          "remat-dots": (run_jaxrl, dict(_J, scan_layers=True, remat="dots")),
          "lora": (run_jaxrl, dict(_J, scan_layers=True, lora="dense")),
          "qlora-int8": (run_jaxrl, dict(_J, scan_layers=True, lora="int8")),
          "qlora-nf4": (run_jaxrl, dict(_J, scan_layers=True, lora="nf4"))}
-KEYS = {"packed": "jaxrl_packed", "unshared": "jaxrl_unshared", "unrolled": "jaxrl_unrolled", "remat-dots": "jaxrl_remat_dots",
+KEYS = {"packed": "jaxrl_packed", "unshared": "jaxrl_unshared", "shared-ynn": "jaxrl_shared_ynn",
+        "unrolled": "jaxrl_unrolled", "remat-dots": "jaxrl_remat_dots",
         "lora": "jaxrl_lora", "qlora-int8": "jaxrl_qlora_int8",
         "qlora-nf4": "jaxrl_qlora_nf4"}
 NAMES = {"jaxrl": "jaxrl (scan_layers=true, default)", "packed": "jaxrl (train.packing: auto)", "unshared": "jaxrl (prompts not shared)",
+         "shared-ynn": "jaxrl (shared prompt, YNNPACK dot fusion: not the trainer's)",
          "unrolled": "jaxrl (scan_layers=false)", "trl": "TRL",
          "remat-dots": "jaxrl (model.remat: dots)", "lora": "jaxrl LoRA r={rank}",
          "qlora-int8": "jaxrl QLoRA int8 r={rank}",
