@@ -3,6 +3,8 @@ by kind of op, and the fp32 GEMMs of its shapes against torch's.
 
     .venv/bin/python benchmarks/update_profile.py --prompt 64 --completion 128 [--batch 16] [--top 25]
     .venv/bin/python benchmarks/update_profile.py --gemm [--rows 3072]
+    .venv/bin/python benchmarks/update_profile.py --model '{"hidden_size": 128, "mlp_dim": 384, "num_heads": 4,
+        "num_kv_heads": 4}' --batch 32 --prompt 32 --completion 24    (a quickstart-sized step)
 
 Profile: the update `benchmarks/train_step.py` times (tiny model, scanned layers, the trainer's CPU compiler
 options, `xla_cpu_enable_xprof_traceme` on so that every thunk of the compiled program is a trace event), run
@@ -54,7 +56,7 @@ def profile(args) -> dict:
     from jaxrl.models import Transformer, TransformerConfig
 
     with tempfile.TemporaryDirectory() as tmp:
-        shape = dict(train_step.SHAPES[args.shape])
+        shape = dict(train_step.SHAPES[args.shape], **json.loads(args.model))
         shape["max_position_embeddings"] = max(shape["max_position_embeddings"], args.prompt + args.completion)
         hf.save_pretrained(Transformer(TransformerConfig(**shape), rngs=nnx.Rngs(0)), tmp)
         model = hf.from_pretrained(tmp)
@@ -122,6 +124,7 @@ def gemm_side(side: str, rows: int, d: int, f: int, kv: int) -> dict[str, float]
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", choices=sorted(train_step.SHAPES), default="tiny")
+    ap.add_argument("--model", default="{}", help='JSON overrides of the shape, e.g. \'{"hidden_size": 128}\'')
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--prompt", type=int, default=64)
     ap.add_argument("--completion", type=int, default=128)
