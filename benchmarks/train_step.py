@@ -133,7 +133,7 @@ def run_jaxrl(model_dir: str, args, out) -> None:
     from flax import nnx
 
     from jaxrl.io import hf
-    from jaxrl.learner.train_step import LossSpec
+    from jaxrl.learner.train_step import LossSpec, update_compiler_options
 
     model = hf.from_pretrained(model_dir)
     # what `model.scan_layers` / `model.remat` in a config do
@@ -150,9 +150,8 @@ def run_jaxrl(model_dir: str, args, out) -> None:
         base = params if args.lora == "dense" else quant.quantize_params(params, args.lora)
         params, spec = adapters, LossSpec(lora=lora_cfg)
     x = make_inputs(args.batch, args.prompt, args.completion, group=args.group, lengths=args.lengths)
-    # `ynn`: the shared-prompt update with YNNPACK's dot fusion, which the trainer leaves off for grouped
-    # batches (`train_step._CPU_SHARED_PROMPT_OPTIONS`: a jaxlib 0.10.2 segfault on the AMD EPYC machine)
-    ynn = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_DOT"} if args.ynn else None
+    # `ynn`: a grouped batch compiled with the options of an ungrouped one (YNNPACK's dot fusion)
+    ynn = update_compiler_options(shared_prompts=False) if args.ynn else None
     step, state, batch = jaxrl_update(graphdef, params, x, group=args.group if args.shared else 1, spec=spec,
                                       extra_options=ynn)
     del params

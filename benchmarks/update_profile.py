@@ -124,7 +124,7 @@ def gemm_side(side: str, rows: int, d: int, f: int, kv: int) -> dict[str, float]
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", choices=sorted(train_step.SHAPES), default="tiny")
-    ap.add_argument("--model", default="{}", help='JSON overrides of the shape, e.g. \'{"hidden_size": 128}\'')
+    ap.add_argument("--model", default="{}", help='JSON overrides of the profiled shape (not --gemm\'s), e.g. \'{"hidden_size": 128}\'')
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--prompt", type=int, default=64)
     ap.add_argument("--completion", type=int, default=128)
