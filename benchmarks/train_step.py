@@ -195,6 +195,8 @@ def run_trl(model_dir: str, args, out) -> None:
                       num_items_in_batch=torch.as_tensor(float(x["completion_mask"].sum())))
         trainer.current_gradient_accumulation_steps = 1  # normally set by Trainer.train's loop
         opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
+        if args.checkpointing:  # what `Trainer.train` does with GRPOConfig's default, activation_checkpointing=True
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=cfg.activation_checkpointing_kwargs)
         model.train()
 
         def update():
@@ -213,7 +215,7 @@ def run_trl(model_dir: str, args, out) -> None:
             t0 = time.perf_counter()
             loss = update()
             times.append(time.perf_counter() - t0)
-    out.put(dict(side="trl", step_s=statistics.median(times), first_call_s=first, loss=loss,
+    out.put(dict(side=args.side, step_s=statistics.median(times), first_call_s=first, loss=loss,
                  peak_rss_mib=_peak_rss_mib(), torch_threads=torch.get_num_threads()))
 
 
@@ -257,19 +259,23 @@ SIDES = {"jaxrl": (run_jaxrl, dict(_J, scan_layers=True)),
          "unshared": (run_jaxrl, dict(_J, scan_layers=True, shared=False)),
          "shared-ynn": (run_jaxrl, dict(_J, scan_layers=True, ynn=True)),
          "unrolled": (run_jaxrl, dict(_J, scan_layers=False)),
-         "trl": (run_trl, {}),
+         "trl": (run_trl, dict(checkpointing=False)),
+         "trl-ckpt": (run_trl, dict(checkpointing=True)),
          "remat-dots": (run_jaxrl, dict(_J, scan_layers=True, remat="dots")),
+         "remat-full": (run_jaxrl, dict(_J, scan_layers=True, remat="full")),
          "lora": (run_jaxrl, dict(_J, scan_layers=True, lora="dense")),
          "qlora-int8": (run_jaxrl, dict(_J, scan_layers=True, lora="int8")),
          "qlora-nf4": (run_jaxrl, dict(_J, scan_layers=True, lora="nf4"))}
 KEYS = {"packed": "jaxrl_packed", "unshared": "jaxrl_unshared", "shared-ynn": "jaxrl_shared_ynn",
-        "unrolled": "jaxrl_unrolled", "remat-dots": "jaxrl_remat_dots",
+        "unrolled": "jaxrl_unrolled", "remat-dots": "jaxrl_remat_dots", "remat-full": "jaxrl_remat_full",
+        "trl-ckpt": "trl_ckpt",
         "lora": "jaxrl_lora", "qlora-int8": "jaxrl_qlora_int8",
         "qlora-nf4": "jaxrl_qlora_nf4"}
 NAMES = {"jaxrl": "jaxrl (scan_layers=true, default)", "packed": "jaxrl (train.packing: auto)", "unshared": "jaxrl (prompts not shared)",
          "shared-ynn": "jaxrl (shared prompt, YNNPACK dot fusion: not the trainer's)",
          "unrolled": "jaxrl (scan_layers=false)", "trl": "TRL",
-         "remat-dots": "jaxrl (model.remat: dots)", "lora": "jaxrl LoRA r={rank}",
+         "remat-dots": "jaxrl (model.remat: dots)", "remat-full": "jaxrl (model.remat: full)",
+         "trl-ckpt": "TRL (activation checkpointing)", "lora": "jaxrl LoRA r={rank}",
          "qlora-int8": "jaxrl QLoRA int8 r={rank}",
          "qlora-nf4": "jaxrl QLoRA nf4 r={rank}"}
 
@@ -329,11 +335,15 @@ def measure(args: argparse.Namespace) -> dict:
     report = dict(shape=args.shape, batch=args.batch, group=args.group, prompt=args.prompt,
                   completion=args.completion,
                   seq_len=args.prompt + args.completion, tokens_per_update=tokens, real_tokens=real,
-                  lengths=args.lengths, rounds=args.rounds,
+                  lengths=args.lengths, rounds=args.rounds, steps=args.steps,
                   **{KEYS.get(side, side): r for side, r in best.items()})
     if tr:
         report.update({_speedup_key(side): vs_trl(r)
                        for side, r in best.items() if side != "trl"})
+    if best.get("trl-ckpt", {}).get("tokens_per_s"):  # against TRL with its default activation checkpointing
+        ckpt = best["trl-ckpt"]["tokens_per_s"]
+        report.update({_speedup_key(side) + "_vs_trl_ckpt": r["tokens_per_s"] / ckpt
+                       for side, r in best.items() if not side.startswith("trl")})
     return report
 
 

@@ -9,7 +9,10 @@ RSS). jaxrl's side is the update the trainer runs at that point with `train.pack
 when the packer would pack it (`jaxrl.rl.packing.rl_layout`, decided here on the same rows), else each prompt
 once per group for G > 1 (`train.share_prompts: auto`), else the padded rows; the table names the path. The
 packer is only run where it packs, so a point costs two sides (jaxrl, TRL), or three when it packs (the
-unpacked update too, for the record). Results are appended to `--out` (JSON lines) as each point finishes, and
+unpacked update too, for the record). `--trl trl,trl-ckpt` measures TRL both without activation checkpointing
+and with it (GRPOConfig's default, which `GRPOTrainer.train` turns on); a point is "yes" when jaxrl's update is
+>= 1.2x every TRL side's tokens/s at <= its peak RSS (a TRL side that ran out of memory counts as beaten). Where
+jaxrl's default update runs out of memory, `model.remat: full` is measured alone afterwards and named in the path. Results are appended to `--out` (JSON lines) as each point finishes, and
 points already there are skipped: a long grid can be resumed.
 """
 
@@ -36,17 +39,43 @@ def packs(batch: int, prompt: int, completion: int, group: int, lengths: str) ->
     return packing.rl_plan(mask, prompt, group, blocks=1) is not None
 
 
-def row(report: dict) -> str:
-    """One Markdown table row of a point's report."""
-    trl = report["trl"]
+def _jaxrl_side(report: dict) -> tuple[str, dict]:
+    """(path, result) of the jaxrl update at a point: packed where the packer packs, else the trainer's step;
+    `model.remat: full` where that was measured and the default step failed (out of memory)."""
     side = report["jaxrl_packed"] if "jaxrl_packed" in report else report["jaxrl"]
     path = "packed" if "jaxrl_packed" in report else ("shared prompt" if report["group"] > 1 else "padded")
+    if "error" in side and "error" not in report.get("jaxrl_remat_full", {"error": ""}):
+        side, path = report["jaxrl_remat_full"], path + ", remat full"
+    return path, side
+
+
+def _against(side: dict, trl: dict | None) -> tuple[str, bool]:
+    """(cells, whether jaxrl is >= 1.2x at <= peak RSS) against one TRL side; a TRL side that failed (out of
+    memory) is beaten by a jaxrl side that ran."""
+    if trl is None:
+        return "| | ", True
+    if "error" in trl:
+        return f"| {trl['error']} | ", "error" not in side
     ratio = side["tokens_per_s"] / trl["tokens_per_s"]
     rss = side["peak_rss_mib"] / trl["peak_rss_mib"]
-    ok = "yes" if ratio >= 1.2 and rss <= 1.0 else "**no**"
-    return (f"| {report['prompt']} | {report['completion']} | {report['group']} | {path} | "
-            f"{side['tokens_per_s']:.0f} | {trl['tokens_per_s']:.0f} | {ratio:.2f}x | "
-            f"{side['peak_rss_mib']:.0f} / {trl['peak_rss_mib']:.0f} MiB ({rss:.2f}) | {ok} |")
+    return (f"| {trl['tokens_per_s']:.0f} ({trl['peak_rss_mib']:.0f} MiB) | {ratio:.2f}x ({rss:.2f}) ",
+            ratio >= 1.2 and rss <= 1.0)
+
+
+def row(report: dict) -> str:
+    """One Markdown table row of a point's report: jaxrl against TRL without and (where measured) with its
+    default activation checkpointing; tokens/s (peak RSS), jaxrl / TRL tokens/s (peak RSS)."""
+    path, side = _jaxrl_side(report)
+    mine = "failed" if "error" in side else f"{side['tokens_per_s']:.0f} ({side['peak_rss_mib']:.0f} MiB)"
+    cells, oks = [], []
+    for key in ("trl", "trl_ckpt"):
+        if key in report:
+            c, ok = _against(side, report[key])
+            cells.append(c)
+            oks.append(ok)
+    ok = "yes" if oks and all(oks) else "**no**"
+    return (f"| {report['prompt']} | {report['completion']} | {report['group']} | {path} | {mine} "
+            + "".join(cells) + f"| {ok} |")
 
 
 def main(argv=None) -> int:
@@ -57,11 +86,14 @@ def main(argv=None) -> int:
     ap.add_argument("--groups", default="1,8")
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--lengths", choices=("uniform", "long-tailed"), default="uniform")
+    ap.add_argument("--trl", default="trl", help="TRL sides: trl (no activation checkpointing), trl-ckpt "
+                    "(its default, as GRPOTrainer.train enables it), or both, comma-separated")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--out", default=None, help="JSON lines, appended per point; points already there are skipped")
     args = ap.parse_args(argv)
-    out = args.out or os.path.join(".cache", f"update_grid_{args.shape}_{args.lengths}.jsonl")
+    out = args.out or os.path.join(".cache", f"update_grid_{args.shape}_{args.lengths}"
+                                            f"{'' if args.trl == 'trl' else '_' + args.trl}.jsonl")
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
     done = {}
     if os.path.exists(out):
@@ -72,20 +104,24 @@ def main(argv=None) -> int:
     for p, c, g in itertools.product(ints(args.prompts), ints(args.completions), ints(args.groups)):
         if (p, c, g) in done:
             continue
-        sides = "jaxrl,packed,trl" if packs(args.batch, p, c, g, args.lengths) else "jaxrl,trl"
+        sides = ("jaxrl,packed," if packs(args.batch, p, c, g, args.lengths) else "jaxrl,") + args.trl
         point = train_step.parse(["--shape", args.shape, "--batch", str(args.batch), "--prompt", str(p),
                                   "--completion", str(c), "--group", str(g), "--lengths", args.lengths,
                                   "--steps", str(args.steps), "--rounds", str(args.rounds), "--sides", sides])
         report = train_step.measure(point)
+        if "error" in report["jaxrl"] and "jaxrl_packed" not in report:  # out of memory: with remat, alone
+            point.sides = "remat-full"
+            report.update({k: v for k, v in train_step.measure(point).items() if k.startswith("jaxrl_")})
         with open(out, "a") as f:
             f.write(json.dumps(report) + "\n")
         done[p, c, g] = report
         print(row(report), flush=True)
     print(f"\nGRPO update, {args.shape} shape, B = {args.batch}, {args.lengths} completion lengths, "
           f"best of {args.rounds} round(s), median of {args.steps} updates:\n")
-    print("| prompt | completion | G | jaxrl path | jaxrl tok/s | TRL tok/s | jaxrl / TRL | peak RSS jaxrl / TRL "
-          "| >= 1.2x at <= RSS |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    trls = [{"trl": "TRL", "trl-ckpt": "TRL, activation checkpointing"}[t] for t in args.trl.split(",")]
+    print("| prompt | completion | G | jaxrl path | jaxrl tok/s (peak RSS) | "
+          + "".join(f"{t} tok/s (peak RSS) | jaxrl / {t} (RSS ratio) | " for t in trls) + ">= 1.2x at <= RSS |")
+    print("|---" * (6 + 2 * len(trls)) + "|")
     for key in sorted(done):
         print(row(done[key]))
     return 0
