@@ -11,9 +11,10 @@ once per group for G > 1 (`train.share_prompts: auto`), else the padded rows; th
 packer is only run where it packs, so a point costs two sides (jaxrl, TRL), or three when it packs (the
 unpacked update too, for the record). `--trl trl,trl-ckpt` measures TRL both without activation checkpointing
 and with it (GRPOConfig's default, which `GRPOTrainer.train` turns on); a point is "yes" when jaxrl's update is
->= 1.2x every TRL side's tokens/s at <= its peak RSS (a TRL side that ran out of memory counts as beaten). Where
-jaxrl's default update runs out of memory, `model.remat: full` is measured alone afterwards and named in the path. Results are appended to `--out` (JSON lines) as each point finishes, and
-points already there are skipped: a long grid can be resumed.
+>= 1.2x every TRL side's tokens/s at <= its peak RSS (a TRL side that ran out of memory counts as beaten).
+Where jaxrl's default update runs out of memory, `model.remat: full` is measured alone afterwards and named in
+the path. Results are appended to `--out` (JSON lines) as each point finishes, and points already there are
+skipped: a long grid can be resumed.
 """
 
 from __future__ import annotations
@@ -44,16 +45,15 @@ def _jaxrl_side(report: dict) -> tuple[str, dict]:
     `model.remat: full` where that was measured and the default step failed (out of memory)."""
     side = report["jaxrl_packed"] if "jaxrl_packed" in report else report["jaxrl"]
     path = "packed" if "jaxrl_packed" in report else ("shared prompt" if report["group"] > 1 else "padded")
-    if "error" in side and "error" not in report.get("jaxrl_remat_full", {"error": ""}):
-        side, path = report["jaxrl_remat_full"], path + ", remat full"
+    remat = report.get("jaxrl_remat_full")
+    if "error" in side and remat is not None and "error" not in remat:
+        side, path = remat, path + ", remat full"
     return path, side
 
 
-def _against(side: dict, trl: dict | None) -> tuple[str, bool]:
-    """(cells, whether jaxrl is >= 1.2x at <= peak RSS) against one TRL side; a TRL side that failed (out of
-    memory) is beaten by a jaxrl side that ran."""
-    if trl is None:
-        return "| | ", True
+def _against(side: dict, trl: dict) -> tuple[str, bool]:
+    """(two table cells, whether jaxrl is >= 1.2x at <= peak RSS) against one TRL side; a TRL side that failed
+    (out of memory) is beaten by a jaxrl side that ran."""
     if "error" in trl:
         return f"| {trl['error']} | ", "error" not in side
     ratio = side["tokens_per_s"] / trl["tokens_per_s"]
