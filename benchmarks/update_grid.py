@@ -13,7 +13,9 @@ unpacked update too, for the record). `--trl trl,trl-ckpt` measures TRL both wit
 and with it (GRPOConfig's default, which `GRPOTrainer.train` turns on); a point is "yes" when jaxrl's update is
 >= 1.2x every TRL side's tokens/s at <= its peak RSS (a TRL side that ran out of memory counts as beaten).
 Where jaxrl's default update runs out of memory, `model.remat: full` is measured alone afterwards and named in
-the path. Results are appended to `--out` (JSON lines) as each point finishes, and points already there are
+the path; with `--remat-on-memory` also where it runs but holds more peak RSS than a TRL side (TRL's default
+recomputes each layer too), and the point is judged on `remat: full` when the default update misses and it
+does not. Results are appended to `--out` (JSON lines) as each point finishes, and points already there are
 skipped: a long grid can be resumed.
 """
 
@@ -62,20 +64,39 @@ def _against(side: dict, trl: dict) -> tuple[str, bool]:
             ratio >= 1.2 and rss <= 1.0)
 
 
-def row(report: dict) -> str:
-    """One Markdown table row of a point's report: jaxrl against TRL without and (where measured) with its
-    default activation checkpointing; tokens/s (peak RSS), jaxrl / TRL tokens/s (peak RSS)."""
-    path, side = _jaxrl_side(report)
-    mine = "failed" if "error" in side else f"{side['tokens_per_s']:.0f} ({side['peak_rss_mib']:.0f} MiB)"
+def _verdict(side: dict, report: dict) -> tuple[list[str], bool]:
+    """(the TRL sides' table cells, whether `side` is >= 1.2x at <= peak RSS against every TRL side measured)."""
     cells, oks = [], []
     for key in ("trl", "trl_ckpt"):
         if key in report:
             c, ok = _against(side, report[key])
             cells.append(c)
             oks.append(ok)
-    ok = "yes" if oks and all(oks) else "**no**"
+    return cells, bool(oks) and all(oks)
+
+
+def misses_on_memory(report: dict) -> bool:
+    """Whether jaxrl's update ran at this point but held more peak RSS than a TRL side that ran."""
+    _, side = _jaxrl_side(report)
+    return "error" not in side and any(
+        "error" not in report[k] and side["peak_rss_mib"] > report[k]["peak_rss_mib"]
+        for k in ("trl", "trl_ckpt") if k in report)
+
+
+def row(report: dict) -> str:
+    """One Markdown table row of a point's report: jaxrl against TRL without and (where measured) with its
+    default activation checkpointing; tokens/s (peak RSS), jaxrl / TRL tokens/s (peak RSS). Where the
+    default update runs but misses and `model.remat: full` (measured) does not, the row shows remat full."""
+    path, side = _jaxrl_side(report)
+    cells, ok = _verdict(side, report)
+    remat = report.get("jaxrl_remat_full")
+    if not ok and "error" not in side and "jaxrl_packed" not in report and remat is not None and "error" not in remat:
+        remat_cells, remat_ok = _verdict(remat, report)
+        if remat_ok:
+            path, side, cells, ok = path + ", remat full", remat, remat_cells, True
+    mine = "failed" if "error" in side else f"{side['tokens_per_s']:.0f} ({side['peak_rss_mib']:.0f} MiB)"
     return (f"| {report['prompt']} | {report['completion']} | {report['group']} | {path} | {mine} "
-            + "".join(cells) + f"| {ok} |")
+            + "".join(cells) + f"| {'yes' if ok else '**no**'} |")
 
 
 def main(argv=None) -> int:
@@ -90,6 +111,8 @@ def main(argv=None) -> int:
                     "(its default, as GRPOTrainer.train enables it), or both, comma-separated")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--remat-on-memory", action="store_true",
+                    help="also measure model.remat: full where jaxrl's update holds more peak RSS than a TRL side")
     ap.add_argument("--out", default=None, help="JSON lines, appended per point; points already there are skipped")
     args = ap.parse_args(argv)
     out = args.out or os.path.join(".cache", f"update_grid_{args.shape}_{args.lengths}"
@@ -109,7 +132,8 @@ def main(argv=None) -> int:
                                   "--completion", str(c), "--group", str(g), "--lengths", args.lengths,
                                   "--steps", str(args.steps), "--rounds", str(args.rounds), "--sides", sides])
         report = train_step.measure(point)
-        if "error" in report["jaxrl"] and "jaxrl_packed" not in report:  # out of memory: with remat, alone
+        out_of_memory = "error" in report["jaxrl"] and "jaxrl_packed" not in report
+        if out_of_memory or (args.remat_on_memory and "jaxrl_packed" not in report and misses_on_memory(report)):
             point.sides = "remat-full"
             report.update({k: v for k, v in train_step.measure(point).items() if k.startswith("jaxrl_")})
         with open(out, "a") as f:
