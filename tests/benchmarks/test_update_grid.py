@@ -1,0 +1,55 @@
+"""benchmarks/update_grid.py's verdict (issue 33 item 7): a point is "yes" when jaxrl's update is >= 1.2x every
+TRL side's tokens/s at <= its peak RSS; a TRL side killed for memory counts as beaten; `model.remat: full` is
+shown (and judged) where the default update failed or missed and remat passes. Pure Python on hand-made
+reports, no measurement."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+import update_grid  # noqa: E402
+
+OOM = {"error": "exit code -9"}
+
+
+def _side(tok_s: float, rss: float) -> dict:
+    return {"tokens_per_s": tok_s, "peak_rss_mib": rss}
+
+
+def _report(jaxrl, group=8, **sides) -> dict:
+    return {"prompt": 512, "completion": 512, "group": group, "jaxrl": jaxrl, **sides}
+
+
+def _cells(row: str) -> list[str]:
+    return [c.strip() for c in row.strip("|").split("|")]
+
+
+def test_yes_needs_both_speed_and_memory_against_every_trl_side():
+    fast_small = _report(_side(130, 900), trl=_side(100, 1000), trl_ckpt=_side(100, 950))
+    assert _cells(update_grid.row(fast_small))[-1] == "yes"
+    assert _cells(update_grid.row(fast_small))[3] == "shared prompt"
+    just_slow = _report(_side(119, 900), trl=_side(100, 1000))  # 1.19x
+    assert _cells(update_grid.row(just_slow))[-1] == "**no**"
+    heavier = _report(_side(130, 960), trl=_side(100, 1000), trl_ckpt=_side(100, 950))  # above trl-ckpt's RSS
+    assert _cells(update_grid.row(heavier))[-1] == "**no**"
+    assert update_grid.misses_on_memory(heavier) and not update_grid.misses_on_memory(fast_small)
+
+
+def test_a_trl_side_killed_for_memory_is_beaten_only_by_a_jaxrl_side_that_ran():
+    assert _cells(update_grid.row(_report(_side(50, 5000), group=1, trl=OOM)))[-1] == "yes"
+    assert _cells(update_grid.row(_report(OOM, group=1, trl=OOM)))[-1] == "**no**"
+
+
+def test_remat_full_is_shown_where_the_default_misses_and_it_passes():
+    report = _report(_side(191, 10519), trl=OOM, trl_ckpt=_side(123, 8403),
+                     jaxrl_remat_full=_side(174, 4751))  # SmolLM2 512 + 512 G8, 2026-11-30
+    cells = _cells(update_grid.row(report))
+    assert cells[3] == "shared prompt, remat full" and cells[4] == "174 (4751 MiB)" and cells[-1] == "yes"
+    slow_remat = dict(report, jaxrl_remat_full=_side(140, 4751))  # 1.14x: the default's row stays, "no"
+    cells = _cells(update_grid.row(slow_remat))
+    assert cells[3] == "shared prompt" and cells[4] == "191 (10519 MiB)" and cells[-1] == "**no**"
+    out_of_memory = dict(report, jaxrl=OOM)  # the default failed: remat full is the row's update
+    assert _cells(update_grid.row(out_of_memory))[3] == "shared prompt, remat full"
