@@ -129,4 +129,9 @@ def test_ssp_tiny_trains_from_config(tmp_path):
              if f.is_file() and b'"stages"' in f.read_bytes()]
     assert len(extra) == 1 and extra[0]["stages"]["ssp"]["steps"] == 2
     assert len(extra[0]["stages"]["ssp"]["problems"]) == train[-1]["ssp/pool_size"]
+    # After a 1-step warm start every proposal fails (the format rule): each failed slot takes the dummy problem
+    # (the pool is empty), and dummies are never pushed, so the pool stays empty and is checkpointed empty. (A
+    # non-empty pool's draws, clear and round trip: test_ssp_system.test_problem_pool_draws_eligible_problems_...)
+    assert all(r["ssp/dummy"] == 1.0 and r["ssp/reused"] == 0.0 and r["ssp/pool_size"] == 0.0 for r in train)
+    assert extra[0]["stages"]["ssp"]["problems"] == []
     assert sorted(r["step"] for r in rows if "eval/accuracy" in r) == [0, 2]
