@@ -44,11 +44,14 @@ def packs(batch: int, prompt: int, completion: int, group: int, lengths: str) ->
 
 def _jaxrl_side(report: dict) -> tuple[str, dict]:
     """(path, result) of the jaxrl update at a point: packed where the packer packs, else the trainer's step;
-    `model.remat: full` where that was measured and the default step failed (out of memory)."""
-    side = report["jaxrl_packed"] if "jaxrl_packed" in report else report["jaxrl"]
-    path = "packed" if "jaxrl_packed" in report else ("shared prompt" if report["group"] > 1 else "padded")
+    `model.remat: full` where that was measured and the default step failed (out of memory), or missed the
+    target (`_verdict`) on unpacked rows where remat full meets it."""
+    packed = "jaxrl_packed" in report
+    side = report["jaxrl_packed"] if packed else report["jaxrl"]
+    path = "packed" if packed else ("shared prompt" if report["group"] > 1 else "padded")
     remat = report.get("jaxrl_remat_full")
-    if "error" in side and remat is not None and "error" not in remat:
+    if remat is not None and "error" not in remat and (
+            "error" in side or (not packed and not _verdict(side, report)[1] and _verdict(remat, report)[1])):
         side, path = remat, path + ", remat full"
     return path, side
 
@@ -84,16 +87,10 @@ def misses_on_memory(report: dict) -> bool:
 
 
 def row(report: dict) -> str:
-    """One Markdown table row of a point's report: jaxrl against TRL without and (where measured) with its
-    default activation checkpointing; tokens/s (peak RSS), jaxrl / TRL tokens/s (peak RSS). Where the
-    default update runs but misses and `model.remat: full` (measured) does not, the row shows remat full."""
+    """One Markdown table row of a point's report: jaxrl (`_jaxrl_side`) against TRL without and (where
+    measured) with its default activation checkpointing; tokens/s (peak RSS), jaxrl / TRL tokens/s (peak RSS)."""
     path, side = _jaxrl_side(report)
     cells, ok = _verdict(side, report)
-    remat = report.get("jaxrl_remat_full")
-    if not ok and "error" not in side and "jaxrl_packed" not in report and remat is not None and "error" not in remat:
-        remat_cells, remat_ok = _verdict(remat, report)
-        if remat_ok:
-            path, side, cells, ok = path + ", remat full", remat, remat_cells, True
     mine = "failed" if "error" in side else f"{side['tokens_per_s']:.0f} ({side['peak_rss_mib']:.0f} MiB)"
     return (f"| {report['prompt']} | {report['completion']} | {report['group']} | {path} | {mine} "
             + "".join(cells) + f"| {'yes' if ok else '**no**'} |")

@@ -128,7 +128,6 @@ def test_ssp_tiny_trains_from_config(tmp_path):
     extra = [json.loads(f.read_text()) for f in (tmp_path / "ssp" / "checkpoints" / "2" / "extra").rglob("*")
              if f.is_file() and b'"stages"' in f.read_bytes()]
     assert len(extra) == 1 and extra[0]["stages"]["ssp"]["steps"] == 2
-    assert len(extra[0]["stages"]["ssp"]["problems"]) == train[-1]["ssp/pool_size"]
     # After a 1-step warm start every proposal fails (the format rule): each failed slot takes the dummy problem
     # (the pool is empty), and dummies are never pushed, so the pool stays empty and is checkpointed empty. (A
     # non-empty pool's draws, clear and round trip: test_ssp_system.test_problem_pool_draws_eligible_problems_...)
