@@ -275,8 +275,17 @@ class PeerWatch:
                 return
 
     def finish(self, state: str) -> None:
-        """Stop watching and leave `state` ("done" or "failed:MSG") for the peers (best effort)."""
+        """Stop watching and leave `state` ("done" or "failed:MSG") for the peers (best effort).
+
+        The thread is joined first (up to `JOIN_S`), for two reasons: a beat it was writing must not land
+        after `state` (a peer would then wait for beats that never come and call this process lost), and it
+        must not be inside a call into the coordinator's C++ client when the interpreter exits (CPython ends
+        a daemon thread that wakes during finalisation with a forced unwind, which through C++ frames
+        aborts the process: "terminate called ... FATAL: exception not rethrown").
+        """
         self._stop.set()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(JOIN_S)
         try:
             self._set(f"{_PEER_DIR}{self.me}", state)
         except Exception:  # the store is gone: the peers will find out by themselves
@@ -284,6 +293,8 @@ class PeerWatch:
 
 
 _watch: PeerWatch | None = None
+# How long `PeerWatch.finish` waits for the thread's call in flight (one key-value round trip, normally ms).
+JOIN_S = 10.0
 
 
 def _exit_peer_lost(line: str) -> None:

@@ -25,6 +25,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -32,7 +33,7 @@ import numpy as np
 import pytest
 from tests._xla import xla_flags
 
-from jaxrl.runtime.distributed import EXIT_PEER_LOST, HEARTBEAT_ENV, peer_verdict
+from jaxrl.runtime.distributed import EXIT_PEER_LOST, HEARTBEAT_ENV, PeerWatch, peer_verdict
 
 # tests/suite.py runs these alone: 2-process jax.distributed groups keep both cores busy, and a lost peer
 # must be noticed within a heartbeat.
@@ -218,6 +219,31 @@ def test_peer_verdict_names_the_lost_process():
     assert peer_verdict({1: "done", 2: "beat:2"}, seen, 60.0, 0, timeout_s=5) is None  # done is not lost
     line = peer_verdict({1: "failed:ValueError on process 1: boom", 2: "beat:3"}, seen, 61.0, 0, timeout_s=5)
     assert line == "jaxrl: process 1 failed (ValueError on process 1: boom); stopping process 0 too"
+
+
+def test_peer_watch_finish_waits_for_the_beat_in_flight():
+    """A beat still being written when the process finishes must not overwrite its "done" (the peers would
+    then wait for beats that never come), nor outlive `finish` (a thread inside the coordinator's C++ client
+    at interpreter exit aborts the process): `finish` joins the thread before it writes its state."""
+    store, in_beat, release = {}, threading.Event(), threading.Event()
+
+    def kv_set(key, value):
+        if value == "beat:2":  # the watch's second beat stalls, as a slow round trip to the coordinator
+            in_beat.set()
+            assert release.wait(10)
+        store[key] = value
+
+    watch = PeerWatch(0, 2, timeout_s=0.25, coordinator="test", kv_set=kv_set,
+                      kv_dir=lambda prefix: [(k, v) for k, v in store.items() if k.startswith(prefix)]).start()
+    assert in_beat.wait(10)
+    finisher = threading.Thread(target=watch.finish, args=("done",))
+    finisher.start()
+    time.sleep(0.2)
+    assert finisher.is_alive()  # waiting for the beat in flight
+    release.set()
+    finisher.join(10)
+    assert not finisher.is_alive() and not watch._thread.is_alive()
+    assert list(store.values()) == ["done"]
 
 
 @pytest.mark.slow
