@@ -7,7 +7,7 @@ spec/multi-agent.md §2 on the fictional-entity world (`jaxrl.data.entities`, BM
     Proposer  n_p search episodes ending in <question>q</question>               (multi-turn, `ProposerEnv`)
     validity  first <question> tag; 10 to 1000 characters and >= min_words words; a* not in q; non-empty
               results; >= min_searches distinct search terms (JSON lists expanded); (`grounded`, not the
-              reference's: q names a title of its results); RAG check: a
+              reference's: q names a title of its results) (`jaxrl.multi_agent.ssp_text`); RAG check: a
               verifier answers q from this episode's results mixed with up to 4 other episodes'
               results, and must match a* (spec §2.5; `rag_verifier`, `jaxrl.multi_agent.ssp_verify`:
               the policy greedily, on its own prompt or laid out as the Solver reading a search result,
@@ -28,280 +28,28 @@ Greedy evaluation (`train=False`) runs the Solver on the dataset's own questions
 from __future__ import annotations
 
 import dataclasses
-import functools
-import json
-import re
-import zlib
 from typing import Any, Mapping, Sequence
 
 import jax
 import numpy as np
 
-from jaxrl.data.entities import build_world, check_world_records
-from jaxrl.envs.base import StepResult, encode_text, prompt_ids
+from jaxrl.data.entities import check_world_records
+from jaxrl.envs.base import encode_text, prompt_ids
 from jaxrl.envs.episodes import EpisodeBudget, Episodes, collect_episodes
-from jaxrl.envs.search import SearchEnv, ToolEnv, exact_match
-from jaxrl.envs.tools import format_results
+from jaxrl.envs.search import SearchEnv, exact_match
 from jaxrl.losses.research.ssp import answer_tag_counts, proposer_reward, solver_reward
 from jaxrl.multi_agent.adapters import role_params
 from jaxrl.multi_agent.roles import joint_rollout, role_metrics, role_rows
+from jaxrl.multi_agent.ssp_envs import ROLES, ProposerEnv, SspDemoEnv, cached_world
 from jaxrl.multi_agent.ssp_pool import ProblemPool
+from jaxrl.multi_agent.ssp_text import (ANSWER_TAG, RULES, SHORT_SOLVER_INSTRUCTIONS, Problem, extract_problem,
+                                         noisy_materials, verifier_text)
 from jaxrl.multi_agent.ssp_verify import make_verifier
 from jaxrl.sampling import DEFAULT_GEN_BUCKETS, DEFAULT_PROMPT_BUCKETS, SamplingSpec, generate_from_state
 from jaxrl.types import Rollout
 
-ROLES = ("proposer", "solver")
 ROLE_IDS = {name: i for i, name in enumerate(ROLES)}
 DUMMY = "This is a dummy problem; reply with an empty answer."
-_QUESTION = re.compile(r"<question>(.*?)</question>", re.DOTALL)
-_RESULT = re.compile(r"<result>\n?(.*?)\n?</result>", re.DOTALL)
-_SEARCH = re.compile(r"<search>(.*?)</search>", re.DOTALL)
-_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-# The reference's clean-up of an extracted question (`problem_extraction.py`, `extract_problems`): stray
-# answer tags anywhere (also "<\\answer>"), then a dangling "</" or "</answer" at the end.
-_STRAY_TAGS = (re.compile(r"<\\?/?answer\s*>"), re.compile(r"</\s*$"), re.compile(r"</answer\s*$"))
-MAX_QUESTION_CHARS = 1000  # the reference's upper bound on a question's length (characters, stripped)
-RULES = ("reference", "v1")
-
-
-@functools.lru_cache(maxsize=4)
-def cached_world(seed: int, size: str):
-    """`build_world` once per (seed, size): environments are built per episode (0.16 s for "rooms")."""
-    return build_world(seed, size)
-
-
-@functools.lru_cache(maxsize=4)
-def _docs_by_name(seed: int, size: str) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
-    for c in cached_world(seed, size).contents:
-        out.setdefault(c.partition("\n")[0], []).append(c)
-    return out
-
-
-SHORT_SOLVER_INSTRUCTIONS = "Search, then answer."
-
-
-def proposer_text(answer: str, hops: int, short: bool = False) -> str:
-    """The Proposer's user text (spec §2.2, paraphrased and shortened): the answer and the search count
-    (`short`: without the tags' syntax, which the demonstrations teach)."""
-    if short:
-        return f"Write a question whose answer is {answer} ({hops} search)."
-    return (f"Write a question whose answer is {answer}, needing {hops} search(es). Search with "
-            f"<search>name</search>, then write <question>...</question>.")
-
-
-def verifier_text(materials: str, question: str) -> str:
-    """The RAG check's prompt: materials and question only (no search, single turn)."""
-    return f"Materials:\n{materials}\nAnswer from the materials: <answer>...</answer>\nQuestion: {question}"
-
-
-@dataclasses.dataclass(frozen=True)
-class Problem:
-    """A proposed question after extraction: `valid` is False with the first failed rule in `reason`."""
-
-    question: str | None
-    materials: str
-    searches: tuple[str, ...]
-    valid: bool
-    reason: str
-
-
-def leaks(answer: str, question: str, mode: str = "substring") -> bool:
-    """Rule 4: a* (lower-cased) in the question, as a substring (reference) or as a whole word ("word": for
-    one-character answers such as the rooms world's codes, which any question contains as a letter)."""
-    a, q = answer.lower(), question.lower()
-    if mode == "word":
-        return re.search(rf"(?<!\w){re.escape(a)}(?!\w)", q) is not None
-    return a in q
-
-
-def names_a_title(question: str, materials: str) -> bool:
-    """The question names (as whole words) the title of a document in its materials."""
-    titles = re.findall(r"\(Title: ([^)\n]+)\)", materials)
-    return any(re.search(rf"(?<!\w){re.escape(t.strip())}(?!\w)", question) for t in titles if t.strip())
-
-
-def search_terms(transcript: str, expand_lists: bool = True) -> tuple[str, ...] | None:
-    """The search terms of a transcript, stripped. `expand_lists` (the reference's rule): a search whose text
-    is a JSON list counts each non-empty item as a term (`<search>["a", "b"]</search>` is two searches);
-    None when such a list holds a non-string (the reference's extraction fails on it: no problem)."""
-    terms: list[str] = []
-    for raw in _SEARCH.findall(transcript):
-        text = raw.strip()
-        try:
-            items = json.loads(text) if expand_lists else None
-        except ValueError:
-            items = None
-        if not isinstance(items, list):
-            terms.append(text)
-        elif not all(isinstance(t, str) for t in items):
-            return None
-        else:
-            terms += [t.strip() for t in items if t.strip()]
-    return tuple(terms)
-
-
-def clean_question(text: str) -> str:
-    """The reference's clean-up of a question (`_STRAY_TAGS`) after stripping; not stripped again (the
-    reference counts the words of the cleaned text as it is)."""
-    q = text.strip()
-    for pattern in _STRAY_TAGS:
-        q = pattern.sub("", q)
-    return q
-
-
-def extract_problem(transcript: str, answer: str, *, min_searches: int, min_words: int,
-                    leak: str = "substring", grounded: bool = False, rules: str = "reference") -> Problem:
-    """Rules of spec §2.5 (1-6, 8) in order; the RAG check (7) is the caller's (it needs the policy).
-    `grounded` adds a rule after 6 (not the reference's): the question names a document title of its
-    materials (`names_a_title`).
-
-    rules="reference" (Alibaba-Quark/SSP `ProblemExtractor._is_valid_search_question`): stray answer tags
-    are cleaned from the question, which must have 10 to `MAX_QUESTION_CHARS` characters and `min_words`
-    words counted by `split(" ")` (so "a  b" is three); JSON search lists are expanded (`search_terms`).
-    rules="v1" (jaxrl before issue 28, kept for configs/ssp_tiny.yaml, whose results were measured with
-    it): no clean-up, no upper length bound, words split on any whitespace, each search text one term."""
-    if rules not in RULES:
-        raise ValueError(f"rules={rules!r}: allowed values are {', '.join(map(repr, RULES))}")
-    ref = rules == "reference"
-    found = _QUESTION.search(transcript)
-    materials = "\n\n".join(m.strip() for m in _RESULT.findall(transcript) if m.strip())
-    terms = search_terms(transcript, expand_lists=ref)
-    searches = () if terms is None else terms
-    if found is None or terms is None:
-        q = None if found is None else found.group(1).strip()
-        return Problem(q, materials, searches, False, "format")
-    q = clean_question(found.group(1)) if ref else found.group(1).strip()
-    words = len(q.split(" ")) if ref else len(q.split())
-    q = q.strip()
-    if len(q) < 10 or (ref and len(q) > MAX_QUESTION_CHARS) or words < min_words:
-        return Problem(q, materials, searches, False, "length")
-    if leaks(answer, q, leak):
-        return Problem(q, materials, searches, False, "leak")
-    if not materials:
-        return Problem(q, materials, searches, False, "materials")
-    if len(searches) < min_searches or len(set(searches)) != len(searches):
-        return Problem(q, materials, searches, False, "searches")
-    if grounded and not names_a_title(q, materials):
-        return Problem(q, materials, searches, False, "grounded")
-    return Problem(q, materials, searches, True, "ok")
-
-
-def noisy_materials(own: str, others: Sequence[str], key: int, max_others: int = 4) -> str:
-    """This episode's materials with up to `max_others` distinct other ones, order a function of `key`."""
-    pool = sorted({m for m in others if m and m != own})
-    rng = np.random.default_rng(key)
-    picked = [pool[i] for i in rng.permutation(len(pool))[:max_others]] if pool else []
-    parts = picked + [own]
-    return "\n\n".join(parts[i] for i in rng.permutation(len(parts)))
-
-
-class ProposerEnv(ToolEnv):
-    """Search the world, then `<question>…</question>` ends the episode (reward 0: scored after solving)."""
-
-    def __init__(self, tokenizer, *, corpus_seed: int = 0, corpus_size: str = "tiny", top_k: int = 1,
-                 query_with_question: bool = False, short_prompt: bool = False):
-        world = cached_world(int(corpus_seed), str(corpus_size))
-        self.short_prompt = bool(short_prompt)
-        super().__init__(tokenizer, tools=("search",), tool_kwargs={"search": {"contents": world.contents,
-                                                                                "top_k": top_k}})
-        self.stop_strings = ("</search>", "</question>")
-        self.query_with_question, self.question = bool(query_with_question), ""
-
-    def reset(self, record: Mapping[str, Any]) -> list[int]:
-        self.question = str(record.get("question", ""))
-        text = proposer_text(str(record["answers"][0]), int(record.get("hops", 1)), self.short_prompt)
-        return prompt_ids(self.tokenizer, [{"role": "user", "content": text}])
-
-    def step(self, action) -> StepResult:
-        if "<question>" in action.text:
-            return StepResult([], 0.0, True, {})
-        if self.query_with_question:  # as SearchEnv's option, with the record's own (unseen) question
-            q = self.question
-            text = re.sub(r"<search>(.*?)</search>", lambda m: f"<search>{q} {q} {m.group(1)}</search>",
-                          action.text, flags=re.DOTALL)
-            action = dataclasses.replace(action, text=text)
-        res = super().step(action)
-        return StepResult(res.observation, 0.0, res.done, res.info)
-
-    def demonstration(self, record: Mapping[str, Any]) -> list[str]:
-        return proposer_demonstration(record)
-
-
-def proposer_demonstration(record: Mapping[str, Any], query: str = "chain") -> list[str]:
-    """Search the chain (`query` "answer": a* instead of its first name), then ask the world's own
-    question about a* (valid: a* is not in it)."""
-    names = list(record["chain"])
-    if query == "answer":
-        names[0] = str(record["answers"][0])
-    return [f"<search>{n}</search>" for n in names] + [f"<question>{record['question']}</question>"]
-
-
-
-
-class VerifierDemoEnv:
-    """The RAG check's prompt for a record (its own documents plus the system's `rag_others` other ones, as
-    `noisy_materials` mixes them, in the system's `rag_layout`), answered in one turn; `demonstration` is the
-    record's answer."""
-
-    def __init__(self, tokenizer, system: "SspSystem"):
-        self.tokenizer, self.system, self.others = tokenizer, system, system.rag_others
-        seed, size = system.world["corpus_seed"], system.world["corpus_size"]
-        self.world, self.by_name = cached_world(seed, size), _docs_by_name(seed, size)
-        self.top_k, self.stop_strings = system.world["top_k"], ("</answer>",)
-
-    def materials(self, record: Mapping[str, Any]) -> tuple[str, list[str]]:
-        """(the record's chain documents, `others` other documents chosen by crc32 of the question)."""
-        docs = self.world.contents
-        own = "\n\n".join(format_results(self.by_name.get(n, [])[: self.top_k]) for n in record["chain"])
-        rng = np.random.default_rng(zlib.crc32(("verify:" + str(record["question"])).encode()))
-        picked = [format_results([docs[int(i)]]) for i in rng.choice(len(docs), self.others + 1, replace=False)]
-        return own, [m for m in picked if m != own][: self.others]
-
-    def reset(self, record):
-        own, others = self.materials(record)
-        key = zlib.crc32(str(record["question"]).encode())
-        materials = noisy_materials(own, others, key, self.others)
-        return self.system.verifier_ids(materials, str(record["question"]))
-
-    def step(self, action):
-        return StepResult([], 0.0, True, {})
-
-    def demonstration(self, record) -> list[str]:
-        return [f"<answer>{record['answers'][0]}</answer>"]
-
-
-class SspDemoEnv:
-    """SFT warm start: each record demonstrates one role (crc32 of its question), searches served live:
-    the Proposer or the Solver, or also the RAG check's verifier with `verifier_demos`."""
-
-    def __init__(self, tokenizer, system: "SspSystem"):
-        self.tokenizer, self.system, self.inner = tokenizer, system, None
-        self.stop_strings = ("</search>", "</question>", "</answer>")
-        self.roles = ROLES + ("verifier",) if system.verifier_demos else ROLES
-
-    def _role(self, record) -> str:
-        return self.roles[zlib.crc32(str(record["question"]).encode()) % len(self.roles)]
-
-    def _env(self, record):
-        role = self._role(record)
-        if role == "verifier":
-            return VerifierDemoEnv(self.tokenizer, self.system)
-        return (self.system.proposer_env if role == "proposer" else self.system.solver_env)(self.tokenizer)
-
-    def reset(self, record):
-        self.inner = self._env(record)
-        return self.inner.reset(record)
-
-    def step(self, action):
-        return self.inner.step(action)
-
-    def demonstration(self, record) -> list[str]:
-        """The Proposer's `proposer_demonstration`, the Solver's `SearchEnv.demonstration` (searching for a
-        `solver_demo_search` share of questions, else a guess), the verifier's answer."""
-        if self._role(record) == "proposer":
-            return proposer_demonstration(record, self.system.proposer_query)
-        return self._env(record).demonstration(record)
 
 
 class SspSystem:
@@ -472,7 +220,7 @@ class SspSystem:
             gen = generate_from_state(graphdef, role_params(params, "verifier"), ids, greedy,
                                       eos_ids=(int(tok.eos_token_id),), seed=key, pad_id=int(tok.pad_token_id))
             rows = role_rows("verifier", ids, gen, 1, tok, spec.prompt_buckets)
-            said = [(_ANSWER.findall(text) or [None])[-1] for text in rows.completions]
+            said = [(ANSWER_TAG.findall(text) or [None])[-1] for text in rows.completions]
         for i, a in zip(idx, said):
             ok[i] = a is not None and exact_match(a, [answers[i]])
         return ok, float(np.mean([a is None for a in said]))

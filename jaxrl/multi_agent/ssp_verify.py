@@ -1,7 +1,7 @@
 """SSP's RAG check (spec/multi-agent.md §2.5, rule 7): who answers a proposed question from its noisy materials.
 
 A proposal that passed the text rules is valid only if a verifier, shown the question and the proposal's own
-search results mixed with other proposals' results (`ssp.noisy_materials`), answers a*. Three verifiers,
+search results mixed with other proposals' results (`ssp_text.noisy_materials`), answers a*. Three verifiers,
 chosen by `SspSystem(rag_verifier=...)`:
 
 * `"policy"` (the paper, arXiv:2510.18821 §3: the Solver answers from the materials without searching): the

@@ -17,8 +17,9 @@ import pytest
 from jaxrl.data.tasks import entities
 from jaxrl.envs.episodes import EpisodeBudget, scripted_episodes
 from jaxrl.multi_agent.roles import row_roles
-from jaxrl.multi_agent.ssp import (DUMMY, ROLE_IDS, SspSystem, extract_problem, noisy_materials,
-                                   proposer_demonstration)
+from jaxrl.multi_agent.ssp import DUMMY, ROLE_IDS, SspSystem
+from jaxrl.multi_agent.ssp_envs import proposer_demonstration
+from jaxrl.multi_agent.ssp_text import extract_problem, noisy_materials
 from jaxrl.sampling import SamplingSpec
 from jaxrl.io.tokenizer import load_tokenizer
 
@@ -243,7 +244,7 @@ def test_rooms_options_leak_word_queries_and_verifier_demos(tok):
     reach the record's document through a garbled name (query_with_question); the warm start demonstrates the
     three roles, the Solver guessing for a share of questions and the verifier reading a* from two documents."""
     from jaxrl.data.entities import build_world
-    from jaxrl.multi_agent.ssp import leaks
+    from jaxrl.multi_agent.ssp_text import leaks
 
     assert leaks("e", "What is the room of Nidem?") and not leaks("e", "What is the room of Nidem?", "word")
     assert leaks("e", "Is it room E?", "word") and leaks("3", "room 3 of Nidem", "word")

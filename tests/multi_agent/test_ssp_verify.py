@@ -21,7 +21,8 @@ from jaxrl.io import model_io
 from jaxrl.io.tokenizer import builtin_tokenizer
 from jaxrl.models import Transformer, TransformerConfig
 from jaxrl.multi_agent import make_system
-from jaxrl.multi_agent.ssp import DUMMY, ROLE_IDS, SspSystem, proposer_demonstration
+from jaxrl.multi_agent.ssp import DUMMY, ROLE_IDS, SspSystem
+from jaxrl.multi_agent.ssp_envs import proposer_demonstration
 from jaxrl.multi_agent.ssp_verify import JudgeVerifier, RuleVerifier, judge_text, reply_answer
 from jaxrl.rewards.judges.local_judge import generate_texts
 from jaxrl.sampling import SamplingSpec
