@@ -11,7 +11,7 @@ import pytest
 import torch
 from flax import nnx
 
-from jaxrl.io import hf, lora_io
+from jaxrl.io import hf, lora_io, peft_io
 from jaxrl.errors import CheckpointError
 from jaxrl.models import Transformer
 from jaxrl.models import lora
@@ -96,14 +96,14 @@ def test_peft_export_loads_in_peft_and_imports_back(tiny, tmp_path):
     import transformers
 
     path, _, params, cfg, adapters = tiny
-    lora_io.export_peft(adapters, LCFG, tmp_path / "peft", base_model=str(path))
+    peft_io.export_peft(adapters, LCFG, tmp_path / "peft", base_model=str(path))
     base = transformers.AutoModelForCausalLM.from_pretrained(path).eval()
     peft_model = peft.PeftModel.from_pretrained(base, tmp_path / "peft").eval()
     with torch.no_grad():
         ref = peft_model(torch.tensor(TOKENS)).logits.numpy()
     ours = _ours(cfg, lora.merge(params, adapters, LCFG))
     np.testing.assert_allclose(ours, ref, atol=1e-4, rtol=0)
-    back, cfg_back, notes = lora_io.import_peft(tmp_path / "peft", params)
+    back, cfg_back, notes = peft_io.import_peft(tmp_path / "peft", params)
     assert cfg_back == LCFG and notes == []
     for got, want in zip(jax.tree.leaves(back), jax.tree.leaves(adapters)):
         np.testing.assert_array_equal(got, np.asarray(want))  # transposes and reshapes only
@@ -127,7 +127,7 @@ def test_peft_import_of_peft_made_adapter(tiny, tmp_path):
     model.eval()
     with torch.no_grad():
         ref = model(torch.tensor(TOKENS)).logits.numpy()
-    adapters, lcfg, notes = lora_io.import_peft(tmp_path / "theirs", params)
+    adapters, lcfg, notes = peft_io.import_peft(tmp_path / "theirs", params)
     assert lcfg == lora.LoraConfig(rank=2, alpha=6.0, targets=("k_proj", "up_proj"))
     assert len(notes) == 1 and "lora_dropout=0.1" in notes[0]
     np.testing.assert_allclose(_ours(cfg, lora.merge(params, adapters, lcfg)), ref, atol=1e-4, rtol=0)
@@ -137,10 +137,10 @@ def test_peft_import_of_peft_made_adapter(tiny, tmp_path):
                                         ("modules_to_save", ["lm_head"])])
 def test_peft_import_refuses_options_we_do_not_implement(tiny, tmp_path, key, value):
     _, _, params, _, adapters = tiny
-    lora_io.export_peft(adapters, LCFG, tmp_path / "p", base_model="x")
+    peft_io.export_peft(adapters, LCFG, tmp_path / "p", base_model="x")
     file = tmp_path / "p" / "adapter_config.json"
     config = json.loads(file.read_text())
     config[key] = value
     file.write_text(json.dumps(config))
     with pytest.raises(CheckpointError, match=f"{key}=.* is not supported"):
-        lora_io.import_peft(tmp_path / "p", params)
+        peft_io.import_peft(tmp_path / "p", params)

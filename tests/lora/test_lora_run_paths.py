@@ -12,7 +12,7 @@ import pytest
 from flax import nnx
 
 from jaxrl.io import build
-from jaxrl.io import hf, lora_io
+from jaxrl.io import hf, lora_io, peft_io
 from jaxrl.cli import main
 from jaxrl.config import dump_config, load_config
 from jaxrl.models import Transformer, lora
@@ -54,7 +54,7 @@ def test_export_a_lora_run_with_a_preset_base(run, tmp_path, capsys):
     # the README's form, RUN/adapters --peft: was ". is not a jaxrl checkpoint" (the empty base path)
     assert main(["export-hf", "--checkpoint", str(run_dir / "adapters"), "--peft", "--out",
                  str(tmp_path / "p")]) == 0, capsys.readouterr().err
-    assert (tmp_path / "p" / lora_io.PEFT_WEIGHTS).is_file()
+    assert (tmp_path / "p" / peft_io.PEFT_WEIGHTS).is_file()
 
 
 def test_sample_and_eval_merge_a_lora_run_on_the_fly(run, capsys):
