@@ -74,8 +74,7 @@ def run(args: argparse.Namespace) -> int:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     import jax
 
-    from jaxrl.io import checkpoint
-    from jaxrl.runtime import run_checks, run_dir as run_dirs, run_lock
+    from jaxrl.runtime import preemption, run_checks, run_dir as run_dirs, run_lock
 
     name = Path(args.config).stem if args.config else "quickstart"
     local = Path("runs") / name
@@ -107,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     if summary:  # steps, wall time by phase, held-out accuracy, checkpoint, export command
         print("\n".join(run_summary.lines(summary)))
     # The loop reports the signal that stopped it; `last_stop_signal` covers a loop that predates that key.
-    signum = last["stopped_by_signal"] if "stopped_by_signal" in last else checkpoint.last_stop_signal()
+    signum = last["stopped_by_signal"] if "stopped_by_signal" in last else preemption.last_stop_signal()
     if signum is not None:
         print(f"jaxrl train: stopped by {signal.Signals(signum).name} after step {last.get('step')}; "
               f"checkpoint saved in {where}; run the same command to resume (exit {exit_code(signum)})",

@@ -11,24 +11,19 @@ Layout (read by `jaxrl.io.model_io.load_model_checkpoint` and `jaxrl export-hf`)
 Atomicity is orbax's: a step is written under a temporary name and renamed when complete, so a process killed
 mid-save (SIGKILL) leaves no `<step>` directory. A step that exists but cannot be restored (truncated files)
 is moved aside to `corrupt-<step>-<time>` with a warning once an older step restores, and that step is used.
-`PreemptionGuard` turns SIGTERM and SIGINT into a flag that the training loop checks between steps (agreed
-across hosts) to save once more and stop; it remembers which signal it was. A step that fails to restore is
-reported in one warning line (orbax's leftover asyncio tracebacks are silenced: `quiet_restore_noise`).
+(`jaxrl.runtime.preemption.PreemptionGuard` turns SIGTERM and SIGINT into a flag that the training loop checks
+between steps to save once more and stop.) A step that fails to restore, and a full disk, are reported in one
+line each (orbax's leftover tracebacks are silenced: `jaxrl.io.orbax_noise`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import logging
 import os
-import signal
-import sys
 import tempfile
-import threading
 import time
-import warnings
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -38,6 +33,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from jaxrl.errors import CheckpointError
+from jaxrl.io.orbax_noise import disk_full, drain_background_writers, quiet_disk_full_noise, quiet_restore_noise
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +154,7 @@ class Checkpointer:
         except Exception as e:  # noqa: BLE001 -- re-raised unless it is a full disk
             if not disk_full(e):
                 raise
-            _drain_background_writers()
+            drain_background_writers()
             kept = [n for n in self.manager.all_steps() if n != step]
             intact = f"step {max(kept)} is the newest intact checkpoint" if kept else "no earlier checkpoint"
             raise CheckpointError(
@@ -262,171 +258,3 @@ class Checkpointer:
         with self._disk_full_is_one_line(self._pending):
             self.manager.wait_until_finished()
         self.manager.close()
-
-
-_NO_SPACE = ("No space left on device", "Disk quota exceeded")
-_DRAIN_S = 60.0
-
-
-def _drain_background_writers(timeout_s: float = _DRAIN_S) -> None:
-    """Waits (at most `timeout_s` in all) for orbax's save threads that are still running after one of them failed.
-
-    Orbax stops waiting at the first failed commit; the others (e.g. `write_metadata_after_commits`) keep going.
-    Left running, they meet interpreter shutdown after jaxrl has exited with its one line, and print a traceback
-    ("cannot schedule new futures after interpreter shutdown"): Python stops thread pools before it joins
-    non-daemon threads.
-    """
-    deadline = time.monotonic() + timeout_s
-    for thread in threading.enumerate():
-        if thread is threading.current_thread() or not type(thread).__module__.startswith("orbax."):
-            continue
-        thread.join(max(0.0, deadline - time.monotonic()))
-
-
-def disk_full(exc: BaseException) -> bool:
-    """Whether `exc` (or an exception it was raised from) is a full disk or quota: an OSError with ENOSPC /
-    EDQUOT, or tensorstore's RESOURCE_EXHAUSTED error that orbax re-raises as a ValueError naming it."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        if any(text in str(exc) for text in _NO_SPACE):
-            return True
-        exc = exc.__cause__ or exc.__context__
-    return False
-
-
-class _DropDiskFullNoise(logging.Filter):
-    """Orbax's background save threads log each array that failed to write (with its traceback and tensorstore
-    spec, hundreds of lines); a full disk is reported once, by `Checkpointer`."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        full = any(text in message for text in _NO_SPACE)
-        return not (full or (record.exc_info is not None and disk_full(record.exc_info[1])))
-
-
-_disk_full_filters_installed = False
-
-
-def quiet_disk_full_noise() -> None:
-    global _disk_full_filters_installed
-    if not _disk_full_filters_installed:
-        _disk_full_filters_installed = True
-        for name in ("absl", "asyncio"):
-            logging.getLogger(name).addFilter(_DropDiskFullNoise())
-
-
-# asyncio's messages for an unretrieved exception of a plain future and of a task (orbax's per-array
-# `async_deserialize` tasks): which one appears depends on what garbage collection reaches first
-_RESTORE_NOISE = ("Future exception was never retrieved", "Task exception was never retrieved")
-_noise_filters_installed = False
-
-
-def _closed_loop_error(exc: BaseException | None) -> bool:
-    return isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed"
-
-
-class _DropRestoreNoise(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith(_RESTORE_NOISE)
-
-
-def quiet_restore_noise() -> None:
-    """Before the first orbax restore of a process, silences what a failed restore leaves behind (our one
-    warning line says what happened).
-
-    A failed restore leaves one asyncio future or task per array whose exception nobody retrieves; asyncio
-    logs each ("Future exception was never retrieved" / "Task exception was never retrieved" + the whole
-    tensorstore spec, 16-45 KB for a small model) when it is collected, tensorstore callbacks into the closed
-    event loop print "Event loop is closed" tracebacks, and coroutines it made but never awaited warn at exit
-    ("coroutine 'Store._get_array_metadatas' was never awaited"). Any of them can come from orbax's threads
-    while the restore is still failing or long after it, so the filters are installed once, before the first
-    attempt, and stay; only those messages are dropped.
-    """
-    global _noise_filters_installed
-    if _noise_filters_installed:
-        return
-    _noise_filters_installed = True
-    logging.getLogger("asyncio").addFilter(_DropRestoreNoise())
-    warnings.filterwarnings("ignore", message=r"coroutine '[\w.<>]+' was never awaited",
-                            category=RuntimeWarning)
-    previous_hook, previous_thread_hook = sys.excepthook, threading.excepthook
-    previous_unraisable = sys.unraisablehook
-
-    def excepthook(exc_type, exc, tb):
-        if not _closed_loop_error(exc):
-            previous_hook(exc_type, exc, tb)
-
-    def thread_hook(args):
-        if not _closed_loop_error(args.exc_value):
-            previous_thread_hook(args)
-
-    def unraisable_hook(args):
-        if not _closed_loop_error(args.exc_value):
-            previous_unraisable(args)
-
-    sys.excepthook, threading.excepthook, sys.unraisablehook = excepthook, thread_hook, unraisable_hook
-
-
-_last_signal: int | None = None
-
-
-def last_stop_signal() -> int | None:
-    """The signal number that last asked a `PreemptionGuard` of this process to stop, or None."""
-    return _last_signal
-
-
-class PreemptionGuard:
-    """Context manager: SIGTERM and SIGINT set a flag instead of killing the process (`should_stop()`).
-
-    The loop calls `should_stop()` between steps; with several processes the flag is OR-ed across hosts so
-    every host stops after the same step and joins the final (collective) checkpoint save. `signal` is the
-    number of the signal that asked for the stop (None when none did, also after `request()`); `jaxrl train`
-    turns it into its exit code (`jaxrl.errors.EXIT_PREEMPTED` for SIGTERM, `EXIT_INTERRUPTED` for SIGINT).
-    A second SIGINT while the final checkpoint is written is ignored (the stop is already under way).
-    """
-
-    def __init__(self, signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)):
-        self.signals = signals
-        self.signal: int | None = None
-        self._requested = threading.Event()
-        self._previous: dict[int, Any] = {}
-
-    def _handler(self, signum, frame):
-        global _last_signal
-        del frame
-        if self.signal is None:
-            log.warning("received %s: saving a checkpoint after the current step, then stopping",
-                        signal.Signals(signum).name)
-        self.signal = self.signal or signum
-        _last_signal = self.signal
-        self._requested.set()
-
-    def __enter__(self) -> "PreemptionGuard":
-        global _last_signal
-        _last_signal = None
-        if threading.current_thread() is threading.main_thread():
-            for s in self.signals:
-                self._previous[s] = signal.signal(s, self._handler)
-        else:
-            log.warning("PreemptionGuard outside the main thread: SIGTERM and SIGINT keep their defaults")
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for s, handler in self._previous.items():
-            signal.signal(s, handler)
-        self._previous.clear()
-
-    def request(self) -> None:
-        """Asks for a stop as if SIGTERM had arrived (also used by the non-finite-loss guard)."""
-        self._requested.set()
-
-    def should_stop(self) -> bool:
-        local = self._requested.is_set()
-        if jax.process_count() == 1:
-            return local
-        from jax.experimental import multihost_utils
-
-        return bool(np.any(multihost_utils.process_allgather(np.asarray([local]))))

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 from jaxrl import rewards as rewards_lib
 from jaxrl.io import checkpoint as ckpt_lib
 from jaxrl.runtime import distributed, run_summary, step_time
+from jaxrl.runtime.preemption import PreemptionGuard
 from jaxrl.config import ExperimentConfig, config_dict
 from jaxrl.data.pipeline import Encoder, PromptLimit, make_splits, train_iterator
 from jaxrl.rl.evaluate import evaluate
@@ -186,7 +187,7 @@ def _train(cfg: ExperimentConfig, run_dir: str | Path, checkpoint_dir: str | Non
     stage_sums: collections.Counter = collections.Counter()
     with MetricsWriter.from_config(run_dir, cfg.logging, resume_step=start, total_steps=cfg.train.steps,
                                    config=config_dict(cfg)) as writer, \
-            ckpt_lib.PreemptionGuard() as guard:
+            PreemptionGuard() as guard:
         if restored is None and cfg.train.eval_every:
             writer.write(0, evaluate_now(state.params, 0)[0])
         if restored is None and w.steps > 0:  # the warm-started state, kept (`Checkpointer`), after its eval row

@@ -60,10 +60,10 @@ def test_noise_filters_drop_only_the_leftover_messages(caplog, capsys, monkeypat
     import logging
     import warnings
 
-    import jaxrl.io.checkpoint
-    from jaxrl.io.checkpoint import quiet_restore_noise
+    import jaxrl.io.orbax_noise
+    from jaxrl.io.orbax_noise import quiet_restore_noise
 
-    monkeypatch.setattr(jaxrl.io.checkpoint, "_noise_filters_installed", False)  # pytest resets warning filters
+    monkeypatch.setattr(jaxrl.io.orbax_noise, "_noise_filters_installed", False)  # pytest resets warning filters
 
     def unretrieved_future():
         loop = asyncio.new_event_loop()

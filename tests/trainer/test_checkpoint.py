@@ -14,7 +14,8 @@ import numpy as np
 import optax
 import pytest
 
-from jaxrl.io.checkpoint import Checkpointer, PreemptionGuard, key_from_json, key_to_json
+from jaxrl.io.checkpoint import Checkpointer, key_from_json, key_to_json
+from jaxrl.runtime.preemption import PreemptionGuard
 from jaxrl.data import Encoder, arithmetic, train_iterator
 from jaxrl.errors import CheckpointError
 from jaxrl.runtime.metrics import read_metrics
