@@ -102,6 +102,16 @@ class TensorReader:
         self.close()
 
 
+def read_all(file: str | os.PathLike, what: str = "safetensors file") -> dict[str, np.ndarray]:
+    """Every tensor of one safetensors file (small files: adapters); a missing or corrupt file is a
+    `CheckpointError` "cannot read `what` FILE: ..."."""
+    try:
+        with safe_open(str(file), framework="np") as f:
+            return {name: f.get_tensor(name) for name in f.keys()}
+    except Exception as e:  # safetensors raises its own error type for missing or corrupt files
+        raise CheckpointError(f"cannot read {what} {file}: {e}") from e
+
+
 def _shard_groups(tensors: Iterable[tuple[str, np.ndarray]], max_shard_size: int) -> Iterator[dict]:
     shard: dict[str, np.ndarray] = {}
     size = 0

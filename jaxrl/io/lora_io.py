@@ -35,6 +35,7 @@ from jaxrl.runtime.run_dir import replace_owned_files
 from jaxrl.errors import CheckpointError, ConfigError
 from jaxrl.models import TransformerConfig
 from jaxrl.models import lora
+from jaxrl.io._safetensors_dir import read_all
 from jaxrl.io.peft_io import export_peft, import_peft, owns_peft_export
 
 CONFIG_FILE = "lora_config.json"
@@ -169,8 +170,6 @@ def load_adapters(directory: str | os.PathLike, base_params: Mapping) -> tuple[d
     Raises CheckpointError when the base's fingerprint differs from the recorded one (naming both hashes and
     the recorded base path) or when an adapter's shape does not fit the base's kernel.
     """
-    from safetensors import safe_open
-
     cfg, base = read_adapter_config(directory)
     found = base_fingerprint(base_params)
     if found != base.get("sha256"):
@@ -179,11 +178,7 @@ def load_adapters(directory: str | os.PathLike, base_params: Mapping) -> tuple[d
             f"{str(base.get('sha256'))[:16]}…), but the given base weights hash to {found[:16]}…; load the "
             "matching base model")
     file = Path(directory) / ADAPTERS_FILE
-    try:
-        with safe_open(str(file), framework="np") as f:
-            flat = {name: f.get_tensor(name) for name in f.keys()}
-    except Exception as e:  # safetensors raises its own error type for missing or corrupt files
-        raise CheckpointError(f"cannot read {file}: {e}") from e
+    flat = read_all(file, "LoRA adapters")
     adapters = _nest(flat)
     check_adapters(adapters, cfg, base_params, where=str(file))
     return adapters, cfg

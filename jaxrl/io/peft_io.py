@@ -19,6 +19,7 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from jaxrl.errors import CheckpointError, ConfigError
+from jaxrl.io._safetensors_dir import read_all
 from jaxrl.models import lora
 from jaxrl.runtime.run_dir import replace_owned_files
 
@@ -84,8 +85,6 @@ def import_peft(peft_dir: str | os.PathLike, params: Mapping) -> tuple[dict, lor
     biases, extra trained modules, fan_in_fan_out), a tensor outside the seven projections, a missing layer or
     a shape that does not fit the base.
     """
-    from safetensors import safe_open
-
     where = Path(peft_dir) / PEFT_CONFIG
     try:
         config = json.loads(where.read_text())
@@ -100,11 +99,7 @@ def import_peft(peft_dir: str | os.PathLike, params: Mapping) -> tuple[dict, lor
         notes.append(f"lora_dropout={config['lora_dropout']} in {where} is not used "
                      "(jaxrl LoRA has no dropout)")
     file = Path(peft_dir) / PEFT_WEIGHTS
-    try:
-        with safe_open(str(file), framework="np") as f:
-            raw = {name: f.get_tensor(name) for name in f.keys()}
-    except Exception as e:  # safetensors raises its own error type for missing or corrupt files
-        raise CheckpointError(f"cannot read PEFT adapter weights {file}: {e}") from e
+    raw = read_all(file, "PEFT adapter weights")
     per_target: dict[str, dict[int, dict[str, np.ndarray]]] = {}
     for name, value in raw.items():
         match = _PEFT_NAME.fullmatch(name.removeprefix(_PEFT_PREFIX))
