@@ -3,6 +3,10 @@ forward + backward, causal, grouped-query heads (the update's attention; issue 3
 
     .venv/bin/python benchmarks/attention_cpu.py                        # B x L = 16 x 1088, tiny model's heads
     .venv/bin/python benchmarks/attention_cpu.py --block-q 32,128 --rows 64 --length 272
+    .venv/bin/python benchmarks/attention_cpu.py --heads 9 --kv-heads 3 --head-dim 64 --length 1280 --chunks 1,4
+
+`--chunks`: also the core run over the batch in chunks of that many rows (`lax.map`, each chunk's blocks
+sized for its rows: a smaller working set per loop; an experiment, not what the library runs).
 
 jaxrl: `jaxrl.models.attention.attend` with a causal `KeyMask` (every key real), jitted with the update's
 CPU compiler options (`jaxrl.learner.train_step.update_compiler_options`), at each `--block-q`. torch:
@@ -31,6 +35,20 @@ def _best(fn, rounds: int) -> float:
     return min(out)
 
 
+def _chunked(attend, q, k, v, rows: int):
+    """`attend` (causal, every key real) over the batch in chunks of `rows` rows, one `lax.map` step each."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxrl.models.attention import KeyMask
+
+    n = q.shape[0] // rows
+    split = lambda x: x.reshape((n, rows) + x.shape[1:])
+    mask = KeyMask(jnp.ones((rows, q.shape[1]), bool))
+    out = jax.lax.map(lambda qkv: attend(*qkv, mask, causal=True), (split(q), split(k), split(v)))
+    return out.reshape(q.shape)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=16)
@@ -39,6 +57,7 @@ def main() -> None:
     ap.add_argument("--kv-heads", type=int, default=4)
     ap.add_argument("--head-dim", type=int, default=32)
     ap.add_argument("--block-q", default="32,128", help="comma-separated query block sizes of jaxrl's core")
+    ap.add_argument("--chunks", default="", help="comma-separated rows per batch chunk (lax.map over chunks)")
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -66,6 +85,17 @@ def main() -> None:
         jax.block_until_ready((fwd_c(q, k, v), grad_c(q, k, v)))
         sides[f"jaxrl block_q={bq}"] = (lambda c=fwd_c: jax.block_until_ready(c(q, k, v)),
                                         lambda c=grad_c: jax.block_until_ready(c(q, k, v)))
+    for rows in (int(x) for x in args.chunks.split(",") if x):
+        if b % rows:
+            raise SystemExit(f"--chunks {rows} does not divide --rows {b}")
+        fwd = jax.jit(lambda q, k, v, rows=rows: _chunked(attend, q, k, v, rows))
+        grad = jax.jit(jax.grad(lambda q, k, v, rows=rows: jnp.sum(w * _chunked(attend, q, k, v, rows)),
+                                argnums=(0, 1, 2)))
+        opts = update_compiler_options(shared_prompts=False)
+        fwd_c, grad_c = (f.lower(q, k, v).compile(opts) for f in (fwd, grad))
+        jax.block_until_ready((fwd_c(q, k, v), grad_c(q, k, v)))
+        sides[f"jaxrl {rows} rows/chunk"] = (lambda c=fwd_c: jax.block_until_ready(c(q, k, v)),
+                                           lambda c=grad_c: jax.block_until_ready(c(q, k, v)))
     tq = torch.tensor(q_np.reshape(b, l, n, h).transpose(0, 2, 1, 3).copy(), requires_grad=True)
     tk, tv = (torch.tensor(x, requires_grad=True) for x in (k_np, v_np))
     tw = torch.tensor(w_np.reshape(b, l, n, h).transpose(0, 2, 1, 3).copy())
@@ -87,7 +117,7 @@ def main() -> None:
     print(f"causal attention, B x L = {b} x {l}, {n} query heads over {kv} kv heads of {h}, float32, "
           f"torch threads {torch.get_num_threads()}, best of {args.rounds}:")
     for name, (f, g) in best.items():
-        print(f"  {name:20s} forward {f:6.3f} s ({f / ref[0]:5.2f}x torch)   forward + backward {g:6.3f} s "
+        print(f"  {name:24s} forward {f:6.3f} s ({f / ref[0]:5.2f}x torch)   forward + backward {g:6.3f} s "
               f"({g / ref[1]:5.2f}x torch)")
     print(json.dumps({"shape": [b, l, n, kv, h], "seconds": best}))
 
