@@ -13,7 +13,8 @@ forward keeps q, k, v, the visibility mask and, per query, the row maximum m and
 
 Both passes run over blocks of `block_q` queries, so that only one block's [B, K, G, block_q, S] scores
 exist at a time (`block_rows`: 128 queries, fewer where a block's scores would pass 24 MB: at B·L = 16 × 1088
-blocks of 32 keep them in this CPU's caches, and forward + backward ran 1.9x faster than with 128; the loops read the queries as [B, K, G, L, H], heads ahead of
+blocks of 32 keep them in this CPU's caches, and forward + backward ran 1.9x faster than with 128; on XLA:CPU
+with one device a batch that big loops over its rows instead, a few at a time in 128-query blocks (`batch_rows`, 1.3x faster again); the loops read the queries as [B, K, G, L, H], heads ahead of
 rows, so each product is a batched matrix product without transposes, and dK, dV accumulate as [B, K, H, S]:
 their products transpose the small block of q or dO instead of the block's scores); past MAX_GROUPS blocks, consecutive blocks run as one `lax.scan` (`_groups`), so the
 program, and its compile time, stop growing with L (on a 2-core CPU, forward + backward at L = 8192: 70 s
@@ -54,6 +55,12 @@ SCORE_BLOCK_BYTES = 24 << 20
 # with L (64 unrolled blocks took 70 s to compile on this CPU at L = 8192, and longer on a GPU). 8 rather than 16:
 # at 16 x 1088 in 32-query blocks, 4, 8 and 16 loops ran alike and compiled in 5.2, 7.5 and 12.5 s.
 MAX_GROUPS = 8
+# On XLA:CPU, where a batch's 128-query blocks would pass SCORE_BLOCK_BYTES, the core loops over the batch
+# instead (`batch_rows`): a few rows per loop whose 128-query blocks stay under ROW_LOOP_BYTES, in this CPU's
+# caches. On the 2-core Intel Xeon of 2026-11-30 (benchmarks/RESULTS.md), forward + backward of 16 x 1280
+# (9 query heads over 3 of 64): 1.29 s in 32-query blocks of all rows, 0.99 s one row at a time in blocks of
+# 128 (5.9 MB of scores), 1.33 s four rows at a time (23.6 MB); the tiny model's 16 x 1088: 0.61 -> 0.47 s.
+ROW_LOOP_BYTES = 6 << 20
 
 
 def block_rows(batch: int, heads: int, num_keys: int) -> int:
@@ -64,6 +71,23 @@ def block_rows(batch: int, heads: int, num_keys: int) -> int:
         if batch * heads * rows * num_keys * 4 <= SCORE_BLOCK_BYTES:
             return rows
     return QUERY_BLOCKS[-1]
+
+
+def batch_rows(batch: int, heads: int, num_keys: int, backend: str | None = None, devices: int | None = None
+               ) -> int:
+    """Rows of the batch per loop of the blocked core: all of them, except on XLA:CPU with one device
+    (`backend`, `devices`: default JAX's default backend and device count) where their 128-query blocks'
+    float32 scores [batch, heads, 128, num_keys] would pass SCORE_BLOCK_BYTES: then the most rows, a divisor
+    of `batch`, whose 128-query blocks stay under ROW_LOOP_BYTES (at least one). Static, from the global
+    shapes. With several devices the batch is split over them and a loop over rows would gather it (GSPMD
+    cannot give each device its own rows without knowing the split), so they keep one loop over all rows."""
+    backend = jax.default_backend() if backend is None else backend
+    devices = jax.device_count() if devices is None else devices
+    full = QUERY_BLOCKS[0]
+    if backend != "cpu" or devices != 1 or batch * heads * full * num_keys * 4 <= SCORE_BLOCK_BYTES:
+        return batch
+    fits = [r for r in range(1, batch) if batch % r == 0 and r * heads * full * num_keys * 4 <= ROW_LOOP_BYTES]
+    return max(fits, default=1)
 
 
 @struct.dataclass
@@ -125,7 +149,8 @@ def attend(q_BLKGH: jax.Array, k_BKSH: jax.Array, v_BKSH: jax.Array, visible_BLS
       causal: the caller guarantees S >= L and that no query sees a later key: query l sits at key slot
         S − L + l (`visible[:, l, s]` False for s > S − L + l; S == L for self-attention); blocks then skip
         the keys after their last query. Not checked (it would cost a pass).
-      block_q: queries per block (static; None: `block_rows` of the shapes); L need not be a multiple.
+      block_q: queries per block (static; None: `block_rows` of the shapes, over `batch_rows` rows of the
+        batch per loop); L need not be a multiple.
 
     Returns:
       [B, L, K, G, H] output in v's dtype.
@@ -153,10 +178,33 @@ def attend(q_BLKGH: jax.Array, k_BKSH: jax.Array, v_BKSH: jax.Array, visible_BLS
         chex.assert_shape(visible_BLS, (b, length, k_BKSH.shape[2]))
         chex.assert_type(visible_BLS, bool)
     if block_q is None:
-        block_q = block_rows(b, q_BLKGH.shape[2] * q_BLKGH.shape[3], k_BKSH.shape[2])
+        heads, num_keys = q_BLKGH.shape[2] * q_BLKGH.shape[3], k_BKSH.shape[2]
+        rows = batch_rows(b, heads, num_keys)
+        if rows < b:
+            return _over_rows(q_BLKGH, k_BKSH, v_BKSH, visible_BLS, causal, block_rows(rows, heads, num_keys), rows)
+        block_q = block_rows(b, heads, num_keys)
     if block_q < 1:
         raise ValueError(f"block_q must be positive, got {block_q}")
     return _attend(q_BLKGH, k_BKSH, v_BKSH, visible_BLS, causal, block_q)
+
+
+def _over_rows(q_BLKGH, k_BKSH, v_BKSH, visible_BLS, causal: bool, block_q: int, rows: int) -> jax.Array:
+    """`_attend` over the batch, `rows` consecutive rows per loop (`lax.map`). Rows are independent, so only
+    the blocks' sizes and summation orders differ from one loop over the batch (ulps)."""
+    n = q_BLKGH.shape[0] // rows
+    split = lambda x: None if x is None else x.reshape((n, rows) + x.shape[1:])
+    if isinstance(visible_BLS, KeyMask):
+        parts = (visible_BLS.key_mask_BS, visible_BLS.query_segment_BL, visible_BLS.key_segment_BS)
+        rebuild = lambda m, qs, ks: KeyMask(m, qs, ks, kernel=visible_BLS.kernel)
+    else:
+        parts, rebuild = (visible_BLS, None, None), lambda m, qs, ks: m
+
+    def one(xs):
+        q, k, v, mask, query_segment, key_segment = xs
+        return _attend(q, k, v, rebuild(mask, query_segment, key_segment), causal, block_q)
+
+    out_NRLKGH = jax.lax.map(one, tuple(split(x) for x in (q_BLKGH, k_BKSH, v_BKSH) + parts))
+    return out_NRLKGH.reshape(q_BLKGH.shape)
 
 
 class _Group(NamedTuple):

@@ -183,3 +183,38 @@ def test_block_rows_keep_a_blocks_scores_under_the_budget():
     for b, h, s in [(8, 4, 320), (16, 8, 1088), (16, 8, 600)]:
         rows = attention.block_rows(b, h, s)
         assert b * h * rows * s * 4 <= attention.SCORE_BLOCK_BYTES < b * h * 2 * rows * s * 4 or rows == 128
+
+
+def test_batch_rows_loop_over_the_batch_only_where_its_blocks_would_not_fit():
+    """On XLA:CPU with one device a batch whose 128-query blocks pass the score budget runs a few rows per
+    loop (one at the update's shapes: 5.9 MB and 4.5 MB of scores per 128-query block); test-sized batches,
+    several devices (a split batch) and every other backend keep one loop over all rows."""
+    assert attention.batch_rows(16, 9, 1280, "cpu", 1) == 1
+    assert attention.batch_rows(16, 8, 1088, "cpu", 1) == 1
+    assert attention.batch_rows(256, 8, 128, "cpu", 1) == 8  # short rows: 8 of them per loop (4.2 MB)
+    assert attention.batch_rows(8, 4, 320, "cpu", 1) == 8
+    assert attention.batch_rows(16, 8, 1088, "cpu", 4) == 16
+    assert attention.batch_rows(16, 8, 1088, "gpu", 1) == 16
+    assert attention.batch_rows(16, 8, 1088, "tpu", 1) == 16
+
+
+@pytest.mark.parametrize("rows", [1, 2])
+@pytest.mark.parametrize("visibility,causal", [("dense", False), ("dense", True), ("key_mask_segments", True)])
+def test_row_loops_equal_the_dense_path(rows, visibility, causal, monkeypatch):
+    """The batch in loops of `rows` rows (budgets shrunk so that B = 4, L = 13 needs them): values and
+    gradients are the dense path's, rows in their places (padding rows included), for a dense visibility and
+    for a `KeyMask` of packed rows."""
+    per_row = K * G * attention.QUERY_BLOCKS[0] * L * 4  # float32 scores of one row's 128-query block
+    monkeypatch.setattr(attention, "SCORE_BLOCK_BYTES", B * per_row - 1)
+    monkeypatch.setattr(attention, "ROW_LOOP_BYTES", rows * per_row)
+    monkeypatch.setattr(attention.jax, "default_backend", lambda: "cpu")
+    monkeypatch.setattr(attention.jax, "device_count", lambda: 1)
+    assert attention.batch_rows(B, K * G, L) == rows
+    q, k, v, visible, weights = _inputs(seed=4)
+    if visibility == "key_mask_segments":
+        segment_BL = jnp.asarray(np.repeat(np.arange(3), [5, 4, 4])[None].repeat(B, 0))
+        visible = KeyMask(jnp.asarray(_mask_BL()), segment_BL, segment_BL)
+    fn = functools.partial(attend, causal=causal)
+    text = jax.jit(fn).lower(q, k, v, visible).as_text()
+    assert text.count("while") >= 1  # the row loop is in the program
+    _assert_equals_dense(fn, q, k, v, visible, weights)
