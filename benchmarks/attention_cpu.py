@@ -75,27 +75,22 @@ def main() -> None:
     w_np = rng.standard_normal(q_np.shape).astype(np.float32)
     q, k, v, w = map(jnp.asarray, (q_np, k_np, v_np, w_np))
     mask = KeyMask(jnp.ones((b, l), bool))
-    sides = {}
-    for bq in (int(x) for x in args.block_q.split(",")):
-        fwd = jax.jit(lambda q, k, v, bq=bq: attend(q, k, v, mask, causal=True, block_q=bq))
-        grad = jax.jit(jax.grad(lambda q, k, v, bq=bq: jnp.sum(w * attend(q, k, v, mask, causal=True, block_q=bq)),
-                                argnums=(0, 1, 2)))
-        opts = update_compiler_options(shared_prompts=False)
+    opts = update_compiler_options(shared_prompts=False)
+
+    def side(core):
+        """(forward, forward + backward) calls of `core(q, k, v)`, compiled with the update's options."""
+        fwd, grad = jax.jit(core), jax.jit(jax.grad(lambda q, k, v: jnp.sum(w * core(q, k, v)), argnums=(0, 1, 2)))
         fwd_c, grad_c = (f.lower(q, k, v).compile(opts) for f in (fwd, grad))
         jax.block_until_ready((fwd_c(q, k, v), grad_c(q, k, v)))
-        sides[f"jaxrl block_q={bq}"] = (lambda c=fwd_c: jax.block_until_ready(c(q, k, v)),
-                                        lambda c=grad_c: jax.block_until_ready(c(q, k, v)))
+        return lambda: jax.block_until_ready(fwd_c(q, k, v)), lambda: jax.block_until_ready(grad_c(q, k, v))
+
+    sides = {}
+    for bq in (int(x) for x in args.block_q.split(",")):
+        sides[f"jaxrl block_q={bq}"] = side(lambda q, k, v, bq=bq: attend(q, k, v, mask, causal=True, block_q=bq))
     for rows in (int(x) for x in args.chunks.split(",") if x):
         if b % rows:
             raise SystemExit(f"--chunks {rows} does not divide --rows {b}")
-        fwd = jax.jit(lambda q, k, v, rows=rows: _chunked(attend, q, k, v, rows))
-        grad = jax.jit(jax.grad(lambda q, k, v, rows=rows: jnp.sum(w * _chunked(attend, q, k, v, rows)),
-                                argnums=(0, 1, 2)))
-        opts = update_compiler_options(shared_prompts=False)
-        fwd_c, grad_c = (f.lower(q, k, v).compile(opts) for f in (fwd, grad))
-        jax.block_until_ready((fwd_c(q, k, v), grad_c(q, k, v)))
-        sides[f"jaxrl {rows} rows/chunk"] = (lambda c=fwd_c: jax.block_until_ready(c(q, k, v)),
-                                           lambda c=grad_c: jax.block_until_ready(c(q, k, v)))
+        sides[f"jaxrl {rows} rows/chunk"] = side(lambda q, k, v, rows=rows: _chunked(attend, q, k, v, rows))
     tq = torch.tensor(q_np.reshape(b, l, n, h).transpose(0, 2, 1, 3).copy(), requires_grad=True)
     tk, tv = (torch.tensor(x, requires_grad=True) for x in (k_np, v_np))
     tw = torch.tensor(w_np.reshape(b, l, n, h).transpose(0, 2, 1, 3).copy())
