@@ -11,18 +11,19 @@ forward keeps q, k, v, the visibility mask and, per query, the row maximum m and
     P = exp(S − m) / ℓ,   dV = Pᵀ dO,   dP = dO Vᵀ,   dS = P ∘ (dP − rowsum(P ∘ dP)),
     dQ = dS K / √H,       dK = dSᵀ Q / √H          (dS zero where a key is not visible).
 
-Both passes run over blocks of `block_q` queries, so that only one block's [B, K, G, block_q, S] scores
-exist at a time (`block_rows`: 128 queries, fewer where a block's scores would pass 24 MB: at B·L = 16 × 1088
-blocks of 32 keep them in this CPU's caches, and forward + backward ran 1.9x faster than with 128; on XLA:CPU
-with one device a batch that big loops over its rows instead, a few at a time in 128-query blocks (`batch_rows`, 1.3x faster again); the loops read the queries as [B, K, G, L, H], heads ahead of
-rows, so each product is a batched matrix product without transposes, and dK, dV accumulate as [B, K, H, S]:
-their products transpose the small block of q or dO instead of the block's scores); past MAX_GROUPS blocks, consecutive blocks run as one `lax.scan` (`_groups`), so the
-program, and its compile time, stop growing with L (on a 2-core CPU, forward + backward at L = 8192: 70 s
-to compile with 64 unrolled blocks, 14 s in 16 loops; 32768: 342 s and 11 s; the run time did not grow). With `causal=True` (query l is the key at slot S − L + l and sees no later key, as in
-a causal LM's full-sequence forward, S = L, or a completion attending over [shared prompt keys | its own
-keys], `jaxrl.models.shared_prompt`) a block of queries ending at row r reads keys [0, S − L + r) only, which
-skips about half of the self-attention scores; a query with no visible key still gets the dense result (its
-unread keys carry the same weight 1/S).
+Both passes run over blocks of `block_q` queries, so that only one block's [B, K, G, block_q, S] scores exist at a
+time (`block_rows`: 128 queries, fewer where a block's scores would pass 24 MB: at B·L = 16 × 1088 blocks of 32
+keep them in this CPU's caches, and forward + backward ran 1.9x faster than with 128; on XLA:CPU with one device a
+batch that big loops over its rows instead, a few at a time in 128-query blocks (`batch_rows`, 1.3x faster again);
+the loops read the queries as [B, K, G, L, H], heads ahead of rows, so each product is a batched matrix product
+without transposes, and dK, dV accumulate as [B, K, H, S]: their products transpose the small block of q or dO
+instead of the block's scores); past MAX_GROUPS blocks, consecutive blocks run as one `lax.scan` (`_groups`), so
+the program, and its compile time, stop growing with L (on a 2-core CPU, forward + backward at L = 8192: 70 s to
+compile with 64 unrolled blocks, 14 s in 16 loops; 32768: 342 s and 11 s; the run time did not grow). With
+`causal=True` (query l is the key at slot S − L + l and sees no later key, as in a causal LM's full-sequence
+forward, S = L, or a completion attending over [shared prompt keys | its own keys], `jaxrl.models.shared_prompt`)
+a block of queries ending at row r reads keys [0, S − L + r) only, which skips about half of the self-attention
+scores; a query with no visible key still gets the dense result (its unread keys carry the same weight 1/S).
 
 Numerics are the dense path's: the same float32 scores, masking and softmax (P = exp(S − m) / ℓ, the
 operations of `jax.nn.softmax`), probabilities cast to the compute dtype before they mix V, and the backward
@@ -189,21 +190,13 @@ def attend(q_BLKGH: jax.Array, k_BKSH: jax.Array, v_BKSH: jax.Array, visible_BLS
 
 
 def _over_rows(q_BLKGH, k_BKSH, v_BKSH, visible_BLS, causal: bool, block_q: int, rows: int) -> jax.Array:
-    """`_attend` over the batch, `rows` consecutive rows per loop (`lax.map`). Rows are independent, so only
-    the blocks' sizes and summation orders differ from one loop over the batch (ulps)."""
+    """`_attend` over the batch, `rows` consecutive rows per loop (`lax.map`; a `KeyMask` is split like any
+    other batch-leading pytree). Rows are independent, so only the blocks' sizes and summation orders differ
+    from one loop over the batch (ulps)."""
     n = q_BLKGH.shape[0] // rows
-    split = lambda x: None if x is None else x.reshape((n, rows) + x.shape[1:])
-    if isinstance(visible_BLS, KeyMask):
-        parts = (visible_BLS.key_mask_BS, visible_BLS.query_segment_BL, visible_BLS.key_segment_BS)
-        rebuild = lambda m, qs, ks: KeyMask(m, qs, ks, kernel=visible_BLS.kernel)
-    else:
-        parts, rebuild = (visible_BLS, None, None), lambda m, qs, ks: m
-
-    def one(xs):
-        q, k, v, mask, query_segment, key_segment = xs
-        return _attend(q, k, v, rebuild(mask, query_segment, key_segment), causal, block_q)
-
-    out_NRLKGH = jax.lax.map(one, tuple(split(x) for x in (q_BLKGH, k_BKSH, v_BKSH) + parts))
+    split = lambda x: x.reshape((n, rows) + x.shape[1:])
+    xs = jax.tree.map(split, (q_BLKGH, k_BKSH, v_BKSH, visible_BLS))
+    out_NRLKGH = jax.lax.map(lambda x: _attend(*x, causal, block_q), xs)
     return out_NRLKGH.reshape(q_BLKGH.shape)
 
 

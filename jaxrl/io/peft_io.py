@@ -25,6 +25,12 @@ from jaxrl.runtime.run_dir import replace_owned_files
 
 PEFT_CONFIG = "adapter_config.json"
 PEFT_WEIGHTS = "adapter_model.safetensors"
+_PEFT_PREFIX = "base_model.model."
+_PEFT_NAME = re.compile(r"model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.default)?\.weight")
+# adapter_config.json options that change the math we implement: key -> the only accepted value(s)
+_PEFT_FIXED = {"peft_type": ("LORA",), "bias": ("none",), "fan_in_fan_out": (False,), "use_rslora": (False,),
+               "use_dora": (False,), "modules_to_save": (None, []), "layers_to_transform": (None,),
+               "rank_pattern": ({}, None), "alpha_pattern": ({}, None)}
 
 
 def owns_peft_export(name: str) -> bool:
@@ -65,14 +71,6 @@ def export_peft(adapters: Mapping, cfg: lora.LoraConfig, out: str | os.PathLike,
         save_file(tensors, str(tmp / PEFT_WEIGHTS), metadata={"format": "pt"})
         (tmp / PEFT_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
     return Path(out)
-
-
-_PEFT_PREFIX = "base_model.model."
-_PEFT_NAME = re.compile(r"model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.default)?\.weight")
-# adapter_config.json options that change the math we implement: key -> the only accepted value(s)
-_PEFT_FIXED = {"peft_type": ("LORA",), "bias": ("none",), "fan_in_fan_out": (False,), "use_rslora": (False,),
-               "use_dora": (False,), "modules_to_save": (None, []), "layers_to_transform": (None,),
-               "rank_pattern": ({}, None), "alpha_pattern": ({}, None)}
 
 
 def import_peft(peft_dir: str | os.PathLike, params: Mapping) -> tuple[dict, lora.LoraConfig, list[str]]:
