@@ -9,7 +9,7 @@ forward + backward, causal, grouped-query heads (the update's attention; issue 3
 sized for its rows: a smaller working set per loop; an experiment, not what the library runs).
 
 jaxrl: `jaxrl.models.attention.attend` with a causal `KeyMask` (every key real), jitted with the update's
-CPU compiler options (`jaxrl.learner.train_step.update_compiler_options`), at each `--block-q`. torch:
+CPU compiler options (`jaxrl.learner.train_step.update_compiler_options`: YNNPACK's dot fusion), at each `--block-q`. torch:
 `scaled_dot_product_attention(is_causal=True, enable_gqa=True)` (its CPU flash kernel), float32, the same
 inputs. The backward is driven by a random cotangent (Σ w ∘ out), as in the update; a constant one (Σ out)
 made XLA:CPU's YNNPACK dot fusion read uninitialised memory in this jax (garbage dV), which no update does.
@@ -75,7 +75,7 @@ def main() -> None:
     w_np = rng.standard_normal(q_np.shape).astype(np.float32)
     q, k, v, w = map(jnp.asarray, (q_np, k_np, v_np, w_np))
     mask = KeyMask(jnp.ones((b, l), bool))
-    opts = update_compiler_options(shared_prompts=False)
+    opts = update_compiler_options()
 
     def side(core):
         """(forward, forward + backward) calls of `core(q, k, v)`, compiled with the update's options."""

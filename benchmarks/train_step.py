@@ -21,8 +21,7 @@ SmolLM2-135M shape (random weights) instead of the small benchmark model, to com
 scanned step training LoRA adapters (r = `--lora-rank`, α = 2r, all seven projections, as `model.lora`)
 over a dense float32 base or an int8 / nf4 quantised one (`model.quantize`); the optimiser then holds the
 adapters only. Each side's peak RSS includes loading the float32 model (a QLoRA base is quantised from it, as
-the trainer does). `shared-ynn`: the shared-prompt update compiled with YNNPACK's dot fusion, which the trainer
-leaves off for grouped batches (a jaxlib 0.10.2 segfault, `train_step._CPU_SHARED_PROMPT_OPTIONS`).
+the trainer does).
 """
 
 from __future__ import annotations
@@ -75,8 +74,8 @@ def make_inputs(b: int, lp: int, lc: int, seed: int = 0, group: int = 1, lengths
 
 def jaxrl_update(graphdef, params, x: dict[str, np.ndarray], *, group: int = 1, spec=None, extra_options=None):
     """(jitted step, initial TrainState, TrainBatch on the default device) of jaxrl's update on the rows
-    `x` of `make_inputs`, jitted as the trainer does (donated state, `update_compiler_options`, plus
-    `extra_options`); AdamW with clip norm 1. `group` > 1 marks shared-prompt groups (`TrainBatch.group`);
+    `x` of `make_inputs`, jitted as the trainer does (donated state, `cpu_compile.cpu_jit` with YNNPACK's dot
+    fusion, plus the XLA:CPU `extra_options`); AdamW with clip norm 1. `group` > 1 marks shared-prompt groups (`TrainBatch.group`);
     `spec`: a `LossSpec`."""
     import functools
 
@@ -84,7 +83,8 @@ def jaxrl_update(graphdef, params, x: dict[str, np.ndarray], *, group: int = 1, 
     import jax.numpy as jnp
     import optax
 
-    from jaxrl.learner.train_step import LossSpec, TrainBatch, TrainState, train_step, update_compiler_options
+    from jaxrl.learner.cpu_compile import YNN_DOT, cpu_jit
+    from jaxrl.learner.train_step import LossSpec, TrainBatch, TrainState, train_step
 
     spec = LossSpec() if spec is None else spec
     tokens = np.concatenate([x["prompt_ids"], x["completion_ids"]], 1).astype(np.int32)
@@ -98,9 +98,8 @@ def jaxrl_update(graphdef, params, x: dict[str, np.ndarray], *, group: int = 1, 
                        clip_B, clip_B, np.zeros((b,), np.float32), group=group)
     batch = jax.device_put(batch)
     tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-6))
-    options = dict(update_compiler_options(shared_prompts=group > 1) or {}, **(extra_options or {}))
-    step = jax.jit(functools.partial(train_step, graphdef=graphdef, spec=spec, tx=tx), donate_argnums=0,
-                   compiler_options=options or None)  # as the trainer
+    step = cpu_jit(functools.partial(train_step, graphdef=graphdef, spec=spec, tx=tx), donate_argnums=0,
+                   fast=dict(YNN_DOT, **(extra_options or {})))  # as the trainer
     return step, TrainState(params, tx.init(params), jnp.zeros((), jnp.int32)), batch
 
 
@@ -133,7 +132,7 @@ def run_jaxrl(model_dir: str, args, out) -> None:
     from flax import nnx
 
     from jaxrl.io import hf
-    from jaxrl.learner.train_step import LossSpec, update_compiler_options
+    from jaxrl.learner.train_step import LossSpec
 
     model = hf.from_pretrained(model_dir)
     # what `model.scan_layers` / `model.remat` in a config do
@@ -150,10 +149,7 @@ def run_jaxrl(model_dir: str, args, out) -> None:
         base = params if args.lora == "dense" else quant.quantize_params(params, args.lora)
         params, spec = adapters, LossSpec(lora=lora_cfg)
     x = make_inputs(args.batch, args.prompt, args.completion, group=args.group, lengths=args.lengths)
-    # `ynn`: a grouped batch compiled with the options of an ungrouped one (YNNPACK's dot fusion)
-    ynn = update_compiler_options(shared_prompts=False) if args.ynn else None
-    step, state, batch = jaxrl_update(graphdef, params, x, group=args.group if args.shared else 1, spec=spec,
-                                      extra_options=ynn)
+    step, state, batch = jaxrl_update(graphdef, params, x, group=args.group if args.shared else 1, spec=spec)
     del params
     packed = {}
     if args.packed:  # `train.packing: auto` on one device: packed rows where they compute fewer positions
@@ -253,11 +249,10 @@ def _best(results: list[dict]) -> dict:
 
 # side -> (child function, extra arguments); KEYS: the side's key in the JSON report; NAMES: its printed name.
 # Every jaxrl side shares prompts within groups (`--group` > 1) except `unshared`.
-_J = dict(lora="none", shared=True, packed=False, ynn=False)
+_J = dict(lora="none", shared=True, packed=False)
 SIDES = {"jaxrl": (run_jaxrl, dict(_J, scan_layers=True)),
          "packed": (run_jaxrl, dict(_J, scan_layers=True, packed=True)),
          "unshared": (run_jaxrl, dict(_J, scan_layers=True, shared=False)),
-         "shared-ynn": (run_jaxrl, dict(_J, scan_layers=True, ynn=True)),
          "unrolled": (run_jaxrl, dict(_J, scan_layers=False)),
          "trl": (run_trl, dict(checkpointing=False)),
          "trl-ckpt": (run_trl, dict(checkpointing=True)),
@@ -266,13 +261,12 @@ SIDES = {"jaxrl": (run_jaxrl, dict(_J, scan_layers=True)),
          "lora": (run_jaxrl, dict(_J, scan_layers=True, lora="dense")),
          "qlora-int8": (run_jaxrl, dict(_J, scan_layers=True, lora="int8")),
          "qlora-nf4": (run_jaxrl, dict(_J, scan_layers=True, lora="nf4"))}
-KEYS = {"packed": "jaxrl_packed", "unshared": "jaxrl_unshared", "shared-ynn": "jaxrl_shared_ynn",
+KEYS = {"packed": "jaxrl_packed", "unshared": "jaxrl_unshared",
         "unrolled": "jaxrl_unrolled", "remat-dots": "jaxrl_remat_dots", "remat-full": "jaxrl_remat_full",
         "trl-ckpt": "trl_ckpt",
         "lora": "jaxrl_lora", "qlora-int8": "jaxrl_qlora_int8",
         "qlora-nf4": "jaxrl_qlora_nf4"}
 NAMES = {"jaxrl": "jaxrl (scan_layers=true, default)", "packed": "jaxrl (train.packing: auto)", "unshared": "jaxrl (prompts not shared)",
-         "shared-ynn": "jaxrl (shared prompt, YNNPACK dot fusion: not the trainer's)",
          "unrolled": "jaxrl (scan_layers=false)", "trl": "TRL",
          "remat-dots": "jaxrl (model.remat: dots)", "remat-full": "jaxrl (model.remat: full)",
          "trl-ckpt": "TRL (activation checkpointing)", "lora": "jaxrl LoRA r={rank}",

@@ -38,6 +38,7 @@ import optax
 from flax import nnx
 
 from jaxrl import losses
+from jaxrl.learner.cpu_compile import YNN_DOT, cpu_jit
 from jaxrl.learner.objectives import OBJECTIVES
 from jaxrl.learner.packed import packed_token_logprobs
 from jaxrl.models import lora
@@ -284,25 +285,14 @@ def apply_if_finite(state: TrainState, loss, grads, tx: optax.GradientTransforma
     return new_state, {"train/grad_norm": grad_norm, "train/nonfinite": (~finite).astype(jnp.int32)}
 
 
-# XLA:CPU: let YNNPACK fuse each dot with its elementwise neighbours (the default calls the library for the
-# bare dot). The weight-gradient dots then read their token-major operands through the fusion instead of
-# after a separate transposing elementwise pass: 13% faster update of the benchmark model on a 2-core CPU.
-# The decode programs compile with no YNNPACK fusion (`jaxrl.sampling.engine.CPU_DECODE_OPTIONS`: its few-row dots).
-_CPU_UPDATE_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_DOT"}
-# Shared-prompt batches (`TrainBatch.group` > 1) compile with no YNNPACK fusion at all: with it (the option
-# above or XLA's default set) jaxlib 0.10.2 segfaults inside a YNNPACK dot kernel for some grouped shapes
-# (the update of configs/search_tiny.yaml's 8 x 8 episodes, W = T = 128: tests/train/test_shared_prompts.py).
-_CPU_SHARED_PROMPT_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
-
-
-def update_compiler_options(backend: str | None = None, *, shared_prompts: bool = False
-                            ) -> dict[str, str] | None:
-    """`compiler_options` for `jax.jit` of `train_step` (and, with `shared_prompts`, of the log-prob pass) on
-    `backend` (default: JAX's default backend); `shared_prompts`: for batches with `group` > 1."""
+def update_compiler_options(backend: str | None = None) -> dict[str, str] | None:
+    """The XLA:CPU `compiler_options` the update compiles with (`backend`, default JAX's; None elsewhere):
+    YNNPACK fuses each dot with its elementwise neighbours (the default calls the library for the bare dot),
+    so the weight-gradient dots read their token-major operands through the fusion instead of after a separate
+    transposing pass, 13% faster on a 2-core CPU; `cpu_compile.cpu_jit` guards it. Decode programs compile
+    without YNNPACK (`jaxrl.sampling.engine.CPU_DECODE_OPTIONS`: its few-row dots)."""
     backend = jax.default_backend() if backend is None else backend
-    if backend != "cpu":
-        return None
-    return dict(_CPU_SHARED_PROMPT_OPTIONS if shared_prompts else _CPU_UPDATE_OPTIONS)
+    return dict(YNN_DOT) if backend == "cpu" else None
 
 
 def sequence_logprobs(params, graphdef, tokens_BL, mask_BL, width: int, *, chunk: int,
@@ -324,22 +314,23 @@ def dequantized(params):
     return jax.tree.map(lambda x: quant.dequantize(x) if is_q(x) else x, params, is_leaf=is_q)
 
 
-def jitted_train_step(graphdef, spec: LossSpec, tx, state_sharding, *, shared_prompts: bool):
+def jitted_train_step(graphdef, spec: LossSpec, tx, state_sharding):
     """The jitted update `(state, batch, base) -> (state, metrics)` the run executes (and `jaxrl plan
-    --compile` lowers from abstract inputs): the state donated and kept in `state_sharding`."""
-    return jax.jit(functools.partial(train_step, graphdef=graphdef, spec=spec, tx=tx),
+    --compile` lowers from abstract inputs): the state donated and kept in `state_sharding`; on CPU with
+    YNNPACK's dot fusion where it is safe (`cpu_compile.cpu_jit`)."""
+    return cpu_jit(functools.partial(train_step, graphdef=graphdef, spec=spec, tx=tx), fast=YNN_DOT,
                    in_shardings=(state_sharding, None, None), out_shardings=(state_sharding, None),
-                   donate_argnums=0, compiler_options=update_compiler_options(shared_prompts=shared_prompts))
+                   donate_argnums=0)
 
 
-def jitted_logprob_pass(graphdef, spec: LossSpec, *, shared_prompts: bool):
-    """The jitted old/reference log-prob pass `(params, tokens_BL, mask_BL, width, group) -> logp_BT`."""
+def jitted_logprob_pass(graphdef, spec: LossSpec):
+    """The jitted old/reference log-prob pass `(params, tokens_BL, mask_BL, width, group) -> logp_BT` (on CPU
+    with XLA's default YNNPACK fusions where they are safe)."""
     def logprobs(params, tokens_BL, mask_BL, width, group):
         return sequence_logprobs(params, graphdef, tokens_BL, mask_BL, width, chunk=spec.logprob_chunk,
                                  temperature=spec.temperature, group=group)
 
-    options = update_compiler_options(shared_prompts=True) if shared_prompts else None
-    return jax.jit(logprobs, static_argnums=(3, 4), compiler_options=options)
+    return cpu_jit(logprobs, fast=None, static_argnums=(3, 4))
 
 
 def jitted_packed_logprob_pass(graphdef, spec: LossSpec):
@@ -349,4 +340,4 @@ def jitted_packed_logprob_pass(graphdef, spec: LossSpec):
         model = nnx.merge(graphdef, dequantized(params))
         return packed_token_logprobs(model, packed, chunk=spec.logprob_chunk, temperature=spec.temperature)[0]
 
-    return jax.jit(logprobs)
+    return cpu_jit(logprobs, fast=None)

@@ -200,7 +200,7 @@ def compile_programs(cfg, model_cfg, mesh, rules) -> list[ProgramReport]:
     batch, w, t = abstract_batch(cfg, mesh, rules, group=group)
     out = []
     t0 = time.perf_counter()
-    step = jitted_train_step(graphdef, spec, tx, state_sharding, shared_prompts=group > 1)
+    step = jitted_train_step(graphdef, spec, tx, state_sharding)
     compiled = step.lower(state, batch, frozen).compile()
     shared = f", prompt shared by {group}" if group > 1 else ""
     lora_note = f", LoRA r={cfg.model.lora.rank}" if frozen is not None else ""
@@ -216,7 +216,7 @@ def compile_programs(cfg, model_cfg, mesh, rules) -> list[ProgramReport]:
         out.append(report("LoRA merge", compiled, time.perf_counter() - t0))
         dense = _abstract(jax.eval_shape(merge, frozen, state.params), compiled.output_shardings)
     t0 = time.perf_counter()
-    logprobs = jitted_logprob_pass(graphdef, spec, shared_prompts=group > 1)
+    logprobs = jitted_logprob_pass(graphdef, spec)
     compiled = logprobs.lower(dense, batch.tokens_BL, batch.mask_BL, t, group).compile()
     out.append(report("log-prob pass", compiled, time.perf_counter() - t0))
     t0 = time.perf_counter()

@@ -78,15 +78,13 @@ class Teacher:
         self.graphdef, self.params, self.path = graphdef, params, path
         self.mode, self.coef, self.discount = mode, coef, discount
         spec = LossSpec(temperature=1.0)
-        self._passes = {shared: jitted_logprob_pass(graphdef, spec, shared_prompts=shared)
-                        for shared in (False, True)}
+        self._logprobs = jitted_logprob_pass(graphdef, spec)
 
     def __call__(self, batch: TrainBatch, clock: step_time.StageClock) -> tuple[TrainBatch, dict[str, float]]:
         width = batch.completion_mask_BT.shape[1]
         with clock("teacher_logprobs"):
-            logprobs = self._passes[batch.group > 1]
-            teacher_BT = step_time.synced(logprobs(self.params, batch.tokens_BL, batch.mask_BL, width,
-                                                   batch.group))
+            teacher_BT = step_time.synced(self._logprobs(self.params, batch.tokens_BL, batch.mask_BL, width,
+                                                         batch.group))
         rollout_BT = batch.completion_mask_BT & (batch.sft_weight_B[:, None] == 0)  # not expert rows
         metrics = {k: float(v) for k, v in
                    jax.device_get(reverse_kl_stats(batch.old_logp_BT, teacher_BT, rollout_BT)).items()}

@@ -146,18 +146,16 @@ def setup(cfg: ExperimentConfig, run_dir: Path) -> tuple[Run, TrainState, Any]:
     state_sharding = TrainState(params=train_sharding, opt_state=opt_sharding, step=rep)
     state = hosts.place_global(TrainState(params=params, opt_state=opt_state, step=jnp.zeros((), jnp.int32)),
                                state_sharding)
-    jitted = {shared: jitted_train_step(graphdef, spec, tx, state_sharding, shared_prompts=shared)
-              for shared in (False, True)}  # shared-prompt batches compile with their own options
-    step_fn = lambda state, batch: jitted[batch.group > 1](state, batch, base)
-    jitted_logprobs = {shared: jitted_logprob_pass(graphdef, spec, shared_prompts=shared)
-                       for shared in (False, True)}
+    jitted = jitted_train_step(graphdef, spec, tx, state_sharding)
+    step_fn = lambda state, batch: jitted(state, batch, base)
+    jitted_logprobs = jitted_logprob_pass(graphdef, spec)
 
     jitted_packed = jitted_packed_logprob_pass(graphdef, spec)
 
     def logprob_fn(params, tokens_BL, mask_BL, width, group=1, packed=None):
         if packed is not None:  # the same log-probs from packed rows (`train.packing: auto`)
             return jitted_packed(params, packed)
-        return jitted_logprobs[group > 1](params, tokens_BL, mask_BL, width, group)
+        return jitted_logprobs(params, tokens_BL, mask_BL, width, group)
     # beta = 0 keeps no reference model in memory; under LoRA the reference is the base itself.
     kl = cfg.algorithm.kl.beta > 0
     if lora_cfg is not None:

@@ -19,7 +19,8 @@ from jaxrl.rl.batch import shard_batch
 from jaxrl.rl.run import Run, placed_shardings
 from jaxrl.sampling import bucket
 from jaxrl.sharding import batch_shardings, hosts, row_sharding
-from jaxrl.learner.train_step import LossSpec, TrainBatch, TrainState, train_step, update_compiler_options
+from jaxrl.learner.cpu_compile import YNN_DOT, cpu_jit
+from jaxrl.learner.train_step import LossSpec, TrainBatch, TrainState, train_step
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +42,8 @@ def sft_warm_start(run: Run, state: TrainState, records, encoder, *, steps: int,
     sft_state = TrainState(state.params, tx.init(state.params), jnp.zeros((), jnp.int32))
     shardings = placed_shardings(sft_state, run.mesh)
     sft_state = hosts.place_global(sft_state, shardings)
-    jitted = jax.jit(functools.partial(train_step, graphdef=run.graphdef, spec=spec, tx=tx), donate_argnums=0,
-                     out_shardings=(shardings, None), compiler_options=update_compiler_options())
+    jitted = cpu_jit(functools.partial(train_step, graphdef=run.graphdef, spec=spec, tx=tx), fast=YNN_DOT,
+                     donate_argnums=0, out_shardings=(shardings, None))
     step_fn = lambda state, batch: jitted(state, batch, run.policy.frozen)
     rng = np.random.default_rng([run.seed, 7])
     draws = [rng.choice(len(records), size=batch_size, replace=False) for _ in range(steps)]

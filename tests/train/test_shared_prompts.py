@@ -354,10 +354,11 @@ print("loss", metrics["loss"], "old", float(np.asarray(old).mean()))
 @pytest.mark.slow  # a CPU compile of the tiny config's grouped update, in a subprocess
 def test_grouped_update_of_the_search_tiny_step_runs_on_cpu(tmp_path):
     """The trainer's compile of a shared-prompt update and log-prob pass at configs/search_tiny.yaml's shapes
-    finishes with a finite loss. With YNNPACK fusions jaxlib 0.10.2's XLA:CPU segfaulted here (CI: the
-    search_tiny test died at its first RL step), so the trainer compiles grouped batches without them
-    (`jaxrl.learner.train_step.update_compiler_options(shared_prompts=True)`); a subprocess, so a crash fails this
-    test instead of killing the session."""
+    finishes with a finite loss. With YNNPACK's dot fusion jaxlib 0.10.2's XLA:CPU segfaulted here (CI: the
+    search_tiny test died at its first RL step) when the gradient of the attention's prompt / completion
+    concatenation compiled to a fusion that pads a dot and reuses it; the trainer compiles with YNNPACK only
+    where no fusion does (`jaxrl.learner.cpu_compile.cpu_jit`); a subprocess, so a crash fails this test
+    instead of killing the session."""
     import os
     import subprocess
     import sys
