@@ -13,10 +13,12 @@ unpacked update too, for the record). `--trl trl,trl-ckpt` measures TRL both wit
 and with it (GRPOConfig's default, which `GRPOTrainer.train` turns on); a point is "yes" when jaxrl's update is
 >= 1.2x every TRL side's tokens/s at <= its peak RSS (a TRL side that ran out of memory counts as beaten).
 Where jaxrl's default update runs out of memory, `model.remat: full` is measured alone afterwards and named in
-the path; with `--remat-on-memory` also where it runs but holds more peak RSS than a TRL side (TRL's default
-recomputes each layer too), and the point is judged on `remat: full` when the default update misses and it
-does not. Results are appended to `--out` (JSON lines) as each point finishes, and points already there are
-skipped: a long grid can be resumed.
+the path; with `--remat-on-memory [full|dots]` that policy also where the update runs but holds more peak RSS
+than a TRL side (TRL's default recomputes each layer too), and the point is judged on the remat side (`dots`
+first where both were measured) when the default update misses and it does not. Results are appended to
+`--out` (JSON lines) as each point finishes, and points already there are skipped (a long grid can be
+resumed), except that `--remat-on-memory` measures its policy at a stored point that misses on memory and
+lacks it (the point's line is appended again with it).
 """
 
 from __future__ import annotations
@@ -49,10 +51,11 @@ def _jaxrl_side(report: dict) -> tuple[str, dict]:
     packed = "jaxrl_packed" in report
     side = report["jaxrl_packed"] if packed else report["jaxrl"]
     path = "packed" if packed else ("shared prompt" if report["group"] > 1 else "padded")
-    remat = report.get("jaxrl_remat_full")
-    if remat is not None and "error" not in remat and (
-            "error" in side or (not packed and not _verdict(side, report)[1] and _verdict(remat, report)[1])):
-        side, path = remat, path + ", remat full"
+    for policy in ("dots", "full"):
+        remat = report.get(f"jaxrl_remat_{policy}")
+        if remat is not None and "error" not in remat and (
+                "error" in side or (not packed and not _verdict(side, report)[1] and _verdict(remat, report)[1])):
+            return path + f", remat {policy}", remat
     return path, side
 
 
@@ -96,6 +99,13 @@ def row(report: dict) -> str:
             + "".join(cells) + f"| {'yes' if ok else '**no**'} |")
 
 
+def _point(args, p: int, c: int, g: int, sides: str) -> argparse.Namespace:
+    """`benchmarks/train_step.py`'s arguments for one point of the grid and the comma-separated `sides`."""
+    return train_step.parse(["--shape", args.shape, "--batch", str(args.batch), "--prompt", str(p),
+                             "--completion", str(c), "--group", str(g), "--lengths", args.lengths,
+                             "--steps", str(args.steps), "--rounds", str(args.rounds), "--sides", sides])
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", choices=sorted(train_step.SHAPES), default="tiny")
@@ -108,8 +118,9 @@ def main(argv=None) -> int:
                     "(its default, as GRPOTrainer.train enables it), or both, comma-separated")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=1)
-    ap.add_argument("--remat-on-memory", action="store_true",
-                    help="also measure model.remat: full where jaxrl's update holds more peak RSS than a TRL side")
+    ap.add_argument("--remat-on-memory", nargs="?", const="full", choices=("full", "dots"), default=None,
+                    help="also measure model.remat: full (or dots) where jaxrl's update holds more peak RSS than a "
+                    "TRL side")
     ap.add_argument("--out", default=None, help="JSON lines, appended per point; points already there are skipped")
     args = ap.parse_args(argv)
     out = args.out or os.path.join(".cache", f"update_grid_{args.shape}_{args.lengths}"
@@ -123,15 +134,22 @@ def main(argv=None) -> int:
     ints = lambda s: [int(v) for v in s.split(",")]
     for p, c, g in itertools.product(ints(args.prompts), ints(args.completions), ints(args.groups)):
         if (p, c, g) in done:
+            report = done[p, c, g]
+            key = f"jaxrl_remat_{args.remat_on_memory}"
+            if args.remat_on_memory and key not in report and "jaxrl_packed" not in report and (
+                    "error" in report["jaxrl"] or misses_on_memory(report)):
+                point = _point(args, p, c, g, f"remat-{args.remat_on_memory}")
+                report.update({k: v for k, v in train_step.measure(point).items() if k.startswith("jaxrl_")})
+                with open(out, "a") as f:
+                    f.write(json.dumps(report) + "\n")
+                print(row(report), flush=True)
             continue
         sides = ("jaxrl,packed," if packs(args.batch, p, c, g, args.lengths) else "jaxrl,") + args.trl
-        point = train_step.parse(["--shape", args.shape, "--batch", str(args.batch), "--prompt", str(p),
-                                  "--completion", str(c), "--group", str(g), "--lengths", args.lengths,
-                                  "--steps", str(args.steps), "--rounds", str(args.rounds), "--sides", sides])
+        point = _point(args, p, c, g, sides)
         report = train_step.measure(point)
         out_of_memory = "error" in report["jaxrl"] and "jaxrl_packed" not in report
         if out_of_memory or (args.remat_on_memory and "jaxrl_packed" not in report and misses_on_memory(report)):
-            point.sides = "remat-full"
+            point.sides = f"remat-{args.remat_on_memory or 'full'}"
             report.update({k: v for k, v in train_step.measure(point).items() if k.startswith("jaxrl_")})
         with open(out, "a") as f:
             f.write(json.dumps(report) + "\n")

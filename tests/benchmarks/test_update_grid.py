@@ -53,3 +53,16 @@ def test_remat_full_is_shown_where_the_default_misses_and_it_passes():
     assert cells[3] == "shared prompt" and cells[4] == "191 (10519 MiB)" and cells[-1] == "**no**"
     out_of_memory = dict(report, jaxrl=OOM)  # the default failed: remat full is the row's update
     assert _cells(update_grid.row(out_of_memory))[3] == "shared prompt, remat full"
+
+
+def test_remat_dots_is_judged_first_and_full_where_dots_misses():
+    """With both policies measured, the row is `remat dots` where it passes, else `remat full` where that passes
+    (tiny 64 + 1024 G 1 on the AMD EPYC, 2026-12-01: the default 1.12x TRL-ckpt's memory)."""
+    base = _report(_side(3558, 2255), group=1, trl=_side(2467, 3108), trl_ckpt=_side(2490, 2008))
+    both = dict(base, jaxrl_remat_dots=_side(3300, 1900), jaxrl_remat_full=_side(3100, 1637))
+    assert _cells(update_grid.row(both))[3] == "padded, remat dots"
+    heavy_dots = dict(both, jaxrl_remat_dots=_side(3300, 2100))  # dots still above TRL-ckpt's memory
+    assert _cells(update_grid.row(heavy_dots))[3] == "padded, remat full"
+    neither = dict(heavy_dots, jaxrl_remat_full=_side(2925, 1637))  # 1.17x: the default's row stays, "no"
+    cells = _cells(update_grid.row(neither))
+    assert cells[3] == "padded" and cells[-1] == "**no**"
