@@ -13,9 +13,9 @@ unpacked update too, for the record). `--trl trl,trl-ckpt` measures TRL both wit
 and with it (GRPOConfig's default, which `GRPOTrainer.train` turns on); a point is "yes" when jaxrl's update is
 >= 1.2x every TRL side's tokens/s at <= its peak RSS (a TRL side that ran out of memory counts as beaten).
 Where jaxrl's default update runs out of memory, `model.remat: full` is measured alone afterwards and named in
-the path; with `--remat-on-memory [full|dots]` that policy also where the update runs but holds more peak RSS
-than a TRL side (TRL's default recomputes each layer too), and the point is judged on the remat side (`dots`
-first where both were measured) when the default update misses and it does not. Results are appended to
+the path; with `--remat-on-memory [full|dots|mlp]` that policy also where the update runs but holds more peak RSS
+than a TRL side (TRL's default recomputes each layer too), and the point is judged on the remat side (`mlp`, then
+`dots`, first where several were measured) when the default update misses and it does not. Results are appended to
 `--out` (JSON lines) as each point finishes, and points already there are skipped (a long grid can be
 resumed), except that `--remat-on-memory` measures its policy at a stored point that misses on memory and
 lacks it (the point's line is appended again with it).
@@ -51,7 +51,7 @@ def _jaxrl_side(report: dict) -> tuple[str, dict]:
     packed = "jaxrl_packed" in report
     side = report["jaxrl_packed"] if packed else report["jaxrl"]
     path = "packed" if packed else ("shared prompt" if report["group"] > 1 else "padded")
-    for policy in ("dots", "full"):
+    for policy in ("mlp", "dots", "full"):
         remat = report.get(f"jaxrl_remat_{policy}")
         if remat is not None and "error" not in remat and (
                 "error" in side or (not packed and not _verdict(side, report)[1] and _verdict(remat, report)[1])):
@@ -118,8 +118,8 @@ def main(argv=None) -> int:
                     "(its default, as GRPOTrainer.train enables it), or both, comma-separated")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=1)
-    ap.add_argument("--remat-on-memory", nargs="?", const="full", choices=("full", "dots"), default=None,
-                    help="also measure model.remat: full (or dots) where jaxrl's update holds more peak RSS than a "
+    ap.add_argument("--remat-on-memory", nargs="?", const="full", choices=("full", "dots", "mlp"), default=None,
+                    help="also measure model.remat: full (or dots, mlp) where jaxrl's update holds more peak RSS than a "
                     "TRL side")
     ap.add_argument("--out", default=None, help="JSON lines, appended per point; points already there are skipped")
     args = ap.parse_args(argv)

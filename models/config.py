@@ -12,7 +12,7 @@ from typing import Optional, Union
 _NORMS = ("pre", "post", "siamese", "siamese_hybrid")
 SIAMESE_NORMS = ("siamese", "siamese_hybrid")  # two residual streams (x, y), merged by norm_x/norm_y
 _DTYPES = ("float32", "bfloat16")
-_REMATS = ("none", "full", "dots")
+_REMATS = ("none", "full", "dots", "mlp")
 _ATTENTIONS = ("xla", "cudnn", "splash")  # jaxrl.models.attention_fused.KERNELS
 _FAMILIES = ("llama", "qwen2", "qwen3")
 

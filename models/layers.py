@@ -133,7 +133,8 @@ class MLP(nnx.Module):
         self.up_proj = Proj((dim, hidden), ("embed", "mlp"), "BLD,DF->BLF", **kw)
         self.down_proj = Proj((hidden, dim), ("mlp", "embed"), "BLF,FD->BLD", **kw)
 
-    def __call__(self, x_BLD: jax.Array, norm: Optional[RMSNorm] = None) -> jax.Array:
+    def __call__(self, x_BLD: jax.Array, norm: Optional[RMSNorm] = None, keep_projections: bool = True
+                 ) -> jax.Array:
         """MLP(norm(x)), or MLP(x) without `norm`.
 
         The backward pass keeps the two [B, L, F] projections and recomputes silu(gate) ⊙ up from them
@@ -141,14 +142,16 @@ class MLP(nnx.Module):
         activations are the largest residuals of a long-sequence training step (benchmarks/RESULTS.md). A
         pre-norm block passes its norm here, so that it runs inside the same checkpoint: the backward keeps x
         and recomputes norm(x) (elementwise) instead of keeping the norm's [B, L, D] output and its unweighted
-        normalised input."""
+        normalised input. Without `keep_projections` (`model.remat: mlp`) it keeps only x and recomputes the
+        two projections too: 2 of the MLP's 3 matmuls again, for 2 x [B, L, F] less memory per layer."""
         def swiglu(x_BLD):
             u_BLD = x_BLD if norm is None else norm(x_BLD)
             gate_BLF = checkpoint_name(self.gate_proj(u_BLD), "mlp_gate")
             up_BLF = checkpoint_name(self.up_proj(u_BLD), "mlp_up")
             return self.down_proj(jax.nn.silu(gate_BLF) * up_BLF)
 
-        return jax.checkpoint(swiglu, policy=_KEEP_PROJECTIONS)(x_BLD)
+        policy = _KEEP_PROJECTIONS if keep_projections else jax.checkpoint_policies.nothing_saveable
+        return jax.checkpoint(swiglu, policy=policy)(x_BLD)
 
 
 _KEEP_PROJECTIONS = jax.checkpoint_policies.save_only_these_names("mlp_gate", "mlp_up")

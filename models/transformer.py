@@ -26,6 +26,7 @@ Choices and deviations from HF `LlamaForCausalLM`:
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple, Optional
 
 import chex
@@ -73,9 +74,11 @@ class Block(nnx.Module):
         else:
             self.siamese = siamese.HybridNorms(dim, eps=eps, param_dtype=param_dtype)
 
-    def __call__(self, carry, layer, cos_BLH, sin_BLH, visible, cache_kv):
-        """carry: x [B, L, D] (or (x, y) for siamese) → (new carry, (k_BKLH, v_BKLH))."""
+    def __call__(self, carry, layer, cos_BLH, sin_BLH, visible, cache_kv, keep_mlp_projections: bool = True):
+        """carry: x [B, L, D] (or (x, y) for siamese) → (new carry, (k_BKLH, v_BKLH)); without
+        `keep_mlp_projections` the backward recomputes the MLP's projections (`MLP.__call__`)."""
         new_kv = []
+        mlp = functools.partial(self.mlp, keep_projections=keep_mlp_projections)
 
         def attn(u_BLD, norm=None):
             out_BLD, kv = self.self_attn(u_BLD, cos_BLH, sin_BLH, visible, cache_kv, norm=norm)
@@ -84,18 +87,18 @@ class Block(nnx.Module):
 
         if self.norm == "pre":  # each norm runs inside its sublayer's checkpoint (recomputed, not kept)
             x = carry + attn(carry, norm=self.input_layernorm)
-            carry = x + self.mlp(x, norm=self.post_attention_layernorm)
+            carry = x + mlp(x, norm=self.post_attention_layernorm)
         elif self.norm == "post":
             x = self.post_attention_layernorm(carry + attn(carry))
-            carry = self.post_feedforward_layernorm(x + self.mlp(x))
+            carry = self.post_feedforward_layernorm(x + mlp(x))
         elif self.norm == "siamese":
             scale = siamese.depth_scale(layer)
             x, y = self.siamese.apply("attn", *carry, attn, scale)
-            carry = self.siamese.apply("mlp", x, y, self.mlp, scale)
+            carry = self.siamese.apply("mlp", x, y, mlp, scale)
         else:
             scale = siamese.depth_scale(layer)
             x, y = self.siamese.attention(*carry, attn, scale)
-            carry = self.siamese.mlp(x, y, self.mlp, scale)
+            carry = self.siamese.mlp(x, y, mlp, scale)
         return carry, new_kv[0]
 
 
@@ -255,11 +258,12 @@ class Transformer(nnx.Module):
         def body(carry, xs):
             layer_state, layer, kv = xs
             block = nnx.merge(graphdef, layer_state)
-            carry, new_kv = block(carry, layer, cos_BLH, sin_BLH, visible, kv)
+            carry, new_kv = block(carry, layer, cos_BLH, sin_BLH, visible, kv,
+                                  keep_mlp_projections=self.cfg.remat != "mlp")
             carry = jax.tree.map(lambda a: constrain(a, _ACT_BLD), carry)
             return carry, (new_kv if kv is not None else None)
 
-        if self.cfg.remat != "none":
+        if self.cfg.remat in _REMAT_POLICIES:  # "mlp": only the MLP's own checkpoint changes (`Block`)
             body = jax.checkpoint(body, policy=_REMAT_POLICIES[self.cfg.remat])
         if layers is None and (not self.cfg.scan_layers or (cache is not None and cache.per_layer)):
             layers = self.layer_states()  # static slices of the stacks

@@ -11,7 +11,7 @@ from jaxrl.models.lora import LoraConfig
 
 DTYPES = ("float32", "bfloat16")
 NORMS = ("pre", "post", "siamese", "siamese_hybrid")
-REMATS = ("none", "full", "dots")
+REMATS = ("none", "full", "dots", "mlp")
 
 
 def _expand_paths(cfg: Any, names: tuple[str, ...]) -> None:

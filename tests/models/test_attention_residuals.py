@@ -43,7 +43,7 @@ def _square(kept):
 
 
 @pytest.mark.parametrize("scan_layers", [True, False])
-@pytest.mark.parametrize("remat", ["none", "dots", "full"])
+@pytest.mark.parametrize("remat", ["none", "dots", "full", "mlp"])
 def test_no_square_attention_residuals(remat, scan_layers):
     kept = _residuals(remat, scan_layers)
     assert any(s[-1] == 8 for s, _ in kept), "no per-head residuals found: the check would pass vacuously"
@@ -68,6 +68,16 @@ def test_mlp_keeps_only_its_two_projections():
     kept = _residuals("none", scan_layers=False, mlp_dim=f)
     acts = [shape for shape, _ in kept if shape == (2, L, f)]
     assert len(acts) == 2 * TransformerConfig.tiny().num_layers, acts
+
+
+def test_remat_mlp_keeps_no_mlp_projection():
+    """`model.remat: mlp` recomputes gate and up in the backward pass: no F-wide residual is kept, while every
+    other residual of the layer stays (the same count of D-wide ones as without remat)."""
+    f = 96
+    kept = _residuals("mlp", scan_layers=False, mlp_dim=f)
+    assert [s for s, _ in kept if s == (2, L, f)] == []  # (the weights stay: the recompute reads them)
+    wide = lambda k: sorted(s for s, _ in k if s[:2] == (2, L) and s[-1] == TransformerConfig.tiny().hidden_size)
+    assert wide(kept) == wide(_residuals("none", scan_layers=False, mlp_dim=f))
 
 
 def test_mlp_values_and_gradients_equal_the_plain_swiglu():
