@@ -62,7 +62,7 @@ class TransformerConfig:
     norm: str = "pre"
     dtype: str = "float32"
     param_dtype: str = "float32"
-    remat: str = "none"
+    remat: str = "none"  # "none", "full" / "dots" (a checkpointed layer), "mlp" (the MLP's projections only)
     scan_layers: bool = True  # False: unroll the layer loop (execution only; parameters are the same)
     # attention kernel of the full-sequence forward (execution only): "xla", the blocked core
     # (`jaxrl.models.attention`); "cudnn", cuDNN flash attention (GPU, bf16); "splash", Pallas splash
