@@ -106,6 +106,19 @@ def _point(args, p: int, c: int, g: int, sides: str) -> argparse.Namespace:
                              "--steps", str(args.steps), "--rounds", str(args.rounds), "--sides", sides])
 
 
+def _measure(args, report: dict, p: int, c: int, g: int, side: str) -> None:
+    """Adds jaxrl side `side` (a remat policy), measured alone at the point, to the point's `report`."""
+    report.update({k: v for k, v in train_step.measure(_point(args, p, c, g, side)).items()
+                   if k.startswith("jaxrl_")})
+
+
+def _record(out: str, report: dict) -> None:
+    """Appends the point's report to `out` (the last line of a point is the one read back) and prints its row."""
+    with open(out, "a") as f:
+        f.write(json.dumps(report) + "\n")
+    print(row(report), flush=True)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", choices=sorted(train_step.SHAPES), default="tiny")
@@ -135,26 +148,19 @@ def main(argv=None) -> int:
     for p, c, g in itertools.product(ints(args.prompts), ints(args.completions), ints(args.groups)):
         if (p, c, g) in done:
             report = done[p, c, g]
-            key = f"jaxrl_remat_{args.remat_on_memory}"
-            if args.remat_on_memory and key not in report and "jaxrl_packed" not in report and (
-                    "error" in report["jaxrl"] or misses_on_memory(report)):
-                point = _point(args, p, c, g, f"remat-{args.remat_on_memory}")
-                report.update({k: v for k, v in train_step.measure(point).items() if k.startswith("jaxrl_")})
-                with open(out, "a") as f:
-                    f.write(json.dumps(report) + "\n")
-                print(row(report), flush=True)
+            if args.remat_on_memory and f"jaxrl_remat_{args.remat_on_memory}" not in report and (
+                    "jaxrl_packed" not in report and ("error" in report["jaxrl"] or misses_on_memory(report))):
+                _measure(args, report, p, c, g, f"remat-{args.remat_on_memory}")
+                _record(out, report)
             continue
         sides = ("jaxrl,packed," if packs(args.batch, p, c, g, args.lengths) else "jaxrl,") + args.trl
         point = _point(args, p, c, g, sides)
         report = train_step.measure(point)
         out_of_memory = "error" in report["jaxrl"] and "jaxrl_packed" not in report
         if out_of_memory or (args.remat_on_memory and "jaxrl_packed" not in report and misses_on_memory(report)):
-            point.sides = f"remat-{args.remat_on_memory or 'full'}"
-            report.update({k: v for k, v in train_step.measure(point).items() if k.startswith("jaxrl_")})
-        with open(out, "a") as f:
-            f.write(json.dumps(report) + "\n")
+            _measure(args, report, p, c, g, f"remat-{args.remat_on_memory or 'full'}")
+        _record(out, report)
         done[p, c, g] = report
-        print(row(report), flush=True)
     print(f"\nGRPO update, {args.shape} shape, B = {args.batch}, {args.lengths} completion lengths, "
           f"best of {args.rounds} round(s), median of {args.steps} updates:\n")
     trls = [{"trl": "TRL", "trl-ckpt": "TRL, activation checkpointing"}[t] for t in args.trl.split(",")]

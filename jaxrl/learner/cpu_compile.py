@@ -1,14 +1,14 @@
 """XLA:CPU programs with YNNPACK dot fusions, and a guard against the fusion jaxlib 0.10.2 crashes on.
 
 XLA:CPU can hand each dot, with its elementwise neighbours, to YNNPACK (`xla_cpu_experimental_ynn_fusion_type`);
-the update runs 13% faster with the dot fusion (`LIBRARY_FUSION_TYPE_DOT`), the shared-prompt update 10-25%
+the update runs 13% faster with the dot fusion (`LIBRARY_FUSION_TYPE_DOT`), the shared-prompt update 1.13-1.54x
 (benchmarks/RESULTS.md). jaxlib 0.10.2's YNNPACK writes through a null output pointer in its fp32 dot kernel
 (`ynn::dot_fp32_1x32x2_1x8x2_avx512`, a segfault seen with gdb on an AMD EPYC) when a fusion pads a dot's
 result and then uses the padded tensor, as in
 
     fusion(a, b, c) = add(pad(dot(a, b), 0_1024x0_0), c)     # [128, 128] x [128, 32], padded to 1152 rows
 
-(reproduced standalone: `tests/learner/test_cpu_compile.py`). The gradient of a concatenation compiles to such
+(reproduced standalone: `tests/train/test_cpu_compile.py`). The gradient of a concatenation compiles to such
 a fusion: the shared-prompt update of an earlier attention layout did (configs/search_tiny.yaml's shapes), so
 grouped programs were compiled without YNNPACK. A pad at a fusion's root (the loss's gradient scattered back to
 the completion positions, in every unshared update) runs correctly.
