@@ -17,7 +17,8 @@ the completion positions, in every unshared update) runs correctly.
 reads the optimised program, and if any YNNPACK fusion uses a padded tensor it runs that signature's program
 compiled without YNNPACK instead (and says so once on stderr). A program without the pattern is the one
 `jax.jit` compiles and calls (its in-memory cache holds the ahead-of-time compile: nothing is compiled twice).
-Other backends get plain `jax.jit`.
+Other backends get plain `jax.jit`. After each compile the heap's free pages go back to the kernel
+(`host_memory.release_freed`): the step's buffers then reuse the compiler's memory instead of adding to it.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ import re
 import sys
 
 import jax
+
+from jaxrl.runtime import host_memory
 
 YNN_OPTION = "xla_cpu_experimental_ynn_fusion_type"
 YNN_DOT = {YNN_OPTION: "LIBRARY_FUSION_TYPE_DOT"}  # each dot fused with its elementwise neighbours
@@ -71,6 +74,7 @@ class CpuJit:
         key = _signature(args)
         if key not in self._uses_fast:
             unsafe = unsafe_ynn_fusions(self._fast.lower(*args).compile().as_text())
+            host_memory.release_freed()  # the compiler's freed memory, before the program's buffers
             if unsafe:
                 print(f"jaxrl: {self._name}: compiled without YNNPACK on CPU ({len(unsafe)} fusion(s) pad a dot "
                       f"and reuse it, which jaxlib 0.10.2 crashes on: {unsafe[0]})", file=sys.stderr, flush=True)

@@ -30,6 +30,14 @@ A default that can add 70% to the peak (18.5 GB on a 24 GiB host) fails worse th
 the buffers are kept only on request. One arena also serialises `malloc` across threads, which could cost on
 a many-core host.
 
+Separately, `release_freed()` (malloc_trim(3)) returns the free pages inside the heap to the kernel. Compiling
+a program leaves hundreds of MB of freed but still mapped compiler memory scattered through glibc's heaps;
+the first steps then allocate their buffers beside it instead of in it, so the process peaks at compile
+residue + step. `jaxrl.learner.cpu_compile` releases after each compile: the tiny benchmark update
+(`benchmarks/train_step.py`'s model, 16 rows of 64 + 128 tokens, 2026-12-01) then peaked at its compile's
+762 MiB instead of 1021 MiB (the process held 477 MiB after the release, before its first step;
+benchmarks/RESULTS.md).
+
 `JAXRL_HOST_MALLOC` chooses: `default` (the default: leave glibc alone), `keep` (the settings above), or
 `auto` (keep when no accelerator device node is visible). Only glibc on Linux is touched; elsewhere this is a
 no-op.
@@ -69,6 +77,12 @@ def keep_freed_buffers() -> bool:
         return False
     settings = ((_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, _TRIM_BYTES))
     return all(libc.mallopt(param, value) == 1 for param, value in settings)
+
+
+def release_freed() -> bool:
+    """malloc_trim(0): returns free heap pages to the kernel (glibc on Linux; elsewhere False, a no-op)."""
+    libc = _glibc()
+    return bool(libc.malloc_trim(0)) if libc is not None and hasattr(libc, "malloc_trim") else False
 
 
 def accelerator_visible() -> bool:

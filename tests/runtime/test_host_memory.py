@@ -63,3 +63,29 @@ def test_bad_mode_is_a_clear_cli_error(monkeypatch, capsys):
     assert cli.main(["plot", "--help"]) == 2
     err = capsys.readouterr().err
     assert "JAXRL_HOST_MALLOC='sometimes' is not one of auto, keep, default" in err
+
+
+_RELEASE_PROBE = r"""
+import json
+from jaxrl.runtime import host_memory
+
+def rss_mib():
+    return int(open("/proc/self/status").read().split("VmRSS:")[1].split()[0]) / 1024
+
+chunks = [bytearray(4000) for _ in range(50_000)]  # ~200 MB of small (malloc, not mmap) allocations
+pin = bytearray(4000)  # above them: free() alone cannot trim the heap's top
+del chunks
+before = rss_mib()
+released = host_memory.release_freed()
+print(json.dumps({"released": released, "before": before, "after": rss_mib()}))
+"""
+
+
+def test_release_freed_returns_the_heaps_free_pages():
+    """Freed small allocations below a live one stay mapped (glibc trims only the heap's top) until
+    `release_freed` (what `cpu_compile` calls after each compile) hands them back."""
+    out = subprocess.run([sys.executable, "-c", _RELEASE_PROBE], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["released"] is True
+    assert got["before"] - got["after"] > 100, got  # MiB
