@@ -47,6 +47,14 @@ SHAPES = {"tiny": MODEL,
                           max_position_embeddings=8192, tie_embeddings=True)}
 
 
+def attention_weight(shape: str) -> float:
+    """`train.packing: auto`'s attention weight of the `shape` model, as the trainer derives it."""
+    from jaxrl.models import TransformerConfig
+    from jaxrl.rl.unpadding import attention_weight_of
+
+    return attention_weight_of(TransformerConfig(**SHAPES[shape]))
+
+
 def make_inputs(b: int, lp: int, lc: int, seed: int = 0, group: int = 1, lengths: str = "uniform"
                 ) -> dict[str, np.ndarray]:
     """Random rows: prompts of lp//2 .. lp tokens, left-padded (one prompt per `group` consecutive rows),
@@ -158,7 +166,8 @@ def run_jaxrl(model_dir: str, args, out) -> None:
         from jaxrl.sharding import RULES, make_mesh
 
         mesh = make_mesh(MeshConfig(data=1, fsdp=1), jax.devices()[:1])
-        packed_batch, packed = packing.packer_for("auto", mesh, RULES["fsdp"], 1)(batch)
+        weight = attention_weight(args.shape)
+        packed_batch, packed = packing.packer_for("auto", mesh, RULES["fsdp"], 1, attention_weight=weight)(batch)
         if packed["train/packed"]:  # placed like the unpacked batch (uncommitted): one program for every call
             batch = jax.device_put(jax.device_get(packed_batch))
     state, m, compile_s, times = time_update(step, state, batch, base, args.steps)
@@ -365,7 +374,8 @@ def main(argv=None) -> int:
             print(f"  {name:34s} failed ({r['error']})")
             continue
         ratio = f"  -> {vs_trl(side):.2f}x TRL" if vs_trl(side) is not None else ""
-        how = f", packed rows {r['train/packed_rows']:.2f}" if r.get("train/packed") else ""
+        kind = "unpadded" if r.get("train/unpadded") else "packed"
+        how = f", {kind}: {r['train/packed_rows']:.2f} of the positions" if r.get("train/packed") else ""
         print(f"  {name:34s} {r['tokens_per_s']:6.0f} tok/s ({r['step_s'] * 1e3:6.1f} ms/update, peak RSS "
               f"{r['peak_rss_mib']:.0f} MiB, loss {r['loss']:.6f}{how}){ratio}")
     return 0

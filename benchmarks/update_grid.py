@@ -35,13 +35,15 @@ import numpy as np  # noqa: E402
 import train_step  # noqa: E402  (benchmarks/train_step.py)
 
 
-def packs(batch: int, prompt: int, completion: int, group: int, lengths: str) -> bool:
-    """Whether `train.packing: auto` packs this point's batch on one device (`RLPacker`'s decision)."""
+def packs(batch: int, prompt: int, completion: int, group: int, lengths: str, shape: str = "tiny") -> bool:
+    """Whether `train.packing: auto` packs or unpads this point's batch on one device (`RLPacker`'s decision,
+    with the `shape` model's attention weight)."""
     from jaxrl.rl import packing
 
     x = train_step.make_inputs(batch, prompt, completion, group=group, lengths=lengths)
     mask = np.concatenate([x["prompt_mask"], x["completion_mask"]], 1)
-    return packing.rl_plan(mask, prompt, group, blocks=1) is not None
+    weight = train_step.attention_weight(shape)
+    return packing.rl_plan(mask, prompt, group, blocks=1, attention_weight=weight) is not None
 
 
 def _jaxrl_side(report: dict) -> tuple[str, dict]:
@@ -153,7 +155,7 @@ def main(argv=None) -> int:
                 _measure(args, report, p, c, g, f"remat-{args.remat_on_memory}")
                 _record(out, report)
             continue
-        sides = ("jaxrl,packed," if packs(args.batch, p, c, g, args.lengths) else "jaxrl,") + args.trl
+        sides = ("jaxrl,packed," if packs(args.batch, p, c, g, args.lengths, args.shape) else "jaxrl,") + args.trl
         point = _point(args, p, c, g, sides)
         report = train_step.measure(point)
         out_of_memory = "error" in report["jaxrl"] and "jaxrl_packed" not in report

@@ -29,6 +29,7 @@ from jax.ad_checkpoint import checkpoint_name
 from jaxrl.models.attention import MASK_VALUE, attend, masked_scores  # noqa: F401 (MASK_VALUE re-exported)
 from jaxrl.models.config import Llama3RopeScaling
 from jaxrl.models.shared_prompt import GroupVisibility, attend_groups
+from jaxrl.models.unpadded import Unpadded, attend_unpadded
 from jaxrl.sharding import param
 
 _INIT_STD = 0.02  # HF `initializer_range` default for Llama/Qwen
@@ -205,7 +206,8 @@ class Attention(nnx.Module):
           x_BLD: [B, L, D] input.
           cos_BLH, sin_BLH: [B, L, H] RoPE tables of the query/new-key positions.
           visible: without a cache, a causal `attention.KeyMask` (or [B, L, L] bool: which keys each query
-            sees, no query seeing a later key), or a `shared_prompt.GroupVisibility` (rows are [prompt | G completions] groups); with a
+            sees, no query seeing a later key), a `shared_prompt.GroupVisibility` (rows are [prompt | G completions]
+            groups) or an `unpadded.Unpadded` (rows are the real tokens of padded rows, end to end); with a
             cache, the pair ([B, L, S] visible old slots, [B, L, L] visible new keys).
           cache_kv: None, or (k_BKSH, v_BKSH) of this layer.
           norm: None, or the pre-norm applied to `x_BLD` first.
@@ -219,6 +221,8 @@ class Attention(nnx.Module):
         n = kv * g
         if isinstance(visible, GroupVisibility):  # [prompt | G completions] rows (`shared_prompt`)
             out_BLKGH = attend_groups(q_BLKGH, k_BKLH, v_BKLH, visible)
+        elif isinstance(visible, Unpadded):  # the real tokens of padded rows, end to end (`unpadded`)
+            out_BLKGH = attend_unpadded(q_BLKGH, k_BKLH, v_BKLH, visible)
         elif cache_kv is None:  # training / scoring: keeps no [.., L, L] tensor for the backward pass
             out_BLKGH = attend(q_BLKGH, k_BKLH, v_BKLH, visible, causal=True)
         else:

@@ -20,6 +20,8 @@ Choices and deviations from HF `LlamaForCausalLM`:
 * Attention visibility is by cache *slot*, not by position: a query sees valid slots ≤ its own slot.
 * Packed rows (`segment_BL`, `jaxrl.rl.packing`): several sequences in one row, each seeing only itself, with
   positions restarting per segment (the update computes no padding).
+* Unpadded rows (`segment_BL` + `row_map`, `jaxrl.models.unpadded`): the real tokens of padded rows end to end,
+  attention run on the padded rows; the per-token layers compute no padding even where rows cannot share one.
 * `forward_groups` (training / scoring of GRPO groups): each prompt runs once for the G completions that share
   it, through the same layer loop (`jaxrl.models.shared_prompt`).
 """
@@ -34,7 +36,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxrl.models import shared_prompt, siamese
+from jaxrl.models import shared_prompt, siamese, unpadded
 from jaxrl.models.attention import KeyMask
 from jaxrl.models.config import TransformerConfig
 from jaxrl.models.kv_cache import KVCache, write_slots
@@ -159,7 +161,7 @@ class Transformer(nnx.Module):
 
     def forward(self, tokens_BL, positions_BL=None, mask_BL=None, *, cache: Optional[KVCache] = None,
                 layers: Optional[tuple] = None, return_hidden: bool = False,
-                return_logits: bool = True, segment_BL=None) -> ModelOutput:
+                return_logits: bool = True, segment_BL=None, row_map=None) -> ModelOutput:
         """Runs the L new tokens, optionally appending their keys to `cache` (slots [index, index + L)).
 
         Args:
@@ -176,6 +178,11 @@ class Transformer(nnx.Module):
           segment_BL: None, or [B, L] int segment ids of packed rows (`jaxrl.rl.packing`, no cache): a query sees
             only the keys of its own segment, and default positions restart at 0 in each segment, so every
             segment computes what it would alone in a row of its own.
+          row_map: None, or (rows_BL, src_BL') of unpadded rows (`jaxrl.models.unpadded`, with `segment_BL`, no
+            cache): this call's rows hold the real tokens of B' padded rows of width L' end to end, one
+            segment per padded row; attention runs on those padded rows (`rows_BL'` [B', L']: each padded
+            slot's position here, −1 at padding; `src_BL'` [B, L]: each position's padded slot, −1 at
+            padding).
 
         Returns:
           ModelOutput(logits, hidden, cache) — cache is the updated cache (index += L), or None.
@@ -194,6 +201,10 @@ class Transformer(nnx.Module):
                 raise ValueError("packed rows (segment_BL) are a full-sequence forward: no KV cache")
             visible, segment_positions_BL = _segmented(visible, mask_BL, segment_BL)
             positions_BL = segment_positions_BL if positions_BL is None else positions_BL
+            if row_map is not None:  # attention over the padded rows instead of within segments
+                visible = unpadded.unpadded_visibility(*row_map, kernel=self.cfg.attention)
+        elif row_map is not None:
+            raise ValueError("unpadded rows (row_map) need their segment ids (segment_BL)")
         elif positions_BL is None:
             counts_BL = prior_B[:, None] + jnp.cumsum(mask_BL, axis=-1, dtype=jnp.int32)
             positions_BL = jnp.maximum(counts_BL - 1, 0)

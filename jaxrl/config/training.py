@@ -195,11 +195,14 @@ class TrainConfig:
     reference log-prob passes (`jaxrl.models.shared_prompt`; same numbers up to float summation order).
     "auto": wherever the batch keeps whole groups (`jaxrl.rl.batch.prompt_groups` lists the cases that fall
     back to the unshared forward), "always": the same, but a batch that cannot is an error, "never": off.
-    `packing`: "auto" runs the update's forward over packed rows (`jaxrl.rl.packing.RLPacker`: each row's real
-    tokens end to end, no attention across sequences; the loss and gradient of the padded rows up to float
-    summation order) on every mini-batch where that computes fewer token positions than the padded (or
-    shared-prompt) forward; "off" (default): padded rows. Off by default so that the shipped configs' recorded
-    results stay as they are; the pod configs pack."""
+    `packing`: "auto" runs the update's forward, on every mini-batch, in the layout that computes least
+    (`jaxrl.rl.packing.rl_plan`; the loss and gradient of the padded rows up to float summation order): packed
+    rows (several rows' real tokens end to end in rows of the batch's width, no attention across sequences),
+    unpadded rows (each block's real tokens end to end in one row, attention on the padded rows:
+    `jaxrl.models.unpadded`; where no two rows fit one packed row, e.g. uniform lengths) or the padded (or
+    shared-prompt) forward; "rows" / "unpadded": only that layout, where it computes less; "off" (default):
+    padded rows. Off by default so that the shipped configs' recorded results stay as they are; the pod
+    configs pack."""
 
     steps: int = 100
     seed: int = 0
@@ -221,5 +224,5 @@ class TrainConfig:
         _check(self.steps >= 0, "train.steps", self.steps, "must be >= 0")
         _check(self.eval_every >= 0, "train.eval_every", self.eval_every, "must be >= 0 (0 = never)")
         _check_choice("train.share_prompts", self.share_prompts, ("auto", "always", "never"))
-        _check_choice("train.packing", self.packing, ("auto", "off"))
+        _check_choice("train.packing", self.packing, ("auto", "rows", "unpadded", "off"))
 

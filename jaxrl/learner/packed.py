@@ -14,6 +14,10 @@ aggregation over rows and tokens) keeps its padded layout: the loss and gradient
 to float summation order (tests/train/test_packed_update.py). Tokens off the completion mask gather an
 arbitrary finite log-prob that the mask removes, as in the padded batch.
 
+The unpadded layout (`UnpaddedRows`, `jaxrl.rl.unpadding`) is the same with one row per block holding all its
+rows' real tokens, attention run on the padded rows (`jaxrl.models.unpadded`), and the vocabulary projection
+only at the M positions that predict a completion token: there `index[b, t]` indexes those M.
+
 Padded and packed batches are the same `TrainBatch` (`packed` None or not); the loss picks the forward.
 (Tunix and MaxText pack SFT data; verl packs RL rows with FlashAttention's varlen kernels on GPU and
 unpads the loss inputs; here the loss inputs stay padded, which costs B·T floats per tensor and keeps one
@@ -22,12 +26,15 @@ loss for every layout.)
 
 from __future__ import annotations
 
+from typing import Optional
+
 import chex
 import flax.struct
 import jax
 import jax.numpy as jnp
 
 from jaxrl import losses
+from jaxrl.models import unpadded
 
 
 @flax.struct.dataclass
@@ -45,6 +52,18 @@ class PackedRows:
     # predicts completion token (b, t) (the packed position of token W + t − 1); 0 off the real tokens
     index_BT: jax.Array
     rows_per_block: int = flax.struct.field(pytree_node=False, default=1)
+    unpadded: Optional["UnpaddedRows"] = None  # the unpadded layout's maps (one row per block), else None
+
+
+@flax.struct.dataclass
+class UnpaddedRows:
+    """The maps of an unpadded batch (`jaxrl.rl.unpadding.unpadded_layout`; block-local, −1 at padding):
+    with them `PackedRows.index_BT` indexes the M `predict_RM` positions of its block instead of its row."""
+
+    rows_BL: jax.Array  # int32 [B, L]: each padded slot's position in its block's row
+    src_RL: jax.Array  # int32 [R, N]: each position's padded slot (row-in-block·L + column)
+    predict_RM: jax.Array  # int32 [R, M]: the positions whose hidden states predict a completion token
+    predictor_RL: jax.Array  # int32 [R, N]: the inverse of predict (each position's m)
 
 
 def packed_token_logprobs(model, packed: PackedRows, *, chunk: int, temperature: float = 1.0):
@@ -56,6 +75,8 @@ def packed_token_logprobs(model, packed: PackedRows, *, chunk: int, temperature:
     """
     chex.assert_rank([packed.tokens_RL, packed.index_BT], 2)
     chex.assert_equal_shape([packed.tokens_RL, packed.mask_RL, packed.segment_RL])
+    if packed.unpadded is not None:
+        return _unpadded_token_logprobs(model, packed, chunk=chunk, temperature=temperature)
     out = model.forward(packed.tokens_RL, None, packed.mask_RL, return_hidden=True, return_logits=False,
                         segment_BL=packed.segment_RL)
     logp_RT, ent_RT = losses.token_logprobs_and_entropy(out.hidden[:, :-1], model.unembedding(),
@@ -64,6 +85,19 @@ def packed_token_logprobs(model, packed: PackedRows, *, chunk: int, temperature:
     pad = lambda x_RT: jnp.pad(x_RT, ((0, 0), (0, 1)))
     gather = lambda x_RL: gather_blocks(x_RL, packed.index_BT, packed.rows_per_block)
     return gather(pad(logp_RT)), gather(pad(ent_RT))
+
+
+def _unpadded_token_logprobs(model, packed: PackedRows, *, chunk: int, temperature: float):
+    """`packed_token_logprobs` of unpadded rows (`jaxrl.models.unpadded`): the vocabulary projection runs
+    only at the M positions that predict a completion token (`predict_RM`)."""
+    u = packed.unpadded
+    out = model.forward(packed.tokens_RL, None, packed.mask_RL, return_hidden=True, return_logits=False,
+                        segment_BL=packed.segment_RL, row_map=(u.rows_BL, u.src_RL))
+    hidden_RMD = unpadded.permute(out.hidden, u.predict_RM, u.predictor_RL)
+    targets_RM = jnp.take_along_axis(packed.tokens_RL, jnp.maximum(u.predict_RM, 0) + 1, axis=1)
+    logp_RM, ent_RM = losses.token_logprobs_and_entropy(hidden_RMD, model.unembedding(), targets_RM,
+                                                        chunk_size=chunk, temperature=temperature)
+    return gather_blocks(logp_RM, packed.index_BT, 1), gather_blocks(ent_RM, packed.index_BT, 1)
 
 
 def gather_blocks(x_RL: jax.Array, index_BT: jax.Array, rows_per_block: int) -> jax.Array:

@@ -43,9 +43,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Sharding
 
-from jaxrl.learner.packed import PackedRows, gather_blocks
+from jaxrl.learner.packed import PackedRows, UnpaddedRows, gather_blocks
 from jaxrl.learner.train_step import TrainBatch
 from jaxrl.rl.batch import rows_multiple_of
+from jaxrl.rl.unpadding import ATTENTION_WEIGHT, UnpaddedLayout, ladder, unpadded_layout, work
 from jaxrl.sharding import batch_shardings, hosts
 
 CLIP = 0.2  # the clip bounds of expert rows (unused by the SFT loss; kept like `expert_rows`)
@@ -178,9 +179,6 @@ def pack(batch: TrainBatch, num_blocks: int, held: list[int], rows_per_block: in
 # where each row's real tokens go and where each completion token's log-prob comes from, `RLPacker` builds
 # the packed rows on the devices and decides, per mini-batch, whether packing saves work.
 
-RL_LADDER = 8  # packed rows per block take one of 8 sizes (eighths of the block): at most 8 programs per width
-
-
 def row_spans(mask_BL: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(start_B, count_B, contiguous_B): each row's first real position, its number of real tokens, and
     whether those are one contiguous run (a left-padded prompt followed by a right-padded completion)."""
@@ -191,11 +189,6 @@ def row_spans(mask_BL: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     last_B = length - 1 - np.argmax(mask_BL[:, ::-1], axis=1)
     contiguous_B = (count_B == 0) | (last_B - start_B + 1 == count_B)
     return start_B, count_B, contiguous_B
-
-
-def ladder(per_block: int, steps: int = RL_LADDER) -> list[int]:
-    """The packed-row counts a block may take: ⌈per_block·i/steps⌉ for i = 1..steps, distinct, ascending."""
-    return sorted({-(-per_block * i // steps) for i in range(1, steps + 1)})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -252,16 +245,34 @@ def padded_work(rows: int, prompt_width: int, length: int, group: int) -> int:
     return rows * length
 
 
-def rl_plan(mask_BL, prompt_width: int, group: int, blocks: int) -> RLLayout | None:
-    """`train.packing: auto`'s decision for a batch of real-token mask `mask_BL` (host array): its packed
-    layout (`rl_layout`) when every row's real tokens are contiguous and the packed rows compute fewer
-    positions than the unpacked forward (`padded_work`, shared prompts for `group` > 1), else None."""
+LAYOUTS = {"auto": ("rows", "unpadded"), "rows": ("rows",), "unpadded": ("unpadded",)}  # `train.packing`'s
+
+
+def rl_plan(mask_BL, prompt_width: int, group: int, blocks: int, attention_weight: float = ATTENTION_WEIGHT,
+            layouts: tuple[str, ...] = LAYOUTS["auto"]) -> RLLayout | UnpaddedLayout | None:
+    """`train.packing`'s decision for a batch of real-token mask `mask_BL` (host array): the layout of least
+    `unpadding.work` among the padded rows (None; shared prompts for `group` > 1) and, of `layouts`, the
+    packed rows ("rows", `rl_layout`) and the unpadded rows ("unpadded", `unpadded_layout`), the latter two
+    only when every row's real tokens are contiguous."""
     rows, length = np.shape(mask_BL)
     start_B, count_B, contiguous_B = row_spans(mask_BL)
-    layout = rl_layout(start_B, count_B, prompt_width, length, blocks) if contiguous_B.all() else None
-    if layout is None or layout.src_RL.shape[0] * length >= padded_work(rows, prompt_width, length, group):
+    if not contiguous_B.all():
         return None
-    return layout
+    w, t = prompt_width, length - prompt_width
+    if group > 1:  # prompts once per group: P rows of W, then B completions over [W prompt | T own] keys
+        best = (work(padded_work(rows, w, length, group), rows // group, w, attention_weight)
+                + attention_weight * rows * t * (w + (t + 1) / 2), None)
+    else:
+        best = (work(rows * length, rows, length, attention_weight), None)
+    packed = rl_layout(start_B, count_B, w, length, blocks) if "rows" in layouts else None
+    if packed is not None:
+        r = packed.src_RL.shape[0]
+        best = min(best, (work(r * length, r, length, attention_weight), packed), key=lambda c: c[0])
+    unpadded = unpadded_layout(start_B, count_B, w, length, blocks) if "unpadded" in layouts else None
+    if unpadded is not None:
+        best = min(best, (work(unpadded.src_RN.size, rows, length, attention_weight), unpadded),
+                   key=lambda c: c[0])
+    return best[1]
 
 
 @functools.lru_cache(maxsize=None)
@@ -277,8 +288,9 @@ def _gather_tokens(out: Sharding, rows_per_block: int):
 
 @dataclasses.dataclass(frozen=True)
 class RLPacker:
-    """`train.packing: auto`: (mini-batch) -> (the mini-batch, packed where that computes fewer token
-    positions than its unpacked forward, and {"train/packed": 0 | 1, "train/packed_rows": R / B}).
+    """`train.packing: auto`: (mini-batch) -> (the mini-batch, packed or unpadded where that computes less
+    (`rl_plan`, pairs of attention weighed by `attention_weight`), and {"train/packed": 0 | 1,
+    "train/unpadded": 0 | 1, "train/packed_rows": the fraction of the padded positions the forward computes}).
 
     Blocks: `blocks` = lcm(batch shards, micro-batches), so a block's packed rows sit on the device of its
     rows and in its micro-batch (`jaxrl.learner.train_step.accumulate` splits rows and packed rows alike). The
@@ -291,6 +303,8 @@ class RLPacker:
     mesh: Any
     rules: Any
     blocks: int
+    attention_weight: float = ATTENTION_WEIGHT
+    layouts: tuple[str, ...] = LAYOUTS["auto"]
     _last: list = dataclasses.field(default_factory=list, compare=False, repr=False)  # [(tokens, mask, G, packed, info)]
 
     def __call__(self, batch: TrainBatch) -> tuple[TrainBatch, dict[str, float]]:
@@ -303,22 +317,34 @@ class RLPacker:
     def _pack(self, batch: TrainBatch) -> tuple[PackedRows | None, dict[str, float]]:
         rows, length = batch.tokens_BL.shape
         w = length - batch.completion_mask_BT.shape[1]
-        layout = rl_plan(hosts.to_host(batch.mask_BL), w, batch.group, self.blocks)
+        layout = rl_plan(hosts.to_host(batch.mask_BL), w, batch.group, self.blocks, self.attention_weight,
+                         self.layouts)
         if layout is None:
-            return None, {"train/packed": 0.0, "train/packed_rows": 1.0}
+            return None, {"train/packed": 0.0, "train/unpadded": 0.0, "train/packed_rows": 1.0}
         place = lambda x: hosts.host_to_global(x, self._rows(x))
-        tokens_RL = _gather_tokens(self._rows(layout.src_RL), layout.rows_per_block)(batch.tokens_BL,
-                                                                                    place(layout.src_RL))
-        packed = PackedRows(tokens_RL, place(layout.segment_RL > 0), place(layout.segment_RL),
-                            place(layout.index_BT), rows_per_block=layout.rows_per_block)
-        return packed, {"train/packed": 1.0, "train/packed_rows": layout.src_RL.shape[0] / rows}
+        if isinstance(layout, UnpaddedLayout):  # one row per block
+            src_RL, segment_RL, per_block = layout.src_RN, layout.segment_RN, 1
+        else:
+            src_RL, segment_RL, per_block = layout.src_RL, layout.segment_RL, layout.rows_per_block
+        src = place(src_RL)
+        tokens_RL = _gather_tokens(self._rows(src_RL), per_block)(batch.tokens_BL, src)
+        unpadded = None
+        if isinstance(layout, UnpaddedLayout):
+            unpadded = UnpaddedRows(place(layout.rows_BL), src, place(layout.predict_RM), place(layout.predictor_RN))
+        packed = PackedRows(tokens_RL, place(segment_RL > 0), place(segment_RL), place(layout.index_BT),
+                            rows_per_block=per_block, unpadded=unpadded)
+        return packed, {"train/packed": 1.0, "train/unpadded": float(unpadded is not None),
+                        "train/packed_rows": src_RL.size / (rows * length)}
 
     def _rows(self, x: np.ndarray) -> Sharding:
         return batch_shardings(jax.ShapeDtypeStruct(x.shape, x.dtype), self.mesh, self.rules)
 
 
-def packer_for(mode: str, mesh, rules, grad_accum: int) -> RLPacker | None:
-    """`train.packing`'s packer ("auto"; None for "off"): its blocks one per batch shard and micro-batch."""
+def packer_for(mode: str, mesh, rules, grad_accum: int, attention_weight: float = ATTENTION_WEIGHT
+               ) -> RLPacker | None:
+    """`train.packing`'s packer ("auto", "rows", "unpadded"; None for "off"): its blocks one per batch shard
+    and micro-batch; `attention_weight`: the model's (`unpadding.attention_weight_of`)."""
     if mode == "off":
         return None
-    return RLPacker(mesh, rules, blocks=math.lcm(rows_multiple_of(mesh, rules, 1, 1), grad_accum))
+    return RLPacker(mesh, rules, blocks=math.lcm(rows_multiple_of(mesh, rules, 1, 1), grad_accum),
+                    attention_weight=attention_weight, layouts=LAYOUTS[mode])

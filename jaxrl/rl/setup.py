@@ -34,7 +34,7 @@ from jaxrl.errors import ConfigError, UserError
 from jaxrl.models import lora
 from jaxrl.learner.objectives import OBJECTIVES, PARAMS_KEY, objective_kwargs
 from jaxrl.learner.optim import build_optimizer
-from jaxrl.rl import packing, placement
+from jaxrl.rl import packing, placement, unpadding
 from jaxrl.rl.partial import make_feed
 from jaxrl.rl.batch import row_multiple, assemble, update
 from jaxrl.rl.collect import Collector, EnvEpisodes, SingleTurn, System, SystemRows
@@ -191,7 +191,8 @@ def setup(cfg: ExperimentConfig, run_dir: Path) -> tuple[Run, TrainState, Any]:
               schedule=_schedule(cfg, system, policy, model, tokenizer, mesh, rules),
               segment_estimators=_segment_estimators(cfg, system),
               share_prompts=cfg.train.share_prompts,
-              packer=packing.packer_for(cfg.train.packing, mesh, rules, spec.grad_accum),
+              packer=packing.packer_for(cfg.train.packing, mesh, rules, spec.grad_accum,
+                                        attention_weight=unpadding.attention_weight_of(model.cfg)),
               flops_per_token=functools.partial(step_time.train_flops_per_token, model.cfg,
                                                 lora=lora_cfg is not None), batch_stages=batch_stages,
               feed=make_feed(cfg.train.async_.max_staleness, processes=jax.process_count(), devices=mesh.devices.size,

@@ -58,11 +58,14 @@ BASE = [
 # One comparison asserts several things: ppo (a critic, GAE, 2 mini-batches) also checks the KL term, in the
 # reward per token (its reference and the critic are checkpointed, so the kill -9 test below resumes both),
 # process 0's tracker, and continuous batching (8 decode slots for the 16 rows of a step, refilled); gdpo starts from an SFT warm start on 4 hosts
-# and packs its updates (`train.packing: auto`: prompts of about 17 tokens left-padded to 64, so the two rows
-# of each batch shard's block fit one packed row, fewer positions than even the shared-prompt forward's) and
+# and packs its updates into rows (`train.packing: rows`: prompts of about 17 tokens left-padded to 64, so the
+# two rows of each batch shard's block fit one packed row, fewer positions than even the shared-prompt
+# forward's) and
 # runs async with partial rollouts (k = 1: step 2's rows begun by the step-0 policy continue under step 1's,
 # re-prefilled from tokens gathered over the four hosts; `jaxrl.rl.partial`); dapo
-# is asynchronous and packs too (2 processes x 2 devices)
+# is asynchronous and unpads its updates (`train.packing: unpadded`, each block's real tokens end to end,
+# attention on the padded rows: `jaxrl.models.unpadded`; with prompts not shared, which computes less than
+# its groups' shared prompts would; 2 processes x 2 devices)
 # (`train.async.max_staleness=1`: step 2 trains on a rollout the step-0 policy sampled, its resampling rounds
 # included, collected before step 1's update; `jaxrl.rl.ahead`).
 CASES = {
@@ -70,8 +73,8 @@ CASES = {
             "logging.trackers=[mlflow]", "algorithm.ppo.lam=0.95", "algorithm.mini_batches=2",
             "rollout.engine.kind=continuous", "rollout.engine.slots=8", "data.prompts_per_step=8"],
     "dapo": ["algorithm.name=dapo", "algorithm.params.max_tries=2", "train.async.max_staleness=1",
-             "train.packing=auto", "rollout.prompt_buckets=[64]"],
-    "gdpo": ["algorithm.name=gdpo", "sft_warmup.steps=4", "sft_warmup.batch_size=8", "train.packing=auto",
+             "train.packing=unpadded", "train.share_prompts=never", "rollout.prompt_buckets=[64]"],
+    "gdpo": ["algorithm.name=gdpo", "sft_warmup.steps=4", "sft_warmup.batch_size=8", "train.packing=rows",
              "rollout.prompt_buckets=[64]", "train.async.max_staleness=1", "train.async.partial_rollouts=true"],
     "clipo_lora": ["algorithm.name=clipo", "model.lora={rank: 4, alpha: 8}", "model.quantize=int8",
                    "algorithm.kl.beta=0.05", "optimizer.lr=5e-2"],
@@ -260,8 +263,9 @@ def test_several_hosts_match_one_host(name, tmp_root):
     if name == "gdpo":  # partial rollouts: rows continued under the newer policy, at the same tokens' staleness
         assert all(r["async/continued_frac"] > 0 for r in one if "loss" in r), one
         assert [r["async/token_staleness_max"] for r in one if "loss" in r] == [0.0, 1.0], one
-    if name in ("gdpo", "dapo"):  # packed updates (`train.packing: auto`): every step, 2 rows per packed row
-        assert all(r["train/packed"] == 1 for r in one if "loss" in r), [r.get("train/packed_rows") for r in one]
+    if name in ("gdpo", "dapo"):  # packed (gdpo, 2 rows per packed row) or unpadded (dapo) updates, every step
+        assert all(r["train/packed"] == 1 and r["train/unpadded"] == (name == "dapo") for r in one if "loss" in r), [
+            (r.get("train/packed_rows"), r.get("train/unpadded")) for r in one]
     if name == "rollout_devices":  # k = 1 from the sampler's own devices, its weights moved there each step
         assert [r["async/staleness_max"] for r in two if "loss" in r] == [0.0, 1.0], two
         assert all(r["time/weight_sync"] > 0 for r in two if "loss" in r), two

@@ -1,5 +1,6 @@
-"""Packed RL updates (`train.packing: auto`, issue 33 item 4): the update's forward over packed rows gives the
-padded batch's loss and gradient.
+"""Packed and unpadded RL updates (`train.packing: auto`, issue 33 items 4 and 7): the update's forward over
+packed rows, or over each block's real tokens end to end (`jaxrl.models.unpadded`), gives the padded batch's
+loss and gradient; `rl_plan` picks the layout that computes least.
 
 In-process on the tiny model and 4 of the 8 fake CPU devices (a block of rows per device, and per
 micro-batch). The CLI with packing, 2 processes x 2 devices against 1 x 4, runs in
@@ -19,17 +20,18 @@ from jaxrl.learner.packed import gather_blocks
 from jaxrl.learner.train_step import (LossSpec, TrainBatch, jitted_packed_logprob_pass, loss_and_grad,
                                       sequence_logprobs)
 from jaxrl.losses import AggMode
-from jaxrl.rl import packing
+from jaxrl.rl import packing, unpadding
 from jaxrl.sharding import RULES, make_mesh
 
 B, W, T = 16, 8, 24
 
 
-def _rollout_batch(seed: int, *, group: int = 1, long_rows: int = 2) -> TrainBatch:
+def _rollout_batch(seed: int, *, group: int = 1, long_rows: int = 2, full_prompts: bool = False) -> TrainBatch:
     """Rollout rows [prompt left-padded to W | completion right-padded to T] with long-tailed completion
     lengths (`long_rows` rows of the full T, the rest 1-6 tokens), random old log-probs near the model's and
     per-row advantages; in one row two completion tokens are not trained on (an environment's). `group` > 1:
-    rows in groups of `group` with one prompt each (the shared-prompt form)."""
+    rows in groups of `group` with one prompt each (the shared-prompt form); `full_prompts`: every prompt W
+    tokens."""
     rng = np.random.default_rng(seed)
     tokens = np.zeros((B, W + T), np.int32)
     mask = np.zeros((B, W + T), bool)
@@ -37,7 +39,7 @@ def _rollout_batch(seed: int, *, group: int = 1, long_rows: int = 2) -> TrainBat
     prompt = None
     for b in range(B):
         if b % group == 0:
-            p = int(rng.integers(1, W + 1))
+            p = W if full_prompts else int(rng.integers(1, W + 1))
             prompt = rng.integers(3, 64, size=p)
         c = T if b in rng.choice(B, long_rows, replace=False) else int(rng.integers(1, 7))
         tokens[b, W - len(prompt):W] = prompt
@@ -97,20 +99,26 @@ SPECS = {
 }
 
 
+LAYOUTS = ("rows", "unpadded")  # `train.packing` values of one layout each
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("name", [*SPECS, "shared_prompt_form"])
-def test_packed_loss_and_gradient_equal_the_padded_ones(model_parts, name):
-    """On 4 devices (and 2 micro-batches for gspo: 4 blocks either way), the packed forward's loss, metrics
-    and gradient equal the padded forward's; the shared-prompt form: a batch of groups of 4 that the padded
-    update runs with each prompt once (`TrainBatch.group`) packs when that computes fewer positions."""
+def test_packed_loss_and_gradient_equal_the_padded_ones(model_parts, name, layout):
+    """On 4 devices (and 2 micro-batches for gspo: 4 blocks either way), the packed or unpadded forward's
+    loss, metrics and gradient equal the padded forward's; the shared-prompt form: a batch of groups of 4 that
+    the padded update runs with each prompt once (`TrainBatch.group`) packs when that computes less."""
     graphdef, params = model_parts
     spec = SPECS.get(name, LossSpec())
     shared = name == "shared_prompt_form"
     batch = _rollout_batch(3, group=4 if shared else 1, long_rows=1 if shared else 2)
     mesh = make_mesh(MeshConfig(data=4, fsdp=1), jax.devices()[:4])
-    packer = packing.packer_for("auto", mesh, RULES["fsdp"], spec.grad_accum)
+    packer = packing.packer_for(layout, mesh, RULES["fsdp"], spec.grad_accum)
     assert packer.blocks == 4
     packed, info = packer(batch)
     assert info["train/packed"] == 1.0 and info["train/packed_rows"] < 1.0 and packed.group == 1
+    assert info["train/unpadded"] == float(layout == "unpadded")
+    assert (packed.packed.unpadded is not None) == (layout == "unpadded")
     assert packer(batch)[0].packed is packed.packed  # the same arrays again: packed once (`RLPacker._last`)
     fn = jax.jit(functools.partial(loss_and_grad, graphdef=graphdef, spec=spec))
     loss, grads, metrics = jax.device_get(fn(params, batch=jax.tree.map(jnp.asarray, batch)))
@@ -124,14 +132,62 @@ def test_packed_loss_and_gradient_equal_the_padded_ones(model_parts, name):
         np.testing.assert_allclose(gp, g, rtol=1e-4, atol=1e-6)
 
 
-def test_packed_logprob_pass_equals_the_padded_one(model_parts):
-    """The old / reference log-prob pass over packed rows (`jitted_packed_logprob_pass`, what `assemble` runs
-    under `train.packing: auto`) gives the padded pass's log-probs at every completion token."""
+def test_unpadded_layout_places_every_real_token_once_and_indexes_its_predictor():
+    """Each block's real tokens end to end in one row, `rows_BL` and `src_RN` inverse maps of each other,
+    `predict_RM` / `predictor_RN` too, and completion token (b, t) predicted by the position of token W + t − 1
+    (the next position holding token W + t)."""
+    batch = _rollout_batch(1, long_rows=6)
+    start, count, _ = packing.row_spans(batch.mask_BL)
+    u = unpadding.unpadded_layout(start, count, W, W + T, blocks=4)
+    per, length = B // 4, W + T
+    assert u.src_RN.shape[0] == 4 and u.src_RN.shape[1] in unpadding.ladder(per * length, unpadding.WIDTH_STEPS)
+    assert u.src_RN.shape[1] >= count.reshape(4, per).sum(1).max() and u.src_RN.shape[1] < per * length
+    mask = np.asarray(batch.mask_BL)
+    assert (u.rows_BL >= 0).sum() == (u.src_RN >= 0).sum() == mask.sum() and np.array_equal(u.rows_BL >= 0, mask)
+    for k in range(4):
+        real = u.src_RN[k] >= 0
+        assert np.all(np.flatnonzero(real) == np.arange(real.sum()))  # end to end, padding last
+        i, col = np.divmod(u.src_RN[k][real], length)
+        np.testing.assert_array_equal(u.rows_BL[k * per + i, col], np.flatnonzero(real))
+        used = u.predict_RM[k] >= 0
+        np.testing.assert_array_equal(u.predictor_RN[k][u.predict_RM[k][used]], np.flatnonzero(used))
+        assert (u.predictor_RN[k] >= 0).sum() == used.sum()
+    flat = np.asarray(batch.tokens_BL).reshape(4, per * length)
+    for b, t in zip(*np.nonzero(mask[:, W:])):
+        k = b // per
+        at = u.predict_RM[k][u.index_BT[b, t]]
+        assert u.src_RN[k][at] == (b % per) * length + W + t - 1 and u.segment_RN[k][at] == u.segment_RN[k][at + 1]
+        assert flat[k][u.src_RN[k][at + 1]] == batch.tokens_BL[b, W + t]
+
+
+def test_plan_packs_long_tailed_rows_and_unpads_uniform_ones():
+    """With the tiny model's attention weight, a long-tailed batch (2 of 16 rows long) packs into rows, and a
+    batch of rows all longer than half the width (no two share a packed row) runs unpadded; rows with no
+    padding run padded. Work (`unpadding.work`): positions plus weighted causal pairs."""
+    from jaxrl.models import TransformerConfig
+
+    weight = unpadding.attention_weight_of(TransformerConfig.tiny())
+    assert 0 < weight < 0.1
+    tailed = packing.rl_plan(_rollout_batch(2).mask_BL, W, 1, blocks=2, attention_weight=1.0)
+    assert isinstance(tailed, packing.RLLayout)
+    uniform = np.zeros((B, W + T), bool)
+    for b in range(B):
+        uniform[b, W - 3 - b % 5:W + T - b % 4] = True  # 20-32 real tokens of 32: longer than half each
+    assert packing.rl_layout(*packing.row_spans(uniform)[:2], W, W + T, blocks=2) is None
+    assert isinstance(packing.rl_plan(uniform, W, 1, blocks=2, attention_weight=weight), unpadding.UnpaddedLayout)
+    assert packing.rl_plan(np.ones((B, W + T), bool), W, 1, blocks=2, attention_weight=weight) is None
+    assert unpadding.work(10, 2, 4, 0.5) == 10 + 0.5 * 2 * 10
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_packed_logprob_pass_equals_the_padded_one(model_parts, layout):
+    """The old / reference log-prob pass over packed or unpadded rows (`jitted_packed_logprob_pass`, what
+    `assemble` runs under `train.packing: auto`) gives the padded pass's log-probs at every completion token."""
     graphdef, params = model_parts
     batch = _rollout_batch(5)
     mesh = make_mesh(MeshConfig(data=4, fsdp=1), jax.devices()[:4])
-    packed, info = packing.packer_for("auto", mesh, RULES["fsdp"], 1)(batch)
-    assert info["train/packed"] == 1.0
+    packed, info = packing.packer_for(layout, mesh, RULES["fsdp"], 1)(batch)
+    assert info["train/packed"] == 1.0 and info["train/unpadded"] == float(layout == "unpadded")
     spec = LossSpec(temperature=0.7)
     got = np.asarray(jitted_packed_logprob_pass(graphdef, spec)(params, packed.packed))
     want = np.asarray(jax.jit(functools.partial(sequence_logprobs, graphdef=graphdef, width=T, chunk=8192,
@@ -145,11 +201,11 @@ def test_packed_logprob_pass_equals_the_padded_one(model_parts):
 def test_packer_leaves_a_batch_that_packing_would_not_shrink():
     """Rows that fill their width run as they are (so do groups whose shared prompts compute fewer positions
     than the packed rows would)."""
-    batch = _rollout_batch(4, long_rows=B)
+    batch = _rollout_batch(4, long_rows=B, full_prompts=True)
     mesh = make_mesh(MeshConfig(data=4, fsdp=1), jax.devices()[:4])
     packer = packing.packer_for("auto", mesh, RULES["fsdp"], 1)
     same, info = packer(batch)
-    assert same is batch and info == {"train/packed": 0.0, "train/packed_rows": 1.0}
+    assert same is batch and info == {"train/packed": 0.0, "train/unpadded": 0.0, "train/packed_rows": 1.0}
     assert packing.packer_for("off", mesh, RULES["fsdp"], 1) is None
     # the forward the packed rows are weighed against: B·L positions, or P·W + B·T with shared prompts
     assert packing.padded_work(B, W, W + T, 1) == B * (W + T)
@@ -157,6 +213,6 @@ def test_packer_leaves_a_batch_that_packing_would_not_shrink():
 
 
 def test_bad_packing_value_is_one_line():
-    with pytest.raises(ConfigError, match="train.packing='always': allowed values are 'auto', 'off'"):
+    with pytest.raises(ConfigError, match="train.packing='always': allowed values are 'auto', 'rows', 'unpadded', 'off'"):
         load_config(None, ["train.packing=always"])
     assert load_config(None, []).train.packing == "off"
