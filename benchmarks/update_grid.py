@@ -6,7 +6,7 @@
 Every point (prompt x completion x G) is one `benchmarks/train_step.py` measurement (`train_step.measure`: each
 side in its own process, round-robin over `--rounds`, median of `--steps` updates after a compiling one, peak
 RSS). jaxrl's side is the update the trainer runs at that point with `train.packing: auto`: the batch packed
-when the packer would pack it (`jaxrl.rl.packing.rl_layout`, decided here on the same rows), else each prompt
+or unpadded when the packer would do so (`jaxrl.rl.packing.rl_plan`, decided here on the same rows), else each prompt
 once per group for G > 1 (`train.share_prompts: auto`), else the padded rows; the table names the path. The
 packer is only run where it packs, so a point costs two sides (jaxrl, TRL), or three when it packs (the
 unpacked update too, for the record). `--trl trl,trl-ckpt` measures TRL both without activation checkpointing
@@ -52,7 +52,8 @@ def _jaxrl_side(report: dict) -> tuple[str, dict]:
     target (`_verdict`) on unpacked rows where remat full meets it."""
     packed = "jaxrl_packed" in report
     side = report["jaxrl_packed"] if packed else report["jaxrl"]
-    path = "packed" if packed else ("shared prompt" if report["group"] > 1 else "padded")
+    path = ("unpadded" if side.get("train/unpadded") else "packed") if packed else (
+        "shared prompt" if report["group"] > 1 else "padded")
     for policy in ("mlp", "dots", "full"):
         remat = report.get(f"jaxrl_remat_{policy}")
         if remat is not None and "error" not in remat and (

@@ -74,18 +74,20 @@ def block_rows(batch: int, heads: int, num_keys: int) -> int:
     return QUERY_BLOCKS[-1]
 
 
-def batch_rows(batch: int, heads: int, num_keys: int, backend: str | None = None, devices: int | None = None
-               ) -> int:
+def batch_rows(batch: int, heads: int, num_keys: int, backend: str | None = None, devices: int | None = None,
+               loop_above: int | None = None) -> int:
     """Rows of the batch per loop of the blocked core: all of them, except on XLA:CPU with one device
     (`backend`, `devices`: default JAX's default backend and device count) where their 128-query blocks'
-    float32 scores [batch, heads, 128, num_keys] would pass SCORE_BLOCK_BYTES: then the most rows, a divisor
-    of `batch`, whose 128-query blocks stay under ROW_LOOP_BYTES (at least one). Static, from the global
+    float32 scores [batch, heads, 128, num_keys] would pass `loop_above` (None: SCORE_BLOCK_BYTES; the unpadded
+    forward's classes of a few rows pass ROW_LOOP_BYTES, `jaxrl.models.unpadded`): then the most rows, a
+    divisor of `batch`, whose 128-query blocks stay under ROW_LOOP_BYTES (at least one). Static, from the global
     shapes. With several devices the batch is split over them and a loop over rows would gather it (GSPMD
     cannot give each device its own rows without knowing the split), so they keep one loop over all rows."""
     backend = jax.default_backend() if backend is None else backend
     devices = jax.device_count() if devices is None else devices
     full = QUERY_BLOCKS[0]
-    if backend != "cpu" or devices != 1 or batch * heads * full * num_keys * 4 <= SCORE_BLOCK_BYTES:
+    loop_above = SCORE_BLOCK_BYTES if loop_above is None else loop_above
+    if backend != "cpu" or devices != 1 or batch * heads * full * num_keys * 4 <= loop_above:
         return batch
     fits = [r for r in range(1, batch) if batch % r == 0 and r * heads * full * num_keys * 4 <= ROW_LOOP_BYTES]
     return max(fits, default=1)
@@ -139,7 +141,7 @@ def masked_scores(q_BLKGH, k_BKSH, visible_BLS) -> jax.Array:
 
 
 def attend(q_BLKGH: jax.Array, k_BKSH: jax.Array, v_BKSH: jax.Array, visible_BLS: jax.Array, *,
-           causal: bool = False, block_q: int | None = None) -> jax.Array:
+           causal: bool = False, block_q: int | None = None, loop_above: int | None = None) -> jax.Array:
     """softmax(q kᵀ / √H + mask) v over all S keys, memory-light in the backward (see the module docstring).
 
     Args:
@@ -151,7 +153,7 @@ def attend(q_BLKGH: jax.Array, k_BKSH: jax.Array, v_BKSH: jax.Array, visible_BLS
         S − L + l (`visible[:, l, s]` False for s > S − L + l; S == L for self-attention); blocks then skip
         the keys after their last query. Not checked (it would cost a pass).
       block_q: queries per block (static; None: `block_rows` of the shapes, over `batch_rows` rows of the
-        batch per loop); L need not be a multiple.
+        batch per loop, `loop_above` its threshold); L need not be a multiple.
 
     Returns:
       [B, L, K, G, H] output in v's dtype.
@@ -180,7 +182,7 @@ def attend(q_BLKGH: jax.Array, k_BKSH: jax.Array, v_BKSH: jax.Array, visible_BLS
         chex.assert_type(visible_BLS, bool)
     if block_q is None:
         heads, num_keys = q_BLKGH.shape[2] * q_BLKGH.shape[3], k_BKSH.shape[2]
-        rows = batch_rows(b, heads, num_keys)
+        rows = batch_rows(b, heads, num_keys, loop_above=loop_above)
         if rows < b:
             return _over_rows(q_BLKGH, k_BKSH, v_BKSH, visible_BLS, causal, block_rows(rows, heads, num_keys), rows)
         block_q = block_rows(b, heads, num_keys)

@@ -21,7 +21,8 @@ Choices and deviations from HF `LlamaForCausalLM`:
 * Packed rows (`segment_BL`, `jaxrl.rl.packing`): several sequences in one row, each seeing only itself, with
   positions restarting per segment (the update computes no padding).
 * Unpadded rows (`segment_BL` + `row_map`, `jaxrl.models.unpadded`): the real tokens of padded rows end to end,
-  attention run on the padded rows; the per-token layers compute no padding even where rows cannot share one.
+  attention run on rows of those sequences sorted into classes by length; the per-token layers compute no
+  padding even where rows cannot share one.
 * `forward_groups` (training / scoring of GRPO groups): each prompt runs once for the G completions that share
   it, through the same layer loop (`jaxrl.models.shared_prompt`).
 """
@@ -178,11 +179,11 @@ class Transformer(nnx.Module):
           segment_BL: None, or [B, L] int segment ids of packed rows (`jaxrl.rl.packing`, no cache): a query sees
             only the keys of its own segment, and default positions restart at 0 in each segment, so every
             segment computes what it would alone in a row of its own.
-          row_map: None, or (rows_BL, src_BL') of unpadded rows (`jaxrl.models.unpadded`, with `segment_BL`, no
-            cache): this call's rows hold the real tokens of B' padded rows of width L' end to end, one
-            segment per padded row; attention runs on those padded rows (`rows_BL'` [B', L']: each padded
-            slot's position here, −1 at padding; `src_BL'` [B, L]: each position's padded slot, −1 at
-            padding).
+          row_map: None, or (rows, slots) of unpadded rows (`jaxrl.models.unpadded.Unpadded`, with
+            `segment_BL`, no cache): this call's rows hold the real tokens of padded rows end to end, one
+            segment per padded row, and attention runs on classes of rows of those sequences (per class c,
+            `rows[c]` [A_c, L_c]: each slot's position here, −1 at padding; `slots[c]` [B, L]: each position's
+            slot in class c, −1 elsewhere).
 
         Returns:
           ModelOutput(logits, hidden, cache) — cache is the updated cache (index += L), or None.

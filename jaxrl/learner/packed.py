@@ -15,7 +15,7 @@ to float summation order (tests/train/test_packed_update.py). Tokens off the com
 arbitrary finite log-prob that the mask removes, as in the padded batch.
 
 The unpadded layout (`UnpaddedRows`, `jaxrl.rl.unpadding`) is the same with one row per block holding all its
-rows' real tokens, attention run on the padded rows (`jaxrl.models.unpadded`), and the vocabulary projection
+rows' real tokens, attention run on rows of each sequence (`jaxrl.models.unpadded`), and the vocabulary projection
 only at the M positions that predict a completion token: there `index[b, t]` indexes those M.
 
 Padded and packed batches are the same `TrainBatch` (`packed` None or not); the loss picks the forward.
@@ -60,8 +60,8 @@ class UnpaddedRows:
     """The maps of an unpadded batch (`jaxrl.rl.unpadding.unpadded_layout`; block-local, −1 at padding):
     with them `PackedRows.index_BT` indexes the M `predict_RM` positions of its block instead of its row."""
 
-    rows_BL: jax.Array  # int32 [B, L]: each padded slot's position in its block's row
-    src_RL: jax.Array  # int32 [R, N]: each position's padded slot (row-in-block·L + column)
+    rows: tuple  # per attention class c, int32 [A_c, L_c]: each class slot's position (`models.unpadded`)
+    slots: tuple  # per attention class c, int32 [R, N]: each position's class slot
     predict_RM: jax.Array  # int32 [R, M]: the positions whose hidden states predict a completion token
     predictor_RL: jax.Array  # int32 [R, N]: the inverse of predict (each position's m)
 
@@ -92,7 +92,7 @@ def _unpadded_token_logprobs(model, packed: PackedRows, *, chunk: int, temperatu
     only at the M positions that predict a completion token (`predict_RM`)."""
     u = packed.unpadded
     out = model.forward(packed.tokens_RL, None, packed.mask_RL, return_hidden=True, return_logits=False,
-                        segment_BL=packed.segment_RL, row_map=(u.rows_BL, u.src_RL))
+                        segment_BL=packed.segment_RL, row_map=(u.rows, u.slots))
     hidden_RMD = unpadded.permute(out.hidden, u.predict_RM, u.predictor_RL)
     targets_RM = jnp.take_along_axis(packed.tokens_RL, jnp.maximum(u.predict_RM, 0) + 1, axis=1)
     logp_RM, ent_RM = losses.token_logprobs_and_entropy(hidden_RMD, model.unembedding(), targets_RM,

@@ -270,7 +270,7 @@ def rl_plan(mask_BL, prompt_width: int, group: int, blocks: int, attention_weigh
         best = min(best, (work(r * length, r, length, attention_weight), packed), key=lambda c: c[0])
     unpadded = unpadded_layout(start_B, count_B, w, length, blocks) if "unpadded" in layouts else None
     if unpadded is not None:
-        best = min(best, (work(unpadded.src_RN.size, rows, length, attention_weight), unpadded),
+        best = min(best, (unpadded.src_RN.size + attention_weight * unpadded.attention_pairs(), unpadded),
                    key=lambda c: c[0])
     return best[1]
 
@@ -326,11 +326,11 @@ class RLPacker:
             src_RL, segment_RL, per_block = layout.src_RN, layout.segment_RN, 1
         else:
             src_RL, segment_RL, per_block = layout.src_RL, layout.segment_RL, layout.rows_per_block
-        src = place(src_RL)
-        tokens_RL = _gather_tokens(self._rows(src_RL), per_block)(batch.tokens_BL, src)
+        tokens_RL = _gather_tokens(self._rows(src_RL), per_block)(batch.tokens_BL, place(src_RL))
         unpadded = None
         if isinstance(layout, UnpaddedLayout):
-            unpadded = UnpaddedRows(place(layout.rows_BL), src, place(layout.predict_RM), place(layout.predictor_RN))
+            unpadded = UnpaddedRows(tuple(map(place, layout.rows)), tuple(map(place, layout.slots)),
+                                    place(layout.predict_RM), place(layout.predictor_RN))
         packed = PackedRows(tokens_RL, place(segment_RL > 0), place(segment_RL), place(layout.index_BT),
                             rows_per_block=per_block, unpadded=unpadded)
         return packed, {"train/packed": 1.0, "train/unpadded": float(unpadded is not None),

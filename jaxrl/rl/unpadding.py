@@ -6,17 +6,18 @@
 * packed rows (`packing.rl_layout`): R·L positions, several rows' real tokens per row of width L; rows
   longer than L/2 cannot share one, so uniform completion lengths pack nothing;
 * unpadded rows (`unpadded_layout`, `jaxrl.models.unpadded`): one row per block holding its rows' real
-  tokens end to end, N per block, attention run on the padded rows.
+  tokens end to end, N per block, attention run on rows of each sequence in C classes by length (`CLASSES`).
 
 Attention is what tells them apart: causal attention over rows of width L reads ~L²/2 (query, key) pairs per
-row, R rows packed, B rows padded or unpadded. `work` weighs a pair `attention_weight` times a position's
+row: B rows padded, R rows packed, and for unpadded rows Σ_c B_c·L_c²/2, each class as wide as its longest. `work` weighs a pair `attention_weight` times a position's
 dense work (`attention_weight_of`: its FLOPs ratio for the model, doubled because XLA:CPU's blocked attention
 ran at about half the throughput of its matmuls in the update's profile, benchmarks/RESULTS.md), so rows of
 a long-tailed batch (most of them short) pack, and uniform ones unpad.
 
-Static shapes: N takes one of `WIDTH_STEPS` sizes (sixteenths of the padded block, B/R·L) and the number
-of completion predictions per block, M, one of `RL_LADDER` (eighths of B/R·T): at most 128 programs of a
-batch size, a handful in practice (the real fraction of a run's batches moves slowly).
+Static shapes: N takes one of `WIDTH_STEPS` sizes (sixteenths of the padded block, B/R·L), each class width
+one of sixteenths of L, and the number of completion predictions per block, M, one of `RL_LADDER` (eighths
+of B/R·T): a bounded set of programs per batch size, a handful in practice (the lengths of a run's batches
+move slowly), each compiled the first time it is met.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import numpy as np
 
 RL_LADDER = 8  # packed rows per block take one of 8 sizes (eighths of the block): at most 8 programs per width
 WIDTH_STEPS = 16  # unpadded rows take one of 16 widths (sixteenths of the block's padded positions)
+CLASSES = (4, 2, 1)  # attention classes of a block's rows, the most dividing its rows (`classes_of`)
 ATTENTION_WEIGHT = 1e-3  # `attention_weight_of` a 0.1-1B model, where the caller has no model at hand
 
 
@@ -47,27 +49,40 @@ def work(positions: int, rows: int, length: int, attention_weight: float) -> flo
     return positions + attention_weight * rows * length * (length + 1) / 2
 
 
+def classes_of(per_block: int) -> int:
+    """Attention classes of a block of `per_block` rows: the most of CLASSES dividing it."""
+    return next(c for c in CLASSES if per_block % c == 0)
+
+
 @dataclasses.dataclass(frozen=True)
 class UnpaddedLayout:
     """Where a batch's real tokens go (block-local indices, one unpadded row per block; −1: padding).
 
     `src_RN` each position's padded slot (row-in-block·L + column), `segment_RN` its row's segment (1, 2, …;
-    0 padding), `rows_BL` each padded slot's position (`jaxrl.models.unpadded.Unpadded`), `predict_RM` the
-    positions whose hidden states predict a completion token, `predictor_RN` the inverse (each position's m),
-    `index_BT` the m predicting completion token (b, t) (0 off the real tokens)."""
+    0 padding); per attention class c (`jaxrl.models.unpadded.Unpadded`) `rows[c]` [R·B_c, L_c] each class
+    slot's position and `slots[c]` [R, N] each position's class slot; `predict_RM` the positions whose hidden
+    states predict a completion token, `predictor_RN` the inverse (each position's m), `index_BT` the m
+    predicting completion token (b, t) (0 off the real tokens)."""
 
     src_RN: np.ndarray
     segment_RN: np.ndarray
-    rows_BL: np.ndarray
+    rows: tuple
+    slots: tuple
     predict_RM: np.ndarray
     predictor_RN: np.ndarray
     index_BT: np.ndarray
+
+    def attention_pairs(self) -> float:
+        """The causal pairs of the attention rows (`work`'s second term, per unit weight)."""
+        return sum(r.shape[0] * r.shape[1] * (r.shape[1] + 1) / 2 for r in self.rows)
 
 
 def unpadded_layout(start_B, count_B, prompt_width: int, length: int, blocks: int) -> UnpaddedLayout | None:
     """The unpadded layout of B rows of width L = `length` (real tokens [start, start + count) of each row,
     contiguous) in `blocks` equal blocks, or None when no `ladder` width is below the block's B/R·L padded
-    positions, or a row's first real token is a completion token (nothing predicts it)."""
+    positions, or a row's first real token is a completion token (nothing predicts it). Attention classes:
+    each block's rows by decreasing count (ties by row), `classes_of` equal groups, each class as wide as the
+    smallest `ladder(L, WIDTH_STEPS)` width holding its longest row in every block."""
     start_B, count_B = np.asarray(start_B, np.int64), np.asarray(count_B, np.int64)
     b, w = len(start_B), prompt_width
     t = length - w
@@ -83,9 +98,16 @@ def unpadded_layout(start_B, count_B, prompt_width: int, length: int, blocks: in
     if n >= per * length:
         return None
     m = next(c for c in ladder(max(per * t, 1)) if c >= predicted_B.reshape(blocks, per).sum(1).max())
+    c_num = classes_of(per)
+    size = per // c_num
+    order_KP = np.stack([sorted(range(per), key=lambda i, k=k: (-count_B[k * per + i], i)) for k in range(blocks)])
+    longest_C = count_B.reshape(blocks, per)[np.arange(blocks)[:, None], order_KP].reshape(blocks, c_num, size)
+    widths = [next(x for x in ladder(length, WIDTH_STEPS) if x >= max(longest_C[:, c].max(), 1))
+              for c in range(c_num)]
     src_RN = np.full((blocks, n), -1, np.int32)
     segment_RN = np.zeros((blocks, n), np.int32)
-    rows_BL = np.full((b, length), -1, np.int32)
+    rows = [np.full((blocks * size, x), -1, np.int32) for x in widths]
+    slots = [np.full((blocks, n), -1, np.int32) for _ in widths]
     predict_RM = np.full((blocks, m), -1, np.int32)
     predictor_RN = np.full((blocks, n), -1, np.int32)
     index_BT = np.zeros((b, t), np.int32)
@@ -93,12 +115,16 @@ def unpadded_layout(start_B, count_B, prompt_width: int, length: int, blocks: in
         at = j = 0
         for i in range(per):
             g, s0, c = k * per + i, int(start_B[k * per + i]), int(count_B[k * per + i])
-            src_RN[k, at:at + c] = i * length + s0 + np.arange(c)
-            segment_RN[k, at:at + c] = i + 1
-            rows_BL[g, s0:s0 + c] = at + np.arange(c)
+            here = at + np.arange(c)
+            src_RN[k, here] = i * length + s0 + np.arange(c)
+            segment_RN[k, here] = i + 1
+            rank = int(np.flatnonzero(order_KP[k] == i)[0])  # its place by decreasing count: class, row
+            cls, row = divmod(rank, size)
+            rows[cls][k * size + row, :c] = here
+            slots[cls][k, here] = row * widths[cls] + np.arange(c)
             p = np.arange(max(w, s0 + 1), s0 + c)  # the real completion positions of row g that are predicted
             predict_RM[k, j:j + len(p)] = at + p - 1 - s0
             predictor_RN[k, at + p - 1 - s0] = j + np.arange(len(p))
             index_BT[g, p - w] = j + np.arange(len(p))
             at, j = at + c, j + len(p)
-    return UnpaddedLayout(src_RN, segment_RN, rows_BL, predict_RM, predictor_RN, index_BT)
+    return UnpaddedLayout(src_RN, segment_RN, tuple(rows), tuple(slots), predict_RM, predictor_RN, index_BT)

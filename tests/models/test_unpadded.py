@@ -1,7 +1,8 @@
 """`Transformer.forward(row_map=...)`, the unpadded forward (`jaxrl.models.unpadded`), equals the padded one.
 
 Rows [prompt left-padded to W | completion right-padded to T] of random lengths (one row empty of completion,
-one full) are laid end to end, two blocks of rows, each in one row of N positions with padding at its end;
+one full) are laid end to end, two blocks of rows, each in one row of N positions with padding at its end,
+attention on two classes of rows by length (each sequence left-aligned in its class's width);
 the hidden state of every real token, and the gradient of a loss over them, must equal the padded forward's
 at fp32 tolerances (values rtol 1e-5 / atol 1e-6; gradients atol 1e-6 of the leaf's largest entry, as in
 test_shared_prompt.py). The maps are built here by a plain loop, independently of
@@ -17,7 +18,7 @@ from flax import nnx
 from jaxrl.models import Transformer, TransformerConfig
 from jaxrl.models.unpadded import permute
 
-B, W, T, R = 6, 5, 7, 2
+B, W, T, R = 8, 5, 7, 2
 L = W + T
 CONFIGS = {
     "pre": TransformerConfig.tiny(),
@@ -39,23 +40,42 @@ def padded_rows(seed=0, vocab=64):
     return tokens, mask
 
 
-def unpad(tokens_BL, mask_BL, spare=3):
-    """(tokens_RN, mask_RN, segment_RN, rows_BL, src_RN): each block of B/R rows end to end, `spare` padding
-    positions after the fullest block."""
+def unpad(tokens_BL, mask_BL, spare=3, classes=2):
+    """(tokens_RN, mask_RN, segment_RN, rows, slots): each block of B/R rows end to end, `spare` padding
+    positions after the fullest block; attention rows in `classes` classes of a block's rows by decreasing
+    length, each sequence left-aligned in a row as wide as its class's longest (+1: one padding slot)."""
     per = B // R
+    size = per // classes
     n = int(mask_BL.reshape(R, per * L).sum(1).max()) + spare
     tokens, mask, segment = np.zeros((R, n), np.int32), np.zeros((R, n), bool), np.zeros((R, n), np.int32)
-    src, rows = np.full((R, n), -1, np.int32), np.full((B, L), -1, np.int32)
+    count = mask_BL.sum(1)
+    order = [sorted(range(per), key=lambda i, k=k: -count[k * per + i]) for k in range(R)]
+    widths = [max(count[k * per + i] for k in range(R) for i in order[k][c * size:(c + 1) * size]) + 1
+              for c in range(classes)]
+    rows = [np.full((R * size, x), -1, np.int32) for x in widths]
+    slots = [np.full((R, n), -1, np.int32) for _ in widths]
     for k in range(R):
         at = 0
         for i in range(per):
             b = k * per + i
             cols = np.flatnonzero(mask_BL[b])
-            span = slice(at, at + len(cols))
-            tokens[k, span], mask[k, span], segment[k, span] = tokens_BL[b, cols], True, i + 1
-            src[k, span], rows[b, cols] = i * L + cols, np.arange(at, at + len(cols))
+            here = np.arange(at, at + len(cols))
+            tokens[k, here], mask[k, here], segment[k, here] = tokens_BL[b, cols], True, i + 1
+            c, row = divmod(order[k].index(i), size)
+            rows[c][k * size + row, :len(cols)] = here
+            slots[c][k, here] = row * widths[c] + np.arange(len(cols))
             at += len(cols)
-    return tokens, mask, segment, rows, src
+    return tokens, mask, segment, tuple(rows), tuple(slots)
+
+
+def _positions_in_padded_rows(mask_BL, segment_RN):
+    """(k, n, b, col): every real unpadded position (k, n) and its padded place (b, col)."""
+    per = B // R
+    k, n = np.nonzero(segment_RN)
+    b = k * per + segment_RN[k, n] - 1
+    col = np.concatenate([np.flatnonzero(mask_BL[bb]) for bb in range(B)])
+    order = np.lexsort((n, k))  # positions run row by row, in order, within each block
+    return k[order], n[order], b[order], col
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
@@ -84,11 +104,8 @@ def test_hidden_and_gradients_equal_the_padded_forward(name):
         return grad(p, tokens, mask), grad(p, t, m, segment_BL=seg, row_map=(rows, src))
 
     ((v, h), g), ((vu, hu), gu) = jax.device_get(both(params))
-    rows, src = unpadded[3], unpadded[4]
-    real = src >= 0
-    k, n = np.nonzero(real)
-    b, col = k * (B // R) + src[real] // L, src[real] % L
-    assert len(k) == mask.sum() and np.array_equal(rows[b, col], n)
+    k, n, b, col = _positions_in_padded_rows(mask, unpadded[2])
+    assert len(k) == mask.sum() and len({r.shape[1] for r in unpadded[3]}) == 2  # two class widths
     np.testing.assert_allclose(hu[k, n], h[b, col], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(vu, v, rtol=1e-5)
 
@@ -101,21 +118,19 @@ def test_hidden_and_gradients_equal_the_padded_forward(name):
 
 
 def test_a_shifted_map_is_seen():
-    """The comparison above is not blind: one padded slot's map moved by one position changes the hidden
-    states of real tokens."""
-    cfg = CONFIGS["pre"]
-    model = Transformer(cfg, rngs=nnx.Rngs(1))
+    """The comparison above is not blind: two neighbouring tokens swapped in their attention row change the
+    hidden states of real tokens."""
+    model = Transformer(CONFIGS["pre"], rngs=nnx.Rngs(1))
     tokens, mask = padded_rows()
-    t, m, seg, rows, src = unpad(tokens, mask)
-    fwd = lambda rows, src: model.forward(t, None, m, return_hidden=True, return_logits=False, segment_BL=seg,
-                                          row_map=(rows, src)).hidden
-    good = np.asarray(fwd(rows, src))
-    b, col = B - 1, W + 2  # the full row: swap two neighbouring tokens' places in its padded row
-    bad_rows, bad_src = rows.copy(), src.copy()
-    bad_rows[b, col], bad_rows[b, col + 1] = rows[b, col + 1], rows[b, col]
-    k = b // (B // R)
-    bad_src[k, rows[b, col]], bad_src[k, rows[b, col + 1]] = src[k, rows[b, col + 1]], src[k, rows[b, col]]
-    assert np.abs(np.asarray(fwd(bad_rows, bad_src)) - good)[m].max() > 1e-3
+    t, m, seg, rows, slots = unpad(tokens, mask)
+    fwd = lambda rows, slots: model.forward(t, None, m, return_hidden=True, return_logits=False, segment_BL=seg,
+                                            row_map=(rows, slots)).hidden
+    good = np.asarray(fwd(rows, slots))
+    bad_rows, bad_slots = [r.copy() for r in rows], [x.copy() for x in slots]
+    p, q = rows[0][0, 2], rows[0][0, 3]  # the longest row of block 0: its 3rd and 4th tokens
+    bad_rows[0][0, 2], bad_rows[0][0, 3] = q, p
+    bad_slots[0][0, p], bad_slots[0][0, q] = slots[0][0, q], slots[0][0, p]
+    assert np.abs(np.asarray(fwd(tuple(bad_rows), tuple(bad_slots))) - good)[m].max() > 1e-3
 
 
 def test_permute_gradient_is_the_inverse_gather():

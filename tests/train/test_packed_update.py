@@ -133,26 +133,37 @@ def test_packed_loss_and_gradient_equal_the_padded_ones(model_parts, name, layou
 
 
 def test_unpadded_layout_places_every_real_token_once_and_indexes_its_predictor():
-    """Each block's real tokens end to end in one row, `rows_BL` and `src_RN` inverse maps of each other,
-    `predict_RM` / `predictor_RN` too, and completion token (b, t) predicted by the position of token W + t − 1
-    (the next position holding token W + t)."""
+    """Each block's real tokens end to end in one row; every real position in exactly one attention class,
+    left-aligned in a row of its class (classes by decreasing length, widths from the ladder), `rows` and
+    `slots` inverse maps of each other, `predict_RM` / `predictor_RN` too; completion token (b, t) predicted by
+    the position of token W + t − 1 (the next position holding token W + t)."""
     batch = _rollout_batch(1, long_rows=6)
     start, count, _ = packing.row_spans(batch.mask_BL)
-    u = unpadding.unpadded_layout(start, count, W, W + T, blocks=4)
-    per, length = B // 4, W + T
-    assert u.src_RN.shape[0] == 4 and u.src_RN.shape[1] in unpadding.ladder(per * length, unpadding.WIDTH_STEPS)
-    assert u.src_RN.shape[1] >= count.reshape(4, per).sum(1).max() and u.src_RN.shape[1] < per * length
+    u = unpadding.unpadded_layout(start, count, W, W + T, blocks=2)
+    per, length = B // 2, W + T
+    assert u.src_RN.shape[0] == 2 and u.src_RN.shape[1] in unpadding.ladder(per * length, unpadding.WIDTH_STEPS)
+    assert u.src_RN.shape[1] >= count.reshape(2, per).sum(1).max() and u.src_RN.shape[1] < per * length
     mask = np.asarray(batch.mask_BL)
-    assert (u.rows_BL >= 0).sum() == (u.src_RN >= 0).sum() == mask.sum() and np.array_equal(u.rows_BL >= 0, mask)
-    for k in range(4):
+    size = per // unpadding.classes_of(per)
+    assert len(u.rows) == len(u.slots) == unpadding.classes_of(per) == 4
+    assert sum((x >= 0).sum() for x in u.slots) == (u.src_RN >= 0).sum() == mask.sum()
+    lengths = []
+    for rows, slots in zip(u.rows, u.slots):
+        assert rows.shape[1] in unpadding.ladder(length, unpadding.WIDTH_STEPS)
+        real = rows >= 0
+        assert np.array_equal(real, np.arange(rows.shape[1])[None, :] < real.sum(1, keepdims=True))  # left-aligned
+        for a, l in zip(*np.nonzero(real)):
+            assert slots[a // size, rows[a, l]] == (a % size) * rows.shape[1] + l
+        lengths.append(real.sum(1).reshape(2, size))
+    lengths = np.concatenate(lengths, axis=1)  # [block, rank]
+    assert np.all(np.diff(lengths, axis=1) <= 0) and np.array_equal(np.sort(lengths.ravel()), np.sort(count))
+    for k in range(2):
         real = u.src_RN[k] >= 0
         assert np.all(np.flatnonzero(real) == np.arange(real.sum()))  # end to end, padding last
-        i, col = np.divmod(u.src_RN[k][real], length)
-        np.testing.assert_array_equal(u.rows_BL[k * per + i, col], np.flatnonzero(real))
         used = u.predict_RM[k] >= 0
         np.testing.assert_array_equal(u.predictor_RN[k][u.predict_RM[k][used]], np.flatnonzero(used))
         assert (u.predictor_RN[k] >= 0).sum() == used.sum()
-    flat = np.asarray(batch.tokens_BL).reshape(4, per * length)
+    flat = np.asarray(batch.tokens_BL).reshape(2, per * length)
     for b, t in zip(*np.nonzero(mask[:, W:])):
         k = b // per
         at = u.predict_RM[k][u.index_BT[b, t]]
@@ -160,16 +171,23 @@ def test_unpadded_layout_places_every_real_token_once_and_indexes_its_predictor(
         assert flat[k][u.src_RN[k][at + 1]] == batch.tokens_BL[b, W + t]
 
 
-def test_plan_packs_long_tailed_rows_and_unpads_uniform_ones():
-    """With the tiny model's attention weight, a long-tailed batch (2 of 16 rows long) packs into rows, and a
-    batch of rows all longer than half the width (no two share a packed row) runs unpadded; rows with no
-    padding run padded. Work (`unpadding.work`): positions plus weighted causal pairs."""
+def test_plan_weighs_positions_and_attention_pairs():
+    """`rl_plan` takes the layout of least positions + weighted causal pairs: one full row and seven of 4
+    tokens per block pack into 2 rows of 32 (64 positions, 2 x 528 pairs) where the unpadded layout has as many
+    positions and more pairs (its longest class pairs the full row with a short one: 2 x 528, + 6 x 10), so a
+    heavy attention weight packs; rows all longer than half the width (no two share a packed row) run unpadded
+    with the tiny model's weight; rows with no padding run padded."""
     from jaxrl.models import TransformerConfig
 
     weight = unpadding.attention_weight_of(TransformerConfig.tiny())
     assert 0 < weight < 0.1
-    tailed = packing.rl_plan(_rollout_batch(2).mask_BL, W, 1, blocks=2, attention_weight=1.0)
-    assert isinstance(tailed, packing.RLLayout)
+    tailed = np.zeros((B, W + T), bool)
+    tailed[:, W - 2:W + 2] = True
+    tailed[::8] = True
+    plan = packing.rl_plan(tailed, W, 1, blocks=2, attention_weight=1.0)
+    assert isinstance(plan, packing.RLLayout) and plan.rows_per_block == 2
+    u = unpadding.unpadded_layout(*packing.row_spans(tailed)[:2], W, W + T, blocks=2)
+    assert u.src_RN.shape == (2, 64) and u.attention_pairs() == 2 * (2 * 528 + 6 * 10)
     uniform = np.zeros((B, W + T), bool)
     for b in range(B):
         uniform[b, W - 3 - b % 5:W + T - b % 4] = True  # 20-32 real tokens of 32: longer than half each
