@@ -268,7 +268,7 @@ def rl_plan(mask_BL, prompt_width: int, group: int, blocks: int, attention_weigh
     if packed is not None:
         r = packed.src_RL.shape[0]
         best = min(best, (work(r * length, r, length, attention_weight), packed), key=lambda c: c[0])
-    unpadded = unpadded_layout(start_B, count_B, w, length, blocks) if "unpadded" in layouts else None
+    unpadded = unpadded_layout(start_B, count_B, w, length, blocks, attention_weight) if "unpadded" in layouts else None
     if unpadded is not None:
         best = min(best, (unpadded.src_RN.size + attention_weight * unpadded.attention_pairs(), unpadded),
                    key=lambda c: c[0])

@@ -113,12 +113,14 @@ def test_packed_loss_and_gradient_equal_the_padded_ones(model_parts, name, layou
     shared = name == "shared_prompt_form"
     batch = _rollout_batch(3, group=4 if shared else 1, long_rows=1 if shared else 2)
     mesh = make_mesh(MeshConfig(data=4, fsdp=1), jax.devices()[:4])
-    packer = packing.packer_for(layout, mesh, RULES["fsdp"], spec.grad_accum)
+    # attention weighed heavily: the unpadded layout takes its attention classes (`unpadding.classes_of`)
+    packer = packing.packer_for(layout, mesh, RULES["fsdp"], spec.grad_accum, attention_weight=1.0)
     assert packer.blocks == 4
     packed, info = packer(batch)
     assert info["train/packed"] == 1.0 and info["train/packed_rows"] < 1.0 and packed.group == 1
     assert info["train/unpadded"] == float(layout == "unpadded")
     assert (packed.packed.unpadded is not None) == (layout == "unpadded")
+    assert layout != "unpadded" or len(packed.packed.unpadded.rows) == 4
     assert packer(batch)[0].packed is packed.packed  # the same arrays again: packed once (`RLPacker._last`)
     fn = jax.jit(functools.partial(loss_and_grad, graphdef=graphdef, spec=spec))
     loss, grads, metrics = jax.device_get(fn(params, batch=jax.tree.map(jnp.asarray, batch)))
@@ -139,13 +141,14 @@ def test_unpadded_layout_places_every_real_token_once_and_indexes_its_predictor(
     the position of token W + t − 1 (the next position holding token W + t)."""
     batch = _rollout_batch(1, long_rows=6)
     start, count, _ = packing.row_spans(batch.mask_BL)
-    u = unpadding.unpadded_layout(start, count, W, W + T, blocks=2)
+    u = unpadding.unpadded_layout(start, count, W, W + T, blocks=2, attention_weight=1.0)  # classes pay
     per, length = B // 2, W + T
     assert u.src_RN.shape[0] == 2 and u.src_RN.shape[1] in unpadding.ladder(per * length, unpadding.WIDTH_STEPS)
     assert u.src_RN.shape[1] >= count.reshape(2, per).sum(1).max() and u.src_RN.shape[1] < per * length
     mask = np.asarray(batch.mask_BL)
-    size = per // unpadding.classes_of(per)
-    assert len(u.rows) == len(u.slots) == unpadding.classes_of(per) == 4
+    size = per // 4
+    assert len(u.rows) == len(u.slots) == unpadding.classes_of(per, length, 1.0) == 4
+    assert unpadding.classes_of(per, length, 1e-3) == 1  # attention 2% of the work: one class
     assert sum((x >= 0).sum() for x in u.slots) == (u.src_RN >= 0).sum() == mask.sum()
     lengths = []
     for rows, slots in zip(u.rows, u.slots):
@@ -186,7 +189,7 @@ def test_plan_weighs_positions_and_attention_pairs():
     tailed[::8] = True
     plan = packing.rl_plan(tailed, W, 1, blocks=2, attention_weight=1.0)
     assert isinstance(plan, packing.RLLayout) and plan.rows_per_block == 2
-    u = unpadding.unpadded_layout(*packing.row_spans(tailed)[:2], W, W + T, blocks=2)
+    u = unpadding.unpadded_layout(*packing.row_spans(tailed)[:2], W, W + T, blocks=2, attention_weight=1.0)
     assert u.src_RN.shape == (2, 64) and u.attention_pairs() == 2 * (2 * 528 + 6 * 10)
     uniform = np.zeros((B, W + T), bool)
     for b in range(B):
