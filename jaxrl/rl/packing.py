@@ -46,7 +46,8 @@ from jax.sharding import Sharding
 from jaxrl.learner.packed import PackedRows, UnpaddedRows, gather_blocks
 from jaxrl.learner.train_step import TrainBatch
 from jaxrl.rl.batch import rows_multiple_of
-from jaxrl.rl.unpadding import ATTENTION_WEIGHT, UnpaddedLayout, ladder, unpadded_layout, work
+from jaxrl.rl.unpadding import (ATTENTION_WEIGHT, UnpaddedLayout, ladder, predictable_spans, unpadded_layout,
+                                work)
 from jaxrl.sharding import batch_shardings, hosts
 
 CLIP = 0.2  # the clip bounds of expert rows (unused by the SFT loss; kept like `expert_rows`)
@@ -209,14 +210,12 @@ def rl_layout(start_B, count_B, prompt_width: int, length: int, blocks: int) -> 
     rows of width L, every block given the same number of packed rows (the smallest `ladder` size that holds
     the fullest block), or None when that is not fewer rows than the block's own. A row whose first real
     token is a completion token (no prompt to predict it from) makes the batch unpackable (None)."""
-    start_B, count_B = np.asarray(start_B, np.int64), np.asarray(count_B, np.int64)
+    spans = predictable_spans(start_B, count_B, prompt_width, blocks)
+    if spans is None:
+        return None
+    start_B, count_B, per = spans
     b, w = len(start_B), prompt_width
     t = length - w
-    if b % blocks:
-        raise ValueError(f"{b} rows do not split into {blocks} blocks")
-    if np.any((count_B > 0) & (start_B >= w)):
-        return None
-    per = b // blocks
     bins_k = [first_fit(count_B[k * per:(k + 1) * per].tolist(), length) for k in range(blocks)]
     need = max(len(bins) for bins in bins_k)
     rows = next(c for c in ladder(per) if c >= need)

@@ -85,6 +85,17 @@ class UnpaddedLayout:
         return sum(r.shape[0] * r.shape[1] * (r.shape[1] + 1) / 2 for r in self.rows)
 
 
+def predictable_spans(start_B, count_B, prompt_width: int, blocks: int):
+    """(start_B, count_B as int64, rows per block) of rows to lay out in `blocks` equal blocks, or None when a
+    row's first real token is a completion token (nothing predicts it: neither layout takes the batch)."""
+    start_B, count_B = np.asarray(start_B, np.int64), np.asarray(count_B, np.int64)
+    if len(start_B) % blocks:
+        raise ValueError(f"{len(start_B)} rows do not split into {blocks} blocks")
+    if np.any((count_B > 0) & (start_B >= prompt_width)):
+        return None
+    return start_B, count_B, len(start_B) // blocks
+
+
 def unpadded_layout(start_B, count_B, prompt_width: int, length: int, blocks: int,
                     attention_weight: float = ATTENTION_WEIGHT) -> UnpaddedLayout | None:
     """The unpadded layout of B rows of width L = `length` (real tokens [start, start + count) of each row,
@@ -92,15 +103,11 @@ def unpadded_layout(start_B, count_B, prompt_width: int, length: int, blocks: in
     positions, or a row's first real token is a completion token (nothing predicts it). Attention classes:
     each block's rows by decreasing count (ties by row), `classes_of` equal groups (by `attention_weight`),
     each class as wide as the smallest `ladder(L, WIDTH_STEPS)` width holding its longest row in every block."""
-    start_B, count_B = np.asarray(start_B, np.int64), np.asarray(count_B, np.int64)
-    b, w = len(start_B), prompt_width
-    t = length - w
-    if b % blocks:
-        raise ValueError(f"{b} rows do not split into {blocks} blocks")
-    if np.any((count_B > 0) & (start_B >= w)):
+    if (spans := predictable_spans(start_B, count_B, prompt_width, blocks)) is None:
         return None
-    per = b // blocks
+    start_B, count_B, per = spans
     end_B = start_B + count_B
+    b, w, t = len(start_B), prompt_width, length - prompt_width
     predicted_B = np.maximum(end_B - np.maximum(w, start_B + 1), 0)  # completion tokens with a predictor
     real = count_B.reshape(blocks, per).sum(1).max()
     n = next((c for c in ladder(per * length, WIDTH_STEPS) if c >= real), per * length)
