@@ -182,8 +182,8 @@ class Transformer(nnx.Module):
           row_map: None, or (rows, slots) of unpadded rows (`jaxrl.models.unpadded.Unpadded`, with
             `segment_BL`, no cache): this call's rows hold the real tokens of padded rows end to end, one
             segment per padded row, and attention runs on classes of rows of those sequences (per class c,
-            `rows[c]` [A_c, L_c]: each slot's position here, −1 at padding; `slots[c]` [B, L]: each position's
-            slot in class c, −1 elsewhere).
+            `rows[c]` [A_c, L_c]: each slot's position here, −1 at padding; `slots[c]` [B, L], this call's
+            shape: each position's slot in class c, −1 elsewhere).
 
         Returns:
           ModelOutput(logits, hidden, cache) — cache is the updated cache (index += L), or None.
@@ -202,7 +202,7 @@ class Transformer(nnx.Module):
                 raise ValueError("packed rows (segment_BL) are a full-sequence forward: no KV cache")
             visible, segment_positions_BL = _segmented(visible, mask_BL, segment_BL)
             positions_BL = segment_positions_BL if positions_BL is None else positions_BL
-            if row_map is not None:  # attention over the padded rows instead of within segments
+            if row_map is not None:  # attention on rows of each sequence instead of within segments
                 visible = unpadded.unpadded_visibility(*row_map, kernel=self.cfg.attention)
         elif row_map is not None:
             raise ValueError("unpadded rows (row_map) need their segment ids (segment_BL)")

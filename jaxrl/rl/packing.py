@@ -259,19 +259,19 @@ def rl_plan(mask_BL, prompt_width: int, group: int, blocks: int, attention_weigh
         return None
     w, t = prompt_width, length - prompt_width
     if group > 1:  # prompts once per group: P rows of W, then B completions over [W prompt | T own] keys
-        best = (work(padded_work(rows, w, length, group), rows // group, w, attention_weight)
-                + attention_weight * rows * t * (w + (t + 1) / 2), None)
+        padded = (work(padded_work(rows, w, length, group), rows // group, w, attention_weight)
+                  + attention_weight * rows * t * (w + (t + 1) / 2))
     else:
-        best = (work(rows * length, rows, length, attention_weight), None)
+        padded = work(rows * length, rows, length, attention_weight)
+    candidates = [(padded, None)]  # (work, layout): the first of least work wins
     packed = rl_layout(start_B, count_B, w, length, blocks) if "rows" in layouts else None
     if packed is not None:
         r = packed.src_RL.shape[0]
-        best = min(best, (work(r * length, r, length, attention_weight), packed), key=lambda c: c[0])
+        candidates.append((work(r * length, r, length, attention_weight), packed))
     unpadded = unpadded_layout(start_B, count_B, w, length, blocks, attention_weight) if "unpadded" in layouts else None
     if unpadded is not None:
-        best = min(best, (unpadded.src_RN.size + attention_weight * unpadded.attention_pairs(), unpadded),
-                   key=lambda c: c[0])
-    return best[1]
+        candidates.append((unpadded.src_RN.size + attention_weight * unpadded.attention_pairs(), unpadded))
+    return min(candidates, key=lambda c: c[0])[1]
 
 
 @functools.lru_cache(maxsize=None)
@@ -323,13 +323,12 @@ class RLPacker:
         place = lambda x: hosts.host_to_global(x, self._rows(x))
         if isinstance(layout, UnpaddedLayout):  # one row per block
             src_RL, segment_RL, per_block = layout.src_RN, layout.segment_RN, 1
-        else:
-            src_RL, segment_RL, per_block = layout.src_RL, layout.segment_RL, layout.rows_per_block
-        tokens_RL = _gather_tokens(self._rows(src_RL), per_block)(batch.tokens_BL, place(src_RL))
-        unpadded = None
-        if isinstance(layout, UnpaddedLayout):
             unpadded = UnpaddedRows(tuple(map(place, layout.rows)), tuple(map(place, layout.slots)),
                                     place(layout.predict_RM), place(layout.predictor_RN))
+        else:
+            src_RL, segment_RL, per_block = layout.src_RL, layout.segment_RL, layout.rows_per_block
+            unpadded = None
+        tokens_RL = _gather_tokens(self._rows(src_RL), per_block)(batch.tokens_BL, place(src_RL))
         packed = PackedRows(tokens_RL, place(segment_RL > 0), place(segment_RL), place(layout.index_BT),
                             rows_per_block=per_block, unpadded=unpadded)
         return packed, {"train/packed": 1.0, "train/unpadded": float(unpadded is not None),

@@ -53,11 +53,11 @@ def work(positions: int, rows: int, length: int, attention_weight: float) -> flo
     return positions + attention_weight * rows * length * (length + 1) / 2
 
 
-def classes_of(per_block: int, length: int = 0, attention_weight: float = ATTENTION_WEIGHT) -> int:
+def classes_of(per_block: int, length: int, attention_weight: float) -> int:
     """Attention classes of a block of `per_block` rows of width `length`: the most of CLASSES dividing it
     where attention is more than CLASS_SHARE of a padded row's `work`, else one."""
     row = work(length, 1, length, attention_weight)
-    if row and (row - length) / row <= CLASS_SHARE:
+    if (row - length) / row <= CLASS_SHARE:
         return 1
     return next(c for c in CLASSES if per_block % c == 0)
 
@@ -117,6 +117,7 @@ def unpadded_layout(start_B, count_B, prompt_width: int, length: int, blocks: in
     c_num = classes_of(per, length, attention_weight)
     size = per // c_num
     order_KP = np.stack([sorted(range(per), key=lambda i, k=k: (-count_B[k * per + i], i)) for k in range(blocks)])
+    rank_KP = np.argsort(order_KP, axis=1)  # each row's place by decreasing count: class, row in class
     longest_C = count_B.reshape(blocks, per)[np.arange(blocks)[:, None], order_KP].reshape(blocks, c_num, size)
     widths = [next(x for x in ladder(length, WIDTH_STEPS) if x >= max(longest_C[:, c].max(), 1))
               for c in range(c_num)]
@@ -134,8 +135,7 @@ def unpadded_layout(start_B, count_B, prompt_width: int, length: int, blocks: in
             here = at + np.arange(c)
             src_RN[k, here] = i * length + s0 + np.arange(c)
             segment_RN[k, here] = i + 1
-            rank = int(np.flatnonzero(order_KP[k] == i)[0])  # its place by decreasing count: class, row
-            cls, row = divmod(rank, size)
+            cls, row = divmod(int(rank_KP[k, i]), size)
             rows[cls][k * size + row, :c] = here
             slots[cls][k, here] = row * widths[cls] + np.arange(c)
             p = np.arange(max(w, s0 + 1), s0 + c)  # the real completion positions of row g that are predicted
