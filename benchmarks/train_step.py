@@ -265,25 +265,23 @@ SIDES = {"jaxrl": (run_jaxrl, dict(_J, scan_layers=True)),
          "unrolled": (run_jaxrl, dict(_J, scan_layers=False)),
          "trl": (run_trl, dict(checkpointing=False)),
          "trl-ckpt": (run_trl, dict(checkpointing=True)),
-         "remat-dots": (run_jaxrl, dict(_J, scan_layers=True, remat="dots")),
-         "remat-full": (run_jaxrl, dict(_J, scan_layers=True, remat="full")),
-         "remat-mlp": (run_jaxrl, dict(_J, scan_layers=True, remat="mlp")),
          "lora": (run_jaxrl, dict(_J, scan_layers=True, lora="dense")),
          "qlora-int8": (run_jaxrl, dict(_J, scan_layers=True, lora="int8")),
          "qlora-nf4": (run_jaxrl, dict(_J, scan_layers=True, lora="nf4"))}
-KEYS = {"packed": "jaxrl_packed", "unshared": "jaxrl_unshared",
-        "unrolled": "jaxrl_unrolled", "remat-dots": "jaxrl_remat_dots", "remat-full": "jaxrl_remat_full",
-        "remat-mlp": "jaxrl_remat_mlp",
-        "trl-ckpt": "trl_ckpt",
-        "lora": "jaxrl_lora", "qlora-int8": "jaxrl_qlora_int8",
-        "qlora-nf4": "jaxrl_qlora_nf4"}
-NAMES = {"jaxrl": "jaxrl (scan_layers=true, default)", "packed": "jaxrl (train.packing: auto)", "unshared": "jaxrl (prompts not shared)",
-         "unrolled": "jaxrl (scan_layers=false)", "trl": "TRL",
-         "remat-dots": "jaxrl (model.remat: dots)", "remat-full": "jaxrl (model.remat: full)",
-         "remat-mlp": "jaxrl (model.remat: mlp)",
+KEYS = {"packed": "jaxrl_packed", "unshared": "jaxrl_unshared", "unrolled": "jaxrl_unrolled",
+        "trl-ckpt": "trl_ckpt", "lora": "jaxrl_lora", "qlora-int8": "jaxrl_qlora_int8", "qlora-nf4": "jaxrl_qlora_nf4"}
+NAMES = {"jaxrl": "jaxrl (scan_layers=true, default)", "packed": "jaxrl (train.packing: auto)",
+         "unshared": "jaxrl (prompts not shared)", "unrolled": "jaxrl (scan_layers=false)", "trl": "TRL",
          "trl-ckpt": "TRL (activation checkpointing)", "lora": "jaxrl LoRA r={rank}",
-         "qlora-int8": "jaxrl QLoRA int8 r={rank}",
-         "qlora-nf4": "jaxrl QLoRA nf4 r={rank}"}
+         "qlora-int8": "jaxrl QLoRA int8 r={rank}", "qlora-nf4": "jaxrl QLoRA nf4 r={rank}"}
+# `model.remat` policies, on the padded / shared-prompt update ("remat-P") or on `train.packing: auto`'s
+# ("packed-remat-P": packed or unpadded where the packer packs, as a config setting both runs)
+for _policy in ("dots", "full", "mlp"):
+    for _packed in (False, True):
+        _side = ("packed-" if _packed else "") + f"remat-{_policy}"
+        SIDES[_side] = (run_jaxrl, dict(_J, scan_layers=True, packed=_packed, remat=_policy))
+        KEYS[_side] = "jaxrl_" + _side.replace("-", "_")
+        NAMES[_side] = f"jaxrl ({'train.packing: auto, ' if _packed else ''}model.remat: {_policy})"
 
 
 def parse(argv=None) -> argparse.Namespace:

@@ -12,13 +12,16 @@ packer is only run where it packs, so a point costs two sides (jaxrl, TRL), or t
 unpacked update too, for the record). `--trl trl,trl-ckpt` measures TRL both without activation checkpointing
 and with it (GRPOConfig's default, which `GRPOTrainer.train` turns on); a point is "yes" when jaxrl's update is
 >= 1.2x every TRL side's tokens/s at <= its peak RSS (a TRL side that ran out of memory counts as beaten).
-Where jaxrl's default update runs out of memory, `model.remat: full` is measured alone afterwards and named in
-the path; with `--remat-on-memory [full|dots|mlp]` that policy also where the update runs but holds more peak RSS
-than a TRL side (TRL's default recomputes each layer too), and the point is judged on the remat side (`mlp`, then
-`dots`, first where several were measured) when the default update misses and it does not. Results are appended to
-`--out` (JSON lines) as each point finishes, and points already there are skipped (a long grid can be
-resumed), except that `--remat-on-memory` measures its policy at a stored point that misses on memory and
-lacks it (the point's line is appended again with it).
+Where jaxrl's default update runs out of memory, `model.remat: full` is measured alone afterwards; with
+`--remat-on-memory P[,P2]` (policies of full, dots, mlp) those policies also, in order, where the update runs but
+holds more peak RSS than a TRL side (TRL's default recomputes each layer too), until one does not. A remat side
+runs the update `train.packing: auto` runs at the point (packed or unpadded where the packer packs, as a config
+setting both would), and the table names its path and policy; the point is judged on the default update, else
+on the first remat side (mlp, dots, full) that meets the target. `--remat-only` measures the remat policies
+without the default update (at points where that is known to exceed TRL's memory), and `--no-unpacked` skips
+the unpacked update at points the packer packs. Results are appended to `--out` (JSON lines) as each point
+finishes, and points already there are skipped (a long grid can be resumed), except that `--remat-on-memory`
+measures its policies at a stored point that still needs them (the point's line is appended again with them).
 """
 
 from __future__ import annotations
@@ -46,20 +49,36 @@ def packs(batch: int, prompt: int, completion: int, group: int, lengths: str, sh
     return packing.rl_plan(mask, prompt, group, blocks=1, attention_weight=weight) is not None
 
 
-def _jaxrl_side(report: dict) -> tuple[str, dict]:
-    """(path, result) of the jaxrl update at a point: packed where the packer packs, else the trainer's step;
-    `model.remat: full` where that was measured and the default step failed (out of memory), or missed the
-    target (`_verdict`) on unpacked rows where remat full meets it."""
-    packed = "jaxrl_packed" in report
-    side = report["jaxrl_packed"] if packed else report["jaxrl"]
-    path = ("unpadded" if side.get("train/unpadded") else "packed") if packed else (
-        "shared prompt" if report["group"] > 1 else "padded")
+def _path(side: dict, report: dict) -> str:
+    """Which update a jaxrl side ran: unpadded or packed rows (the packer packed), else each prompt once per
+    group (G > 1), else the padded rows; with its `model.remat` policy where one was set."""
+    if side.get("train/packed"):
+        path = "unpadded" if side.get("train/unpadded") else "packed"
+    else:
+        path = "shared prompt" if report["group"] > 1 else "padded"
+    return path + (f", remat {side['remat']}" if side.get("remat") else "")
+
+
+def _remats(report: dict) -> list[dict]:
+    """The point's `model.remat` sides that were measured (`mlp`, `dots`, `full` in that order), each on the
+    update `train.packing: auto` runs there (`jaxrl_packed_remat_P`) or on the padded one (`jaxrl_remat_P`)."""
+    found = []
     for policy in ("mlp", "dots", "full"):
-        remat = report.get(f"jaxrl_remat_{policy}")
-        if remat is not None and "error" not in remat and (
-                "error" in side or (not packed and not _verdict(side, report)[1] and _verdict(remat, report)[1])):
-            return path + f", remat {policy}", remat
-    return path, side
+        for key in (f"jaxrl_packed_remat_{policy}", f"jaxrl_remat_{policy}"):
+            if key in report:
+                found.append(dict(report[key], remat=policy))
+    return found
+
+
+def _jaxrl_side(report: dict) -> tuple[str, dict]:
+    """(path, result) of the jaxrl update at a point: of the default update (packed or unpadded where the packer
+    packs) and the `model.remat` sides measured (`_remats`), in that order, the first that ran and meets the
+    target (`_verdict`), else the first that ran, else the failed one."""
+    default = report.get("jaxrl_packed", report.get("jaxrl"))
+    sides = ([default] if default is not None else []) + _remats(report)
+    ran = [r for r in sides if "error" not in r]
+    side = next((r for r in ran if _verdict(r, report)[1]), ran[0] if ran else sides[0])
+    return _path(side, report), side
 
 
 def _against(side: dict, trl: dict) -> tuple[str, bool]:
@@ -84,10 +103,13 @@ def _verdict(side: dict, report: dict) -> tuple[list[str], bool]:
     return cells, bool(oks) and all(oks)
 
 
-def misses_on_memory(report: dict) -> bool:
-    """Whether jaxrl's update ran at this point but held more peak RSS than a TRL side that ran."""
+def needs_remat(report: dict) -> bool:
+    """Whether jaxrl's update at this point was not measured, failed (out of memory), or ran but held more peak
+    RSS than a TRL side that ran."""
+    if "jaxrl" not in report and "jaxrl_packed" not in report and not _remats(report):
+        return True
     _, side = _jaxrl_side(report)
-    return "error" not in side and any(
+    return "error" in side or any(
         "error" not in report[k] and side["peak_rss_mib"] > report[k]["peak_rss_mib"]
         for k in ("trl", "trl_ckpt") if k in report)
 
@@ -115,6 +137,20 @@ def _measure(args, report: dict, p: int, c: int, g: int, side: str) -> None:
                    if k.startswith("jaxrl_")})
 
 
+def _add_remats(args, report: dict, p: int, c: int, g: int, policies: list[str], packed: bool) -> bool:
+    """Measures the `model.remat` policies in order, on the update `train.packing: auto` runs at the point
+    (`packed`) or the padded one, while jaxrl's update there is missing, failed or misses on memory
+    (`needs_remat`); whether any was measured."""
+    measured = False
+    for policy in policies:
+        side = ("packed-" if packed else "") + f"remat-{policy}"
+        if train_step.KEYS[side] in report or not needs_remat(report):
+            continue
+        _measure(args, report, p, c, g, side)
+        measured = True
+    return measured
+
+
 def _record(out: str, report: dict) -> None:
     """Appends the point's report to `out` (the last line of a point is the one read back) and prints its row."""
     with open(out, "a") as f:
@@ -134,9 +170,14 @@ def main(argv=None) -> int:
                     "(its default, as GRPOTrainer.train enables it), or both, comma-separated")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=1)
-    ap.add_argument("--remat-on-memory", nargs="?", const="full", choices=("full", "dots", "mlp"), default=None,
-                    help="also measure model.remat: full (or dots, mlp) where jaxrl's update holds more peak RSS than a "
-                    "TRL side")
+    ap.add_argument("--remat-on-memory", nargs="?", const="full", default=None,
+                    help="model.remat policies (full, dots, mlp; comma-separated, in order) also measured where "
+                    "jaxrl's update holds more peak RSS than a TRL side, until one does not")
+    ap.add_argument("--remat-only", action="store_true",
+                    help="measure jaxrl only with the --remat-on-memory policies, not the default update (where "
+                    "that is known to exceed TRL's memory)")
+    ap.add_argument("--no-unpacked", action="store_true",
+                    help="where the packer packs, skip the unpacked update measured for the record")
     ap.add_argument("--out", default=None, help="JSON lines, appended per point; points already there are skipped")
     args = ap.parse_args(argv)
     out = args.out or os.path.join(".cache", f"update_grid_{args.shape}_{args.lengths}"
@@ -148,20 +189,21 @@ def main(argv=None) -> int:
             r = json.loads(line)
             done[r["prompt"], r["completion"], r["group"]] = r
     ints = lambda s: [int(v) for v in s.split(",")]
+    policies = args.remat_on_memory.split(",") if args.remat_on_memory else []
+    if any(policy not in ("full", "dots", "mlp") for policy in policies) or (args.remat_only and not policies):
+        ap.error(f"--remat-on-memory {args.remat_on_memory}: policies among full, dots, mlp (needed by --remat-only)")
     for p, c, g in itertools.product(ints(args.prompts), ints(args.completions), ints(args.groups)):
+        packed = packs(args.batch, p, c, g, args.lengths, args.shape)
         if (p, c, g) in done:
             report = done[p, c, g]
-            if args.remat_on_memory and f"jaxrl_remat_{args.remat_on_memory}" not in report and (
-                    "jaxrl_packed" not in report and ("error" in report["jaxrl"] or misses_on_memory(report))):
-                _measure(args, report, p, c, g, f"remat-{args.remat_on_memory}")
+            if _add_remats(args, report, p, c, g, policies, packed):
                 _record(out, report)
             continue
-        sides = ("jaxrl,packed," if packs(args.batch, p, c, g, args.lengths, args.shape) else "jaxrl,") + args.trl
-        point = _point(args, p, c, g, sides)
-        report = train_step.measure(point)
-        out_of_memory = "error" in report["jaxrl"] and "jaxrl_packed" not in report
-        if out_of_memory or (args.remat_on_memory and "jaxrl_packed" not in report and misses_on_memory(report)):
-            _measure(args, report, p, c, g, f"remat-{args.remat_on_memory or 'full'}")
+        default = "" if args.remat_only else (
+            ("packed," if args.no_unpacked else "jaxrl,packed,") if packed else "jaxrl,")
+        report = train_step.measure(_point(args, p, c, g, default + args.trl))
+        _add_remats(args, report, p, c, g, policies or (["full"] if "error" in _jaxrl_side(report)[1] else []),
+                    packed)
         _record(out, report)
         done[p, c, g] = report
     print(f"\nGRPO update, {args.shape} shape, B = {args.batch}, {args.lengths} completion lengths, "

@@ -35,7 +35,7 @@ def test_yes_needs_both_speed_and_memory_against_every_trl_side():
     assert _cells(update_grid.row(just_slow))[-1] == "**no**"
     heavier = _report(_side(130, 960), trl=_side(100, 1000), trl_ckpt=_side(100, 950))  # above trl-ckpt's RSS
     assert _cells(update_grid.row(heavier))[-1] == "**no**"
-    assert update_grid.misses_on_memory(heavier) and not update_grid.misses_on_memory(fast_small)
+    assert update_grid.needs_remat(heavier) and not update_grid.needs_remat(fast_small)
 
 
 def test_a_trl_side_killed_for_memory_is_beaten_only_by_a_jaxrl_side_that_ran():
@@ -66,3 +66,23 @@ def test_remat_dots_is_judged_first_and_full_where_dots_misses():
     neither = dict(heavy_dots, jaxrl_remat_full=_side(2925, 1637))  # 1.17x: the default's row stays, "no"
     cells = _cells(update_grid.row(neither))
     assert cells[3] == "padded" and cells[-1] == "**no**"
+
+
+def test_remat_on_the_unpadded_update_and_a_point_measured_with_remat_only():
+    """A remat side on `train.packing: auto`'s update (`jaxrl_packed_remat_P`) is named by the path it ran; a
+    point measured with `--remat-only` (no default update) is judged on its remat sides, and one with no jaxrl
+    side at all still needs one."""
+    unpadded = {"train/packed": True, "train/unpadded": True}
+    report = {"prompt": 64, "completion": 1024, "group": 1, "jaxrl": _side(113, 16791),
+              "jaxrl_packed": dict(_side(140, 12000), **unpadded), "trl": OOM, "trl_ckpt": _side(98, 8355)}
+    assert update_grid.needs_remat(report)
+    with_mlp = dict(report, jaxrl_packed_remat_mlp=dict(_side(130, 8000), **unpadded))
+    cells = _cells(update_grid.row(with_mlp))
+    assert cells[3] == "unpadded, remat mlp" and cells[-1] == "yes" and not update_grid.needs_remat(with_mlp)
+    only = {k: v for k, v in with_mlp.items() if k not in ("jaxrl", "jaxrl_packed")}
+    assert _cells(update_grid.row(only))[3] == "unpadded, remat mlp"
+    heavy_mlp = dict(only, jaxrl_packed_remat_mlp=dict(_side(130, 9000), **unpadded))
+    assert update_grid.needs_remat(heavy_mlp)  # still above TRL-ckpt's memory: the next policy is measured
+    with_full = dict(heavy_mlp, jaxrl_packed_remat_full=dict(_side(125, 6000), **unpadded))
+    assert _cells(update_grid.row(with_full))[3] == "unpadded, remat full"
+    assert update_grid.needs_remat({k: v for k, v in report.items() if k not in ("jaxrl", "jaxrl_packed")})
