@@ -64,7 +64,7 @@ def _remats(report: dict) -> list[dict]:
     update `train.packing: auto` runs there (`jaxrl_packed_remat_P`) or on the padded one (`jaxrl_remat_P`)."""
     found = []
     for policy in ("mlp", "dots", "full"):
-        for key in (f"jaxrl_packed_remat_{policy}", f"jaxrl_remat_{policy}"):
+        for key in (train_step.KEYS[f"packed-remat-{policy}"], train_step.KEYS[f"remat-{policy}"]):
             if key in report:
                 found.append(dict(report[key], remat=policy))
     return found
