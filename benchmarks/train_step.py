@@ -276,7 +276,9 @@ NAMES = {"jaxrl": "jaxrl (scan_layers=true, default)", "packed": "jaxrl (train.p
          "qlora-int8": "jaxrl QLoRA int8 r={rank}", "qlora-nf4": "jaxrl QLoRA nf4 r={rank}"}
 # `model.remat` policies, on the padded / shared-prompt update ("remat-P") or on `train.packing: auto`'s
 # ("packed-remat-P": packed or unpadded where the packer packs, as a config setting both runs)
-for _policy in ("dots", "full", "mlp"):
+# the policies in the order a grid tries them: least recompute first
+REMAT_POLICIES = ("mlp", "attention", "dots", "full")
+for _policy in REMAT_POLICIES:
     for _packed in (False, True):
         _side = ("packed-" if _packed else "") + f"remat-{_policy}"
         SIDES[_side] = (run_jaxrl, dict(_J, scan_layers=True, packed=_packed, remat=_policy))

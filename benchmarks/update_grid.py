@@ -13,15 +13,16 @@ unpacked update too, for the record). `--trl trl,trl-ckpt` measures TRL both wit
 and with it (GRPOConfig's default, which `GRPOTrainer.train` turns on); a point is "yes" when jaxrl's update is
 >= 1.2x every TRL side's tokens/s at <= its peak RSS (a TRL side that ran out of memory counts as beaten).
 Where jaxrl's default update runs out of memory, `model.remat: full` is measured alone afterwards; with
-`--remat-on-memory P[,P2]` (policies of full, dots, mlp) those policies also, in order, where the update runs but
-holds more peak RSS than a TRL side (TRL's default recomputes each layer too), until one does not. A remat side
-runs the update `train.packing: auto` runs at the point (packed or unpadded where the packer packs, as a config
-setting both would), and the table names its path and policy; the point is judged on the default update, else
-on the first remat side (mlp, dots, full) that meets the target. `--remat-only` measures the remat policies
-without the default update (at points where that is known to exceed TRL's memory), and `--no-unpacked` skips
-the unpacked update at points the packer packs. Results are appended to `--out` (JSON lines) as each point
-finishes, and points already there are skipped (a long grid can be resumed), except that `--remat-on-memory`
-measures its policies at a stored point that still needs them (the point's line is appended again with them).
+`--remat-on-memory P[,P2]` (policies of mlp, attention, dots, full) those policies also, in order, where the
+update runs but holds more peak RSS than a TRL side (TRL's default recomputes each layer too), until one does
+not. A remat side runs the update `train.packing: auto` runs at the point (packed or unpadded where the packer
+packs, as a config setting both would), and the table names its path and policy; the point is judged on the
+default update, else on the first remat side (mlp, attention, dots, full) that meets the target. `--remat-only`
+measures the remat policies without the default update (at points where that is known to exceed TRL's
+memory), and `--no-unpacked` skips the unpacked update at points the packer packs. Results are appended to
+`--out` (JSON lines) as each point finishes, and points already there are skipped (a long grid can be
+resumed), except that `--remat-on-memory` measures its policies at a stored point that still needs them (the
+point's line is appended again with them).
 """
 
 from __future__ import annotations
@@ -60,10 +61,10 @@ def _path(side: dict, report: dict) -> str:
 
 
 def _remats(report: dict) -> list[dict]:
-    """The point's `model.remat` sides that were measured (`mlp`, `dots`, `full` in that order), each on the
+    """The point's `model.remat` sides that were measured (in `train_step.REMAT_POLICIES`' order), each on the
     update `train.packing: auto` runs there (`jaxrl_packed_remat_P`) or on the padded one (`jaxrl_remat_P`)."""
     found = []
-    for policy in ("mlp", "dots", "full"):
+    for policy in train_step.REMAT_POLICIES:
         for key in (train_step.KEYS[f"packed-remat-{policy}"], train_step.KEYS[f"remat-{policy}"]):
             if key in report:
                 found.append(dict(report[key], remat=policy))
@@ -171,7 +172,7 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--remat-on-memory", nargs="?", const="full", default=None,
-                    help="model.remat policies (full, dots, mlp; comma-separated, in order) also measured where "
+                    help="model.remat policies (mlp, attention, dots, full; comma-separated, in order) also measured where "
                     "jaxrl's update holds more peak RSS than a TRL side, until one does not")
     ap.add_argument("--remat-only", action="store_true",
                     help="measure jaxrl only with the --remat-on-memory policies, not the default update (where "
@@ -190,8 +191,9 @@ def main(argv=None) -> int:
             done[r["prompt"], r["completion"], r["group"]] = r
     ints = lambda s: [int(v) for v in s.split(",")]
     policies = args.remat_on_memory.split(",") if args.remat_on_memory else []
-    if any(policy not in ("full", "dots", "mlp") for policy in policies) or (args.remat_only and not policies):
-        ap.error(f"--remat-on-memory {args.remat_on_memory}: policies among full, dots, mlp (needed by --remat-only)")
+    if any(policy not in train_step.REMAT_POLICIES for policy in policies) or (args.remat_only and not policies):
+        ap.error(f"--remat-on-memory {args.remat_on_memory}: policies among {', '.join(train_step.REMAT_POLICIES)} "
+                 "(needed by --remat-only)")
     for p, c, g in itertools.product(ints(args.prompts), ints(args.completions), ints(args.groups)):
         packed = packs(args.batch, p, c, g, args.lengths, args.shape)
         if (p, c, g) in done:

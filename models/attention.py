@@ -44,7 +44,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
+from jax.ad_checkpoint import checkpoint_name
 
+# what `model.remat: attention` keeps of each layer: the core's output and its per-query softmax statistics
+ATTENTION_CORE_NAMES = ("attention_out", "attention_max", "attention_norm")
 MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
 # Queries per block (`block_rows`): the most of QUERY_BLOCKS whose float32 scores [B, K, G, rows, S] stay under
 # SCORE_BLOCK_BYTES, at least the smallest. On the 2-core Intel Xeon of 2026-11-30, B x L = 16 x 1088 (8 query
@@ -315,6 +318,8 @@ def _attend(q_BLKGH, k_BKSH, v_BKSH, visible_BLS, causal, block_q):
 
 def _attend_fwd(q_BLKGH, k_BKSH, v_BKSH, visible_BLS, causal, block_q):
     out_BLKGH, max_BKGL1, norm_BKGL1 = _forward_stats(q_BLKGH, k_BKSH, v_BKSH, visible_BLS, causal, block_q)
+    out_BLKGH, max_BKGL1, norm_BKGL1 = (checkpoint_name(x, name) for x, name in
+                                        zip((out_BLKGH, max_BKGL1, norm_BKGL1), ATTENTION_CORE_NAMES))
     return out_BLKGH, (q_BLKGH, k_BKSH, v_BKSH, visible_BLS, max_BKGL1, norm_BKGL1)
 
 

@@ -12,7 +12,7 @@ from typing import Optional, Union
 _NORMS = ("pre", "post", "siamese", "siamese_hybrid")
 SIAMESE_NORMS = ("siamese", "siamese_hybrid")  # two residual streams (x, y), merged by norm_x/norm_y
 _DTYPES = ("float32", "bfloat16")
-_REMATS = ("none", "full", "dots", "mlp")
+REMATS = ("none", "full", "dots", "mlp", "attention")  # `remat` below
 _ATTENTIONS = ("xla", "cudnn", "splash")  # jaxrl.models.attention_fused.KERNELS
 _FAMILIES = ("llama", "qwen2", "qwen3")
 
@@ -62,7 +62,11 @@ class TransformerConfig:
     norm: str = "pre"
     dtype: str = "float32"
     param_dtype: str = "float32"
-    remat: str = "none"  # "none", "full" / "dots" (a checkpointed layer), "mlp" (the MLP's projections only)
+    # "none", "full" / "dots" (a checkpointed layer), "mlp" (the MLP's projections only), "attention" (a
+    # checkpointed layer keeping the attention core's output and softmax statistics: the backward recomputes the
+    # projections, norms and MLP, never the O(L^2) attention forward; with the "xla" core only: the fused
+    # kernels keep their own residuals, and under "attention" are recomputed as under "full")
+    remat: str = "none"
     scan_layers: bool = True  # False: unroll the layer loop (execution only; parameters are the same)
     # attention kernel of the full-sequence forward (execution only): "xla", the blocked core
     # (`jaxrl.models.attention`); "cudnn", cuDNN flash attention (GPU, bf16); "splash", Pallas splash
@@ -96,7 +100,7 @@ class TransformerConfig:
                 f"TransformerConfig.rope_scaling must be None or Llama3RopeScaling, got {self.rope_scaling!r}"
             )
         for name, allowed in (("norm", _NORMS), ("dtype", _DTYPES), ("param_dtype", _DTYPES),
-                              ("remat", _REMATS), ("family", _FAMILIES), ("attention", _ATTENTIONS)):
+                              ("remat", REMATS), ("family", _FAMILIES), ("attention", _ATTENTIONS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"TransformerConfig.{name}={getattr(self, name)!r}; allowed: {allowed}")
         if not isinstance(self.scan_layers, bool):

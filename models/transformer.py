@@ -38,7 +38,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxrl.models import shared_prompt, siamese, unpadded
-from jaxrl.models.attention import KeyMask
+from jaxrl.models.attention import ATTENTION_CORE_NAMES, KeyMask
 from jaxrl.models.config import TransformerConfig
 from jaxrl.models.kv_cache import KVCache, write_slots
 from jaxrl.models.layers import MLP, Attention, Embed, Proj, RMSNorm, rope_inv_freq, rope_tables
@@ -48,6 +48,7 @@ _ACT_BLD = ("batch", "length", "embed")
 _REMAT_POLICIES = {
     "full": jax.checkpoint_policies.nothing_saveable,
     "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "attention": jax.checkpoint_policies.save_only_these_names(*ATTENTION_CORE_NAMES),
 }
 
 

@@ -7,11 +7,11 @@ import os
 from typing import Any
 
 from jaxrl._checks import check as _check, check_choice as _check_choice
+from jaxrl.models.config import REMATS
 from jaxrl.models.lora import LoraConfig
 
 DTYPES = ("float32", "bfloat16")
 NORMS = ("pre", "post", "siamese", "siamese_hybrid")
-REMATS = ("none", "full", "dots", "mlp")
 
 
 def _expand_paths(cfg: Any, names: tuple[str, ...]) -> None:

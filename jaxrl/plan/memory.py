@@ -14,8 +14,12 @@ act = bytes of `cfg.dtype`, x = b·L tokens:
     remat none:  4D + (2NH + 2KH)/t + 3F/t + 2NL/t   (norm in/out and residuals; q, k, v, context;
                                                       gate, up, silu·up; attention scores and probabilities)
     remat dots:  2D + (2NH + 2KH)/t + 2F/t +  NL/t   (matmul outputs only)
+    remat mlp:   4D + (2NH + 2KH)/t        + 2NL/t   (`none` without the MLP's F-wide products)
+    remat attention: D + NH/t + 2N/t                 (the layer's input, the attention core's output and its
+                                                      per-query softmax max and normaliser)
     remat full:  D                                   (each layer's input only)
-  plus, for dots/full, one layer recomputed during backward (the `none` set of one layer), plus the float32
+  plus, for dots/attention/full, one layer recomputed during backward (the `none` set of one layer; for mlp
+  one layer's 3F/t), plus the float32
   logits and their gradient: 2 · 4 · x · min(C, V/t), where C is the vocabulary chunk of the trainer's
   checkpointed log-prob computation (`losses.token_logprobs_and_entropy`, C = 8192; None = whole vocabulary).
 * kv_cache    rollout: 2 · Y · (rollout_batch / (data·fsdp)) · S · K/t · H · act, plus the bool slot mask.
@@ -35,6 +39,7 @@ from flax import nnx
 
 from jaxrl.errors import ConfigError
 from jaxrl.models import Transformer, TransformerConfig
+from jaxrl.models.config import REMATS
 from jaxrl.sharding import AXES, RULES, MeshConfig, logical_names, logical_to_spec
 from jaxrl.sharding.place import path_str
 from jaxrl.sharding.rules import check_divisible, spec_axes
@@ -42,7 +47,6 @@ from jaxrl.sharding.rules import check_divisible, spec_axes
 GIB = 1024**3
 # HBM per chip (GiB) as the accelerator exposes it to one JAX device.
 HBM_GIB: dict[str, float] = {"v4": 32, "v5e": 16, "v5p": 95, "v6e": 32, "h100": 80, "h200": 141}
-REMATS = ("none", "dots", "full")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,6 +113,10 @@ def activation_elements_per_token(cfg: TransformerConfig, remat: str, seq_len: i
         return 4 * d + heads + 3 * f // t + 2 * n * seq_len // t
     if remat == "dots":
         return 2 * d + heads + 2 * f // t + n * seq_len // t
+    if remat == "mlp":
+        return 4 * d + heads + 2 * n * seq_len // t
+    if remat == "attention":
+        return d + (n * h + 2 * n) // t
     return d
 
 
@@ -132,7 +140,7 @@ def plan_memory(
       batch: sequences per optimizer micro-step (all devices together).
       seq_len: their length (prompt + completion).
       rollout_batch: sequences sampled at once (prompts × group size); rollout_len: KV-cache capacity S.
-      remat: "none" | "dots" | "full" (default: `model_cfg.remat`).
+      remat: one of REMATS (default: `model_cfg.remat`).
       accelerator: a key of `HBM_GIB`.
       reference_model: also hold a frozen copy of the parameters (KL to a reference policy).
       logits_chunk: vocabulary columns materialised at once by the log-prob computation (None: all).
@@ -154,7 +162,8 @@ def plan_memory(
     a_bytes = jnp.dtype(model_cfg.dtype).itemsize
     tokens = batch // rows * seq_len
     per_token = activation_elements_per_token(model_cfg, remat, seq_len, t)
-    recompute = 0 if remat == "none" else activation_elements_per_token(model_cfg, "none", seq_len, t)
+    recompute = {"none": 0, "mlp": 3 * model_cfg.mlp_dim // t}.get(
+        remat, activation_elements_per_token(model_cfg, "none", seq_len, t))
     acts = tokens * a_bytes * (model_cfg.num_layers * per_token + recompute)
     vocab_cols = model_cfg.vocab_size // t
     acts += 2 * 4 * tokens * (vocab_cols if logits_chunk is None else min(logits_chunk, vocab_cols))

@@ -43,7 +43,7 @@ def _square(kept):
 
 
 @pytest.mark.parametrize("scan_layers", [True, False])
-@pytest.mark.parametrize("remat", ["none", "dots", "full", "mlp"])
+@pytest.mark.parametrize("remat", ["none", "dots", "full", "mlp", "attention"])
 def test_no_square_attention_residuals(remat, scan_layers):
     kept = _residuals(remat, scan_layers)
     assert any(s[-1] == 8 for s, _ in kept), "no per-head residuals found: the check would pass vacuously"
@@ -149,3 +149,30 @@ def test_norm_inside_the_checkpoints_equals_the_norm_outside(qk_norm):
     want = nnx.grad(scalar(plain), argnums=(0, 1, 2, 3))(norm, attn, mlp, x)
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+def test_remat_attention_keeps_the_core_output_and_its_statistics_beyond_full():
+    """`model.remat: attention` keeps what `full` keeps (each layer's input) plus, per layer, the attention
+    core's output [B, L, K, G, H] and its per-query max and normaliser [B, K, G, L, 1]: no q, k, v, no MLP
+    product."""
+    from collections import Counter
+    cfg = TransformerConfig.tiny()
+    b, k, g, h = 2, cfg.num_kv_heads, cfg.num_heads // cfg.num_kv_heads, cfg.head_dim
+    full = Counter(s for s, _ in _residuals("full", scan_layers=False))
+    kept = Counter(s for s, _ in _residuals("attention", scan_layers=False))
+    assert kept - full == Counter({(b, L, k, g, h): cfg.num_layers, (b, k, g, L, 1): 2 * cfg.num_layers})
+    assert not full - kept
+
+
+@pytest.mark.parametrize("scan_layers", [True, False])
+def test_remat_attention_does_not_recompute_the_attention_forward(scan_layers):
+    """The backward of `remat: attention` runs as many exponentials as without remat (the softmax of the
+    backward pass only); `full` runs the attention forward again (more)."""
+    def exps(remat):
+        cfg = TransformerConfig.tiny(norm="pre", remat=remat, scan_layers=scan_layers)
+        params = nnx.state(Transformer.abstract(cfg), nnx.Param).to_pure_dict()
+        tokens = jnp.zeros((2, L), jnp.int32)
+        loss = lambda p: jnp.sum(Transformer.from_params(cfg, p)(tokens) ** 2)
+        return jax.jit(jax.grad(loss)).lower(params).as_text().count("stablehlo.exponential")
+
+    assert exps("attention") == exps("none") < exps("full")

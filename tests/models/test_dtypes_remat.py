@@ -77,7 +77,7 @@ def test_bf16_forward_is_close_to_fp32(norm):
     assert np.corrcoef(np.asarray(out.logits).ravel(), ref.ravel())[0, 1] > 0.999
 
 
-@pytest.mark.parametrize("remat", ["full", "dots", "mlp"])
+@pytest.mark.parametrize("remat", ["full", "dots", "mlp", "attention"])
 def test_remat_keeps_logits_and_gradients(remat):
     cfg = _qwen3(norm="siamese")
     program, val, grad = _value_and_grad(cfg.replace(remat=remat))

@@ -27,6 +27,7 @@ ULPS = 2 * float(np.finfo(np.float32).eps)  # the parameters' nudge, relative
 L = W + T
 CONFIGS = {
     "pre": TransformerConfig.tiny(),
+    "pre_remat_attention": TransformerConfig.tiny(remat="attention"),  # keeps the class rows' core outputs
     "qwen3_gqa_remat_mlp_unrolled": TransformerConfig.tiny(family="qwen3", qk_norm=True, num_heads=6,
                                                            num_kv_heads=3, remat="mlp", scan_layers=False),
 }

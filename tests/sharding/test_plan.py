@@ -43,6 +43,10 @@ def test_tiny_remat_and_tensor_parallel_by_hand():
     assert full.activations == 32 * 4 * (2 * 32 + none_set) + 2 * 4 * 32 * 64
     dots = _tiny_plan("dots")
     assert dots.activations == 32 * 4 * (2 * (2 * 32 + 96 + 2 * 64 + 4 * 16) + none_set) + 2 * 4 * 32 * 64
+    mlp = _tiny_plan("mlp")  # the MLP's 3F recomputed one layer at a time
+    assert mlp.activations == 32 * 4 * (2 * (none_set - 3 * 64) + 3 * 64) + 2 * 4 * 32 * 64
+    attention = _tiny_plan("attention")  # input D, core output N·H, max and normaliser per query head
+    assert attention.activations == 32 * 4 * (2 * (32 + 4 * 8 + 2 * 4) + none_set) + 2 * 4 * 32 * 64
     # fsdp=2, tensor=2: b = 4 rows -> 64 tokens; heads, mlp and vocab halve; embedding (vocab, embed) / 4
     tp = _tiny_plan(mesh=MeshConfig(fsdp=2, tensor=2, rules="fsdp_tp"))
     # the 5 RMSNorm weights (embed only: 2 layers x 2 + final = 160 elements) split 2 ways, the rest 4 ways
