@@ -115,11 +115,16 @@ def needs_remat(report: dict) -> bool:
         for k in ("trl", "trl_ckpt") if k in report)
 
 
-def row(report: dict) -> str:
+def row(report: dict, columns: tuple[str, ...] | None = None) -> str:
     """One Markdown table row of a point's report: jaxrl (`_jaxrl_side`) against TRL without and (where
-    measured) with its default activation checkpointing; tokens/s (peak RSS), jaxrl / TRL tokens/s (peak RSS)."""
+    measured) with its default activation checkpointing; tokens/s (peak RSS), jaxrl / TRL tokens/s (peak RSS).
+    `columns` (report keys, e.g. ("trl", "trl_ckpt")): the table's TRL columns, a side the point lacks written
+    "not run", so that points measured against different sides share one table; by default the point's own."""
     path, side = _jaxrl_side(report)
     cells, ok = _verdict(side, report)
+    if columns is not None:
+        measured = dict(zip([k for k in ("trl", "trl_ckpt") if k in report], cells))
+        cells = [measured.get(k, "| not run | ") for k in columns]
     mine = "failed" if "error" in side else f"{side['tokens_per_s']:.0f} ({side['peak_rss_mib']:.0f} MiB)"
     return (f"| {report['prompt']} | {report['completion']} | {report['group']} | {path} | {mine} "
             + "".join(cells) + f"| {'yes' if ok else '**no**'} |")
@@ -157,6 +162,11 @@ def _record(out: str, report: dict) -> None:
     with open(out, "a") as f:
         f.write(json.dumps(report) + "\n")
     print(row(report), flush=True)
+
+
+def _counts(done: dict, key: str) -> str:
+    """The `rounds` or `steps` the table's points were measured with (stored points may predate this run)."""
+    return " / ".join(str(v) for v in sorted({r[key] for r in done.values()}))
 
 
 def main(argv=None) -> int:
@@ -209,13 +219,14 @@ def main(argv=None) -> int:
         _record(out, report)
         done[p, c, g] = report
     print(f"\nGRPO update, {args.shape} shape, B = {args.batch}, {args.lengths} completion lengths, "
-          f"best of {args.rounds} round(s), median of {args.steps} updates:\n")
+          f"best of {_counts(done, 'rounds')} round(s), median of {_counts(done, 'steps')} updates:\n")
     trls = [{"trl": "TRL", "trl-ckpt": "TRL, activation checkpointing"}[t] for t in args.trl.split(",")]
     print("| prompt | completion | G | jaxrl path | jaxrl tok/s (peak RSS) | "
           + "".join(f"{t} tok/s (peak RSS) | jaxrl / {t} (RSS ratio) | " for t in trls) + ">= 1.2x at <= RSS |")
     print("|---" * (6 + 2 * len(trls)) + "|")
+    columns = tuple(train_step.KEYS.get(t, t) for t in args.trl.split(","))  # report keys
     for key in sorted(done):
-        print(row(done[key]))
+        print(row(done[key], columns))
     return 0
 
 

@@ -86,3 +86,16 @@ def test_remat_on_the_unpadded_update_and_a_point_measured_with_remat_only():
     with_full = dict(heavy_mlp, jaxrl_packed_remat_full=dict(_side(125, 6000), **unpadded))
     assert _cells(update_grid.row(with_full))[3] == "unpadded, remat full"
     assert update_grid.needs_remat({k: v for k, v in report.items() if k not in ("jaxrl", "jaxrl_packed")})
+
+
+def test_a_table_of_points_measured_against_different_trl_sides_keeps_its_columns():
+    """The grid's closing table has one column pair per TRL side asked for; a point measured without one of
+    them (TRL out of memory there before, not re-run) says "not run" in its pair, and is judged on the sides
+    it has."""
+    both = _report(_side(130, 900), trl=_side(100, 1000), trl_ckpt=_side(100, 950))
+    ckpt_only = _report(_side(130, 900), trl_ckpt=_side(100, 950))
+    rows = [_cells(update_grid.row(r, ("trl", "trl_ckpt"))) for r in (both, ckpt_only)]
+    assert len(rows[0]) == len(rows[1]) == 10
+    assert rows[1][5] == "not run" and rows[1][7] == "100 (950 MiB)" and rows[1][-1] == "yes"
+    assert rows[0][5] == "100 (1000 MiB)" and rows[0][7] == "100 (950 MiB)"
+    assert _cells(update_grid.row(ckpt_only, ("trl_ckpt",))) == _cells(update_grid.row(ckpt_only))
