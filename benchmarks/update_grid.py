@@ -93,15 +93,11 @@ def _against(side: dict, trl: dict) -> tuple[str, bool]:
             ratio >= 1.2 and rss <= 1.0)
 
 
-def _verdict(side: dict, report: dict) -> tuple[list[str], bool]:
-    """(the TRL sides' table cells, whether `side` is >= 1.2x at <= peak RSS against every TRL side measured)."""
-    cells, oks = [], []
-    for key in ("trl", "trl_ckpt"):
-        if key in report:
-            c, ok = _against(side, report[key])
-            cells.append(c)
-            oks.append(ok)
-    return cells, bool(oks) and all(oks)
+def _verdict(side: dict, report: dict) -> tuple[dict[str, str], bool]:
+    """(the table cells of each TRL side measured, by report key; whether `side` is >= 1.2x at <= peak RSS
+    against every one of them)."""
+    judged = {key: _against(side, report[key]) for key in ("trl", "trl_ckpt") if key in report}
+    return {key: c for key, (c, _) in judged.items()}, bool(judged) and all(ok for _, ok in judged.values())
 
 
 def needs_remat(report: dict) -> bool:
@@ -121,10 +117,8 @@ def row(report: dict, columns: tuple[str, ...] | None = None) -> str:
     `columns` (report keys, e.g. ("trl", "trl_ckpt")): the table's TRL columns, a side the point lacks written
     "not run", so that points measured against different sides share one table; by default the point's own."""
     path, side = _jaxrl_side(report)
-    cells, ok = _verdict(side, report)
-    if columns is not None:
-        measured = dict(zip([k for k in ("trl", "trl_ckpt") if k in report], cells))
-        cells = [measured.get(k, "| not run | ") for k in columns]
+    measured, ok = _verdict(side, report)
+    cells = [measured.get(k, "| not run | ") for k in (measured if columns is None else columns)]
     mine = "failed" if "error" in side else f"{side['tokens_per_s']:.0f} ({side['peak_rss_mib']:.0f} MiB)"
     return (f"| {report['prompt']} | {report['completion']} | {report['group']} | {path} | {mine} "
             + "".join(cells) + f"| {'yes' if ok else '**no**'} |")
